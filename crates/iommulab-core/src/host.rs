@@ -1,0 +1,174 @@
+//! The simulated machine: CPUs, the page allocator, the device's DMA layer, and the event queue.
+
+use crate::dma::DmaLayer;
+use crate::scenario::Platform;
+use crate::sim::{Cpu, EventQueue, Rng, Time};
+use std::collections::VecDeque;
+
+/// Events of the engine. Workloads own their kinds; the DMA layer and IOVA allocator have their own timers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    Workload {
+        kind: u16,
+        id: u32,
+    },
+    /// A timer the DMA policy armed (flush-queue timeout), run in softirq on `cpu`.
+    DmaTimer {
+        cpu: u32,
+    },
+    /// iova.c iova_depot_work_func(), a delayed work item.
+    IovaDepotWork,
+    /// A CPU finished its current work: run the oldest work waiting for it.
+    CpuFree {
+        cpu: u32,
+    },
+}
+
+/// Physical 4 KiB pages: LIFO reuse, as the per-CPU free lists hand back the most recently freed page.
+pub struct PageAllocator {
+    free: Vec<u64>,
+    next_fresh: u64,
+    limit: u64,
+    pub allocated: u64,
+    pub freed: u64,
+}
+
+/// First pfn handed out (pages below stand for the kernel image and firmware).
+const FIRST_PFN: u64 = 0x10000;
+
+impl PageAllocator {
+    pub fn new(pages: u64) -> Self {
+        PageAllocator {
+            free: Vec::new(),
+            next_fresh: FIRST_PFN,
+            limit: FIRST_PFN + pages,
+            allocated: 0,
+            freed: 0,
+        }
+    }
+    pub fn alloc(&mut self) -> Option<u64> {
+        let p = match self.free.pop() {
+            Some(p) => p,
+            None if self.next_fresh < self.limit => {
+                self.next_fresh += 1;
+                self.next_fresh - 1
+            }
+            None => return None,
+        };
+        self.allocated += 1;
+        Some(p)
+    }
+    pub fn free(&mut self, pfn: u64) {
+        self.freed += 1;
+        self.free.push(pfn);
+    }
+}
+
+pub struct Host {
+    pub cpus: Vec<Cpu>,
+    /// Work that found its CPU busy, oldest first: served in arrival order, so a NAPI poll that repolls
+    /// cannot starve a reader that was waiting (ksoftirqd and the reader share the CPU fairly under load).
+    waiting: Vec<VecDeque<Event>>,
+    free_pending: Vec<bool>,
+    /// The CPU was just handed to waiting work: its next cpu_acquire succeeds.
+    granted: Vec<bool>,
+    pub dma: DmaLayer,
+    pub pages: PageAllocator,
+    pub platform: Platform,
+    pub rng: Rng,
+    pub events: EventQueue<Event>,
+}
+
+impl Host {
+    pub fn new(cpus: usize, dma: DmaLayer, platform: Platform, rng: Rng) -> Self {
+        Host {
+            cpus: vec![Cpu::default(); cpus],
+            waiting: vec![VecDeque::new(); cpus],
+            free_pending: vec![false; cpus],
+            granted: vec![false; cpus],
+            dma,
+            pages: PageAllocator::new(platform.memory.pages),
+            platform,
+            rng,
+            events: EventQueue::default(),
+        }
+    }
+
+    /// Work `ev` wants `cpu` at `now`. True: run it now. False: it waits its turn and is delivered again
+    /// (as the same event) when the CPU is free and the work queued before it has run.
+    pub fn cpu_acquire(&mut self, cpu: usize, now: Time, ev: Event) -> bool {
+        if std::mem::take(&mut self.granted[cpu])
+            || (self.cpus[cpu].busy_until <= now && self.waiting[cpu].is_empty())
+        {
+            return true;
+        }
+        self.waiting[cpu].push_back(ev);
+        if !self.free_pending[cpu] {
+            self.free_pending[cpu] = true;
+            let at = self.cpus[cpu].busy_until.max(now);
+            self.events.push(at, Event::CpuFree { cpu: cpu as u32 });
+        }
+        false
+    }
+
+    /// A CPU-free event: hand the oldest waiting work back (to be dispatched now), or wait longer.
+    pub fn cpu_free(&mut self, cpu: usize, now: Time) -> Option<Event> {
+        self.free_pending[cpu] = false;
+        if self.cpus[cpu].busy_until > now {
+            self.free_pending[cpu] = true;
+            self.events.push(
+                self.cpus[cpu].busy_until,
+                Event::CpuFree { cpu: cpu as u32 },
+            );
+            return None;
+        }
+        let ev = self.waiting[cpu].pop_front()?;
+        self.granted[cpu] = true;
+        if !self.waiting[cpu].is_empty() {
+            self.free_pending[cpu] = true;
+            // Pushed after the dispatched work runs; it re-checks busy_until then.
+            self.events.push(now, Event::CpuFree { cpu: cpu as u32 });
+        }
+        Some(ev)
+    }
+
+    pub fn schedule(&mut self, at: Time, ev: Event) {
+        self.events.push(at, ev);
+    }
+
+    fn take_timer_request(&mut self) {
+        if let Some((at, cpu)) = self.dma.core.timer_request.take() {
+            self.events.push(at, Event::DmaTimer { cpu: cpu as u32 });
+        }
+    }
+
+    /// dma_map_page() on `cpu` at `now`: (DMA address pfn, release time), None if IOVA space is exhausted.
+    pub fn dma_map(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        pages: u64,
+    ) -> Option<(u64, Time)> {
+        let r = self.dma.map(now, cpu, phys_pfn, pages);
+        self.take_timer_request();
+        r
+    }
+
+    /// dma_unmap_page() on `cpu` at `now`: the release time.
+    pub fn dma_unmap(&mut self, now: Time, cpu: usize, dma_pfn: u64, pages: u64) -> Time {
+        let t = self.dma.unmap(now, cpu, dma_pfn, pages);
+        self.take_timer_request();
+        t
+    }
+
+    /// Run a DMA-layer timer on its CPU; returns the release time.
+    pub fn run_dma_timer(&mut self, now: Time, cpu: usize) {
+        if !self.cpu_acquire(cpu, now, Event::DmaTimer { cpu: cpu as u32 }) {
+            return;
+        }
+        let end = self.dma.timer(now, cpu);
+        self.cpus[cpu].account(now, end);
+        self.take_timer_request();
+    }
+}

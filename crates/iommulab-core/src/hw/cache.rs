@@ -1,0 +1,139 @@
+//! Set-associative translation caches with LRU replacement: the IOTLB and the paging-structure caches.
+
+/// A set-associative cache of 64-bit tags (a fully associative cache is one set).
+#[derive(Debug, Clone)]
+pub struct TagCache {
+    sets: usize,
+    ways: usize,
+    tags: Vec<u64>,
+    stamp: Vec<u64>,
+    clock: u64,
+}
+
+const EMPTY: u64 = u64::MAX;
+
+impl TagCache {
+    pub fn new(entries: usize, ways: usize) -> Self {
+        let ways = ways.max(1).min(entries.max(1));
+        let sets = (entries / ways).max(1);
+        TagCache {
+            sets,
+            ways,
+            tags: vec![EMPTY; sets * ways],
+            stamp: vec![0; sets * ways],
+            clock: 0,
+        }
+    }
+
+    pub fn entries(&self) -> usize {
+        self.sets * self.ways
+    }
+
+    #[inline]
+    fn set_of(&self, tag: u64, index: u64) -> usize {
+        let _ = tag;
+        (index % self.sets as u64) as usize * self.ways
+    }
+
+    /// Look up `tag` in the set chosen by `index`; on a miss insert it (evicting the LRU way). Returns hit.
+    #[inline]
+    pub fn access(&mut self, tag: u64, index: u64) -> bool {
+        if self.lookup(tag, index) {
+            return true;
+        }
+        self.insert(tag, index);
+        false
+    }
+
+    /// Look up `tag`, refreshing its LRU position on a hit.
+    #[inline]
+    pub fn lookup(&mut self, tag: u64, index: u64) -> bool {
+        self.clock += 1;
+        let base = self.set_of(tag, index);
+        if let Some(w) = self.tags[base..base + self.ways]
+            .iter()
+            .position(|&t| t == tag)
+        {
+            self.stamp[base + w] = self.clock;
+            return true;
+        }
+        false
+    }
+
+    /// Insert `tag` (not present), evicting the least recently used way of its set.
+    #[inline]
+    pub fn insert(&mut self, tag: u64, index: u64) {
+        self.clock += 1;
+        let base = self.set_of(tag, index);
+        let set = &mut self.tags[base..base + self.ways];
+        let mut victim = 0;
+        for w in 0..self.ways {
+            if set[w] == EMPTY {
+                victim = w;
+                break;
+            }
+            if self.stamp[base + w] < self.stamp[base + victim] {
+                victim = w;
+            }
+        }
+        set[victim] = tag;
+        self.stamp[base + victim] = self.clock;
+    }
+
+    /// Whether `tag` is present (no LRU update).
+    pub fn contains(&self, tag: u64, index: u64) -> bool {
+        let base = self.set_of(tag, index);
+        self.tags[base..base + self.ways].contains(&tag)
+    }
+
+    /// Drop `tag` if present (its set is chosen by `index`).
+    pub fn invalidate(&mut self, tag: u64, index: u64) {
+        let base = self.set_of(tag, index);
+        for t in &mut self.tags[base..base + self.ways] {
+            if *t == tag {
+                *t = EMPTY;
+            }
+        }
+    }
+
+    /// Drop every entry for which `pred(tag)` holds.
+    pub fn invalidate_where(&mut self, mut pred: impl FnMut(u64) -> bool) {
+        for t in &mut self.tags {
+            if *t != EMPTY && pred(*t) {
+                *t = EMPTY;
+            }
+        }
+    }
+
+    pub fn valid(&self) -> usize {
+        self.tags.iter().filter(|&&t| t != EMPTY).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn lru_evicts_least_recent() {
+        let mut c = TagCache::new(2, 2);
+        assert!(!c.access(1, 0));
+        assert!(!c.access(2, 0));
+        assert!(c.access(1, 0));
+        assert!(!c.access(3, 0)); // evicts 2
+        assert!(c.contains(1, 0) && c.contains(3, 0) && !c.contains(2, 0));
+    }
+    #[test]
+    fn sets_are_independent_and_invalidation_works() {
+        let mut c = TagCache::new(4, 2);
+        c.access(10, 0);
+        c.access(11, 1);
+        c.access(12, 0);
+        c.access(13, 0); // set 0 full: evicts 10
+        assert!(c.contains(11, 1));
+        assert!(!c.contains(10, 0));
+        c.invalidate(11, 1);
+        assert!(!c.contains(11, 1));
+        c.invalidate_where(|t| t >= 12);
+        assert_eq!(c.valid(), 0);
+    }
+}

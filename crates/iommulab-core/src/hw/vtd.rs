@@ -1,0 +1,415 @@
+//! Intel VT-d (thin model): second-level radix page table, a set-associative IOTLB, one paging-structure cache
+//! per non-leaf level, and queued invalidation (PSI with address mask, DSI, global, wait descriptor) through
+//! one hardware queue shared by all CPUs.
+
+use super::cache::TagCache;
+use super::pgtable::RadixPgtable;
+use super::{DomainId, Iommu, IommuCounters, IotlbGather, Translation};
+use crate::scenario::IommuProfile;
+use crate::sim::{SpinLock, Time};
+
+/// One invalidation descriptor (VT-d spec, "IOTLB Invalidate Descriptor": granularity G, DID, ADDR, AM, IH).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvDesc {
+    /// Page-selective-within-domain: 2^am pages at `addr_pfn` (aligned); `ih` keeps paging-structure caches.
+    Psi {
+        dom: DomainId,
+        addr_pfn: u64,
+        am: u32,
+        ih: bool,
+    },
+    /// Domain-selective.
+    Dsi {
+        dom: DomainId,
+    },
+    Global,
+}
+
+/// drivers/iommu/intel/cache.c calculate_psi_aligned_address(): the smallest naturally aligned power-of-two
+/// block holding [start, start + pages). Returns (aligned base pfn, address mask AM).
+pub fn psi_aligned(start_pfn: u64, pages: u64) -> (u64, u32) {
+    let aligned = pages.max(1).next_power_of_two();
+    let bitmask = aligned - 1;
+    let mut mask = aligned.trailing_zeros();
+    if bitmask & start_pfn != 0 {
+        let end_pfn = start_pfn + pages - 1;
+        let shared = !(start_pfn ^ end_pfn) & !bitmask;
+        mask = if shared != 0 {
+            shared.trailing_zeros()
+        } else {
+            64
+        };
+    }
+    let base = if mask >= 64 {
+        0
+    } else {
+        start_pfn & !((1u64 << mask) - 1)
+    };
+    (base, mask)
+}
+
+pub struct Vtd {
+    cfg: IommuProfile,
+    domains: Vec<Option<RadixPgtable>>,
+    iotlb: TagCache,
+    /// pwc[0] caches top-level entries (F&S PTcache-L1), pwc[levels-2] the entries pointing at leaf tables.
+    pwc: Vec<TagCache>,
+    q_lock: SpinLock,
+    /// The invalidation hardware as a server: busy while it processes descriptors.
+    hw: SpinLock,
+    c: IommuCounters,
+}
+
+#[inline]
+fn tag(dom: DomainId, key: u64) -> u64 {
+    ((dom as u64) << 52) | key
+}
+
+impl Vtd {
+    pub fn new(cfg: &IommuProfile) -> Self {
+        let npwc = cfg.pt_levels.saturating_sub(1) as usize;
+        Vtd {
+            cfg: cfg.clone(),
+            domains: Vec::new(),
+            iotlb: TagCache::new(cfg.iotlb_entries as usize, cfg.iotlb_ways as usize),
+            pwc: (0..npwc)
+                .map(|_| {
+                    TagCache::new(
+                        cfg.pwc_entries.max(1) as usize,
+                        cfg.pwc_entries.max(1) as usize,
+                    )
+                })
+                .collect(),
+            q_lock: SpinLock::default(),
+            hw: SpinLock::default(),
+            c: IommuCounters::default(),
+        }
+    }
+
+    fn pt(&mut self, dom: DomainId) -> &mut RadixPgtable {
+        let i = dom as usize;
+        if self.domains.len() <= i {
+            self.domains.resize_with(i + 1, || None);
+        }
+        let levels = self.cfg.pt_levels;
+        self.domains[i].get_or_insert_with(|| RadixPgtable::new(levels))
+    }
+
+    /// Level (in walk order, 0 = top) → shift of the IOVA pfn its entries are tagged by.
+    fn pwc_shift(&self, i: usize) -> u32 {
+        9 * (self.cfg.pt_levels - 1 - i as u32)
+    }
+
+    /// Apply a descriptor's effect on the translation caches.
+    fn apply(&mut self, d: InvDesc) {
+        match d {
+            InvDesc::Psi {
+                dom,
+                addr_pfn,
+                am,
+                ih,
+            } => {
+                self.c.psi += 1;
+                let n = 1u64 << am.min(63);
+                let end = addr_pfn.saturating_add(n);
+                if n <= self.iotlb.entries() as u64 {
+                    for pfn in addr_pfn..end {
+                        self.iotlb.invalidate(tag(dom, pfn), pfn);
+                    }
+                } else {
+                    self.iotlb.invalidate_where(|t| {
+                        t >> 52 == dom as u64 && (addr_pfn..end).contains(&(t & ((1 << 52) - 1)))
+                    });
+                }
+                if !ih {
+                    // IH=0: paging-structure-cache entries for the range go too.
+                    for i in 0..self.pwc.len() {
+                        let s = self.pwc_shift(i);
+                        let (lo, hi) = (addr_pfn >> s, (end - 1) >> s);
+                        self.pwc[i].invalidate_where(|t| {
+                            t >> 52 == dom as u64 && (lo..=hi).contains(&(t & ((1 << 52) - 1)))
+                        });
+                    }
+                }
+            }
+            InvDesc::Dsi { dom } => {
+                self.c.dsi += 1;
+                self.iotlb.invalidate_where(|t| t >> 52 == dom as u64);
+                for p in &mut self.pwc {
+                    p.invalidate_where(|t| t >> 52 == dom as u64);
+                }
+            }
+            InvDesc::Global => {
+                self.c.global += 1;
+                self.iotlb.invalidate_where(|_| true);
+                for p in &mut self.pwc {
+                    p.invalidate_where(|_| true);
+                }
+            }
+        }
+    }
+
+    /// dmar.c qi_submit_sync(): write the descriptors and a wait descriptor under q_lock, ring the tail, then
+    /// spin (lock dropped) until the hardware has processed the wait descriptor. Returns the release time.
+    pub fn qi_submit_sync(&mut self, now: Time, descs: &[InvDesc]) -> Time {
+        let n = descs.len() as u64 + 1;
+        let (_, written) = self.q_lock.acquire(now, n * self.cfg.submit_desc_ns);
+        // The hardware drains the queue in order, one descriptor after another.
+        let (_, done) = self.hw.acquire(
+            written,
+            descs.len() as u64 * self.cfg.inv_desc_ns + self.cfg.inv_wait_ns,
+        );
+        for &d in descs {
+            self.apply(d);
+        }
+        self.c.wait += 1;
+        self.c.submissions += 1;
+        self.c.inv_wait_ns += done - now;
+        done
+    }
+
+    /// cache.c cache_tag_flush_range(): PSI for the aligned block, or DSI when the mask exceeds MAMV.
+    fn flush_range(
+        &mut self,
+        now: Time,
+        dom: DomainId,
+        start_pfn: u64,
+        pages: u64,
+        ih: bool,
+    ) -> Time {
+        let (base, am) = psi_aligned(start_pfn, pages);
+        let d = if am > self.cfg.mamv {
+            InvDesc::Dsi { dom }
+        } else {
+            InvDesc::Psi {
+                dom,
+                addr_pfn: base,
+                am,
+                ih,
+            }
+        };
+        self.qi_submit_sync(now, &[d])
+    }
+}
+
+impl Iommu for Vtd {
+    fn name(&self) -> &'static str {
+        "vtd"
+    }
+
+    fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
+        let pt = self.pt(dom);
+        let before = pt.tables_allocated;
+        let w = pt.map(iova_pfn, phys_pfn, n);
+        let grown = pt.tables_allocated - before;
+        self.c.table_pages_allocated += grown;
+        w
+    }
+
+    fn unmap_pages(
+        &mut self,
+        dom: DomainId,
+        iova_pfn: u64,
+        n: u64,
+        gather: &mut IotlbGather,
+    ) -> u64 {
+        let (un, freed) = self.pt(dom).unmap(iova_pfn, n);
+        self.c.table_pages_freed += freed as u64;
+        gather.add_range(iova_pfn, n);
+        gather.freed_tables += freed;
+        un
+    }
+
+    fn iotlb_sync_map(&mut self, now: Time, dom: DomainId, iova_pfn: u64, n: u64) -> Time {
+        // intel_iommu_iotlb_sync_map → cache_tag_flush_range_np(): a PSI only in caching mode.
+        if self.cfg.caching_mode {
+            self.flush_range(now, dom, iova_pfn, n, false)
+        } else {
+            now
+        }
+    }
+
+    fn iotlb_sync(&mut self, now: Time, dom: DomainId, g: &IotlbGather) -> Time {
+        if g.is_empty() {
+            return now;
+        }
+        // intel_iommu_tlb_sync(): IH only when no page-table pages were freed.
+        self.flush_range(now, dom, g.start, g.end - g.start + 1, g.freed_tables == 0)
+    }
+
+    fn flush_iotlb_all(&mut self, now: Time, dom: DomainId) -> Time {
+        // cache_tag_flush_all(): DSI.
+        self.qi_submit_sync(now, &[InvDesc::Dsi { dom }])
+    }
+
+    fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
+        self.c.translations += 1;
+        let t = tag(dom, iova_pfn);
+        if self.iotlb.lookup(t, iova_pfn) {
+            return Translation {
+                iotlb_hit: true,
+                walk_reads: 0,
+                fault: false,
+            };
+        }
+        self.c.iotlb_misses += 1;
+        // Paging-structure caches, lowest level first; each level missed costs one more memory read.
+        let mut reads = 1; // the leaf PTE
+        let levels = self.pwc.len();
+        let mut i = levels;
+        while i > 0 {
+            let s = self.pwc_shift(i - 1);
+            let key = tag(dom, iova_pfn >> s);
+            if self.pwc[i - 1].lookup(key, iova_pfn >> s) {
+                break;
+            }
+            self.c.pwc_misses[i - 1] += 1;
+            reads += 1;
+            i -= 1;
+        }
+        self.c.walk_reads += reads;
+        let mapped = self
+            .domains
+            .get(dom as usize)
+            .and_then(|p| p.as_ref())
+            .and_then(|p| p.lookup(iova_pfn))
+            .is_some();
+        if !mapped {
+            self.c.faults += 1;
+            return Translation {
+                iotlb_hit: false,
+                walk_reads: reads as u32,
+                fault: true,
+            };
+        }
+        for j in i..levels {
+            let s = self.pwc_shift(j);
+            self.pwc[j].insert(tag(dom, iova_pfn >> s), iova_pfn >> s);
+        }
+        self.iotlb.insert(t, iova_pfn);
+        Translation {
+            iotlb_hit: false,
+            walk_reads: reads as u32,
+            fault: false,
+        }
+    }
+
+    fn iova_to_phys(&self, dom: DomainId, iova_pfn: u64) -> Option<u64> {
+        self.domains
+            .get(dom as usize)
+            .and_then(|p| p.as_ref())
+            .and_then(|p| p.lookup(iova_pfn))
+    }
+
+    fn counters(&self) -> &IommuCounters {
+        &self.c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> IommuProfile {
+        IommuProfile {
+            iotlb_entries: 64,
+            iotlb_ways: 4,
+            pwc_entries: 16,
+            pt_levels: 4,
+            inv_desc_ns: 400,
+            inv_wait_ns: 200,
+            submit_desc_ns: 40,
+            mamv: 9,
+            caching_mode: false,
+        }
+    }
+
+    #[test]
+    fn psi_mask_for_unaligned_three_pages() {
+        // pfn 0x1005..0x1007: 3 pages → 4 aligned would be 0x1004..0x1007, which holds it: AM 2.
+        assert_eq!(psi_aligned(0x1005, 3), (0x1004, 2));
+        // pfn 0x1007..0x1009 crosses an 8-page boundary: AM grows to 4 (0x1000..0x100f).
+        assert_eq!(psi_aligned(0x1007, 3), (0x1000, 4));
+        assert_eq!(psi_aligned(0x2000, 1), (0x2000, 0));
+    }
+
+    #[test]
+    fn mask_above_mamv_falls_back_to_dsi() {
+        let mut v = Vtd::new(&cfg());
+        let mut g = IotlbGather::new();
+        v.map_pages(1, 0, 100, 1024);
+        v.unmap_pages(1, 0, 1024, &mut g); // 1024 pages: AM 10 > MAMV 9
+        v.iotlb_sync(0, 1, &g);
+        assert_eq!((v.c.psi, v.c.dsi, v.c.wait), (0, 1, 1));
+    }
+
+    #[test]
+    fn walk_caches_cut_reads_and_psi_without_ih_drops_them() {
+        let mut v = Vtd::new(&cfg());
+        v.map_pages(1, 0x40000, 7, 4);
+        let t = v.translate(1, 0x40000);
+        assert_eq!((t.iotlb_hit, t.walk_reads), (false, 4));
+        assert!(v.translate(1, 0x40000).iotlb_hit);
+        let t = v.translate(1, 0x40001); // same leaf table: PDE cached
+        assert_eq!(t.walk_reads, 1);
+        // IH=1 keeps the walk caches, IH=0 drops them.
+        v.qi_submit_sync(
+            0,
+            &[InvDesc::Psi {
+                dom: 1,
+                addr_pfn: 0x40002,
+                am: 0,
+                ih: true,
+            }],
+        );
+        assert_eq!(v.translate(1, 0x40002).walk_reads, 1);
+        v.qi_submit_sync(
+            0,
+            &[InvDesc::Psi {
+                dom: 1,
+                addr_pfn: 0x40003,
+                am: 0,
+                ih: false,
+            }],
+        );
+        assert_eq!(v.translate(1, 0x40003).walk_reads, 4);
+    }
+
+    #[test]
+    fn stale_iotlb_entry_hits_until_invalidated() {
+        let mut v = Vtd::new(&cfg());
+        v.map_pages(1, 10, 99, 1);
+        v.translate(1, 10);
+        let mut g = IotlbGather::new();
+        v.unmap_pages(1, 10, 1, &mut g);
+        assert!(
+            v.translate(1, 10).iotlb_hit,
+            "unmapped but not invalidated: stale hit"
+        );
+        v.iotlb_sync(0, 1, &g);
+        let t = v.translate(1, 10);
+        assert!(!t.iotlb_hit && t.fault);
+    }
+
+    #[test]
+    fn shared_queue_serialises_cpus() {
+        let mut v = Vtd::new(&cfg());
+        let a = v.flush_iotlb_all(0, 1);
+        let b = v.flush_iotlb_all(0, 1);
+        assert_eq!(a, 80 + 400 + 200);
+        assert!(b >= a + 600, "second submitter waits behind the first: {b}");
+    }
+
+    #[test]
+    fn caching_mode_invalidates_on_map() {
+        let mut c = cfg();
+        c.caching_mode = true;
+        let mut v = Vtd::new(&c);
+        v.map_pages(1, 5, 5, 1);
+        v.iotlb_sync_map(0, 1, 5, 1);
+        assert_eq!(v.c.psi, 1);
+        let mut v = Vtd::new(&cfg());
+        v.iotlb_sync_map(0, 1, 5, 1);
+        assert_eq!(v.c.psi, 0);
+    }
+}

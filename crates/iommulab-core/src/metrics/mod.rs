@@ -1,0 +1,186 @@
+//! Counters, snapshots and the result of a run: what was measured between the end of warm-up and the end.
+
+use crate::dma::iova::IovaStats;
+use crate::dma::DmaStats;
+use crate::hw::IommuCounters;
+use crate::workload::WorkloadStats;
+use serde::Serialize;
+
+/// Every counter of the simulated host at one instant.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub time: u64,
+    pub iommu: IommuCounters,
+    pub dma: DmaStats,
+    pub iova: IovaStats,
+    pub wl: WorkloadStats,
+    /// Busy ns of each CPU the workload uses.
+    pub cpu_busy_ns: Vec<u64>,
+    pub iova_lock_wait_ns: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Invalidations {
+    pub total: u64,
+    pub psi: u64,
+    pub dsi: u64,
+    pub global: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Drops {
+    pub ring: u64,
+    pub device: u64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct FlushQueueFlushes {
+    pub full: u64,
+    pub timer: u64,
+}
+
+/// The documented result of one run (see README "Output keys").
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RunResult {
+    pub scenario: String,
+    pub label: String,
+    pub policy: String,
+    pub policy_reason: String,
+    pub iommu: String,
+    pub seed: u64,
+    pub sim_seconds: f64,
+    pub throughput_gbps: f64,
+    pub offered_gbps: f64,
+    pub packets_per_sec: f64,
+    pub cpu_busy: f64,
+    pub cpu_inv_wait_share: f64,
+    pub invalidations: Invalidations,
+    pub wait_descriptors: u64,
+    pub iova_pages_mapped: u64,
+    pub iova_pages_unmapped: u64,
+    pub inv_per_page: f64,
+    pub dma_pages: u64,
+    pub iotlb_misses_per_page: f64,
+    pub walk_reads_per_page: f64,
+    pub pwc_misses_per_page: Vec<f64>,
+    pub dma_faults: u64,
+    pub drops: Drops,
+    /// Share of wire time the senders were held back by closed receive windows.
+    pub window_limited_share: f64,
+    pub flush_queue_flushes: FlushQueueFlushes,
+    pub iova_rcache_hit_rate: f64,
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+/// Round to 6 significant digits so that printed results are stable and readable.
+fn r6(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let mag = 10f64.powi(5 - x.abs().log10().floor() as i32);
+    (x * mag).round() / mag
+}
+
+pub struct RunInfo<'a> {
+    pub scenario: &'a str,
+    pub label: &'a str,
+    pub policy: &'a str,
+    pub policy_reason: &'a str,
+    pub iommu: &'a str,
+    pub seed: u64,
+    pub pt_levels: u32,
+    pub line_rate_gbps: f64,
+}
+
+impl RunResult {
+    pub fn from_snapshots(info: &RunInfo<'_>, a: &Snapshot, b: &Snapshot) -> Self {
+        let dt = (b.time - a.time).max(1);
+        let secs = dt as f64 / 1e9;
+        let io = |f: fn(&IommuCounters) -> u64| f(&b.iommu) - f(&a.iommu);
+        let wl = |f: fn(&WorkloadStats) -> u64| f(&b.wl) - f(&a.wl);
+        let psi = io(|c| c.psi);
+        let dsi = io(|c| c.dsi);
+        let global = io(|c| c.global);
+        let total = psi + dsi + global;
+        let unmapped = b.dma.iova_pages_unmapped - a.dma.iova_pages_unmapped;
+        let dma_pages = wl(|w| w.dma_pages);
+        let busy: u64 = b
+            .cpu_busy_ns
+            .iter()
+            .zip(&a.cpu_busy_ns)
+            .map(|(x, y)| x - y)
+            .sum();
+        let ncpu = b.cpu_busy_ns.len().max(1) as u64;
+        let npwc = info.pt_levels.saturating_sub(1) as usize;
+        let rc_hits = b.iova.rcache_hits - a.iova.rcache_hits;
+        let rc_total = rc_hits + b.iova.rbtree_allocs - a.iova.rbtree_allocs;
+        RunResult {
+            scenario: info.scenario.to_string(),
+            label: info.label.to_string(),
+            policy: info.policy.to_string(),
+            policy_reason: info.policy_reason.to_string(),
+            iommu: info.iommu.to_string(),
+            seed: info.seed,
+            sim_seconds: r6(secs),
+            throughput_gbps: r6(wl(|w| w.bytes_delivered) as f64 * 8.0 / dt as f64),
+            offered_gbps: r6(info.line_rate_gbps),
+            packets_per_sec: r6(wl(|w| w.packets_delivered) as f64 / secs),
+            cpu_busy: r6((busy as f64 / (ncpu * dt) as f64).min(1.0)),
+            cpu_inv_wait_share: r6(ratio(io(|c| c.inv_wait_ns), busy)),
+            invalidations: Invalidations {
+                total,
+                psi,
+                dsi,
+                global,
+            },
+            wait_descriptors: io(|c| c.wait),
+            iova_pages_mapped: b.dma.pages_mapped - a.dma.pages_mapped,
+            iova_pages_unmapped: unmapped,
+            inv_per_page: r6(ratio(total, unmapped)),
+            dma_pages,
+            iotlb_misses_per_page: r6(ratio(io(|c| c.iotlb_misses), dma_pages)),
+            walk_reads_per_page: r6(ratio(io(|c| c.walk_reads), dma_pages)),
+            pwc_misses_per_page: (0..npwc)
+                .map(|i| {
+                    r6(ratio(
+                        b.iommu.pwc_misses[i] - a.iommu.pwc_misses[i],
+                        dma_pages,
+                    ))
+                })
+                .collect(),
+            dma_faults: wl(|w| w.dma_faults),
+            drops: Drops {
+                ring: wl(|w| w.drops_ring),
+                device: wl(|w| w.drops_device),
+            },
+            window_limited_share: r6(ratio(
+                wl(|w| w.window_closed),
+                wl(|w| w.window_closed) + wl(|w| w.packets_offered),
+            )),
+            flush_queue_flushes: FlushQueueFlushes {
+                full: b.dma.fq_flush_full - a.dma.fq_flush_full,
+                timer: b.dma.fq_flush_timer - a.dma.fq_flush_timer,
+            },
+            iova_rcache_hit_rate: r6(ratio(rc_hits, rc_total)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn r6_keeps_six_significant_digits() {
+        assert_eq!(r6(1.23456789), 1.23457);
+        assert_eq!(r6(98765.4321), 98765.4);
+        assert_eq!(r6(0.000123456789), 0.000123457);
+        assert_eq!(r6(0.0), 0.0);
+    }
+}

@@ -1,0 +1,888 @@
+//! The scenario schema: one TOML file with `[run]`, `[platform]`, `[os]`, `[workload.*]` and an optional
+//! `[compare]` table whose arrays turn one scenario into several runs.
+//!
+//! Every struct rejects unknown keys. `[platform]` names a profile (built-in or a file) and may override any of
+//! its keys; see `data/profiles/*.toml` for the profile format and the source of every number.
+
+use crate::input::{self, InputError, SourceDoc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+pub const BUILTIN_SCENARIOS: &[(&str, &str)] =
+    &[("default", include_str!("../data/scenarios/default.toml"))];
+pub const BUILTIN_PROFILES: &[(&str, &str)] = &[(
+    "vtd-server",
+    include_str!("../data/profiles/vtd-server.toml"),
+)];
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub run: Run,
+    pub platform: Platform,
+    pub os: Os,
+    pub workload: Workload,
+    /// Consumed by the loader (see [`load`]); always empty in a loaded scenario.
+    #[serde(default, skip_serializing)]
+    pub compare: toml::Table,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Run {
+    /// Simulated time measured, after the warm-up.
+    pub duration_ms: f64,
+    /// Simulated time run before counters start (rings and pools fill, caches warm).
+    #[serde(default = "default_warmup_ms")]
+    pub warmup_ms: f64,
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+fn default_warmup_ms() -> f64 {
+    10.0
+}
+fn default_seed() -> u64 {
+    1
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Vendor {
+    /// Intel VT-d: second-level page table, queued invalidation (PSI/DSI/global + wait descriptor).
+    Vtd,
+}
+
+/// A hardware platform: the IOMMU, memory, PCIe path and CPU costs. Loaded from a profile file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Platform {
+    /// Built-in profile name or a path (relative to the scenario file).
+    pub profile: String,
+    #[serde(default)]
+    pub description: String,
+    pub vendor: Vendor,
+    pub iommu: IommuProfile,
+    pub memory: MemoryProfile,
+    pub pcie: PcieProfile,
+    pub cpu: CpuProfile,
+    /// Where each number comes from: `"section.key" = "source"`.
+    #[serde(default)]
+    pub sources: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct IommuProfile {
+    pub iotlb_entries: u32,
+    pub iotlb_ways: u32,
+    /// Entries in each paging-structure cache (one cache per non-leaf level), fully associative, LRU.
+    pub pwc_entries: u32,
+    /// Page-table levels walked on an IOTLB miss (4 for 48-bit VT-d second level).
+    pub pt_levels: u32,
+    /// Hardware time to process one IOTLB invalidation descriptor.
+    pub inv_desc_ns: u64,
+    /// Hardware time to process a wait descriptor (status write back).
+    pub inv_wait_ns: u64,
+    /// CPU time to write one descriptor into the queue under the queue lock.
+    pub submit_desc_ns: u64,
+    /// Largest PSI address mask (CAP.MAMV); larger ranges fall back to DSI.
+    pub mamv: u32,
+    /// CAP.CM: caching mode (virtual IOMMUs): maps need an invalidation too.
+    pub caching_mode: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryProfile {
+    /// One page-walk memory read by the IOMMU.
+    pub walk_read_ns: u64,
+    /// Physical pages the simulated kernel can hand out.
+    pub pages: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PcieProfile {
+    /// Fixed latency of one DMA write through the root complex with an IOTLB hit.
+    pub dma_base_ns: u64,
+    /// DMA writes whose translation may be outstanding at once.
+    pub translation_slots: u32,
+    /// Link bandwidth after encoding.
+    pub link_gbps: f64,
+    /// Device on-chip receive buffer; packets beyond it are dropped.
+    pub device_buffer_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CpuProfile {
+    pub cores: u32,
+    /// Network stack (driver RX, GRO, IP/TCP) per packet.
+    pub stack_ns_per_packet: u64,
+    /// recvmsg copy to user space per byte.
+    pub copy_ns_per_byte: f64,
+    /// Scheduler wake-up of a reader blocked on a socket.
+    pub wakeup_ns: u64,
+    /// alloc_page / put_page.
+    pub page_alloc_ns: u64,
+    /// Fixed iommu-dma map or unmap path cost (iommu_dma_map_page / __iommu_dma_unmap).
+    pub dma_iommu_op_ns: u64,
+    /// dma-direct map or unmap (identity domain).
+    pub dma_direct_op_ns: u64,
+    /// Write or clear one leaf PTE (plus its cache-line flush where not coherent).
+    pub pte_ns: u64,
+    /// IOVA allocation or free served by the per-CPU rcache.
+    pub iova_rcache_ns: u64,
+    /// IOVA allocation or free on the rbtree (under the domain's iova_rbtree_lock).
+    pub iova_rbtree_ns: u64,
+    /// Uncontended spinlock acquire + release.
+    pub lock_ns: u64,
+    /// queue_iova(): append to this CPU's flush-queue ring.
+    pub fq_entry_ns: u64,
+}
+
+/// The DMA-mapping policy of the device's default domain.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyName {
+    /// Identity domain: dma-direct, no translation, no protection.
+    Passthrough,
+    /// DMA domain: invalidate on every unmap before the IOVA is freed.
+    Strict,
+    /// DMA-FQ domain: unmaps queue on a per-CPU flush queue, flushed whole-domain by timer or when full.
+    Lazy,
+    /// Resolve from `os.arch` and `os.cmdline` as iommu_subsys_init() does.
+    Auto,
+}
+
+impl PolicyName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::Passthrough => "passthrough",
+            PolicyName::Strict => "strict",
+            PolicyName::Lazy => "lazy",
+            PolicyName::Auto => "auto",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    X86_64,
+    Arm64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Os {
+    /// Kernel version, `MAJOR.MINOR`.
+    #[serde(default = "default_kernel")]
+    pub kernel: String,
+    #[serde(default = "default_arch")]
+    pub arch: Arch,
+    pub policy: PolicyName,
+    /// Kernel command line; read when `policy = "auto"`.
+    #[serde(default)]
+    pub cmdline: String,
+    /// CONFIG_HZ: the flush-queue timer is rounded to jiffies.
+    #[serde(default = "default_hz")]
+    pub hz: u32,
+}
+fn default_kernel() -> String {
+    "6.12".into()
+}
+fn default_arch() -> Arch {
+    Arch::X86_64
+}
+fn default_hz() -> u32 {
+    250
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    pub nic_rx: Option<NicRx>,
+}
+
+/// A multi-queue NIC receiving bulk TCP (iperf3-like) into page_pool-backed rings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NicRx {
+    pub line_rate_gbps: f64,
+    /// RSS queues; queue q's interrupt and NAPI run on CPU q.
+    pub queues: u32,
+    /// TCP flows, hashed onto queues by RSS (collisions happen, as on real NICs).
+    pub flows: u32,
+    /// Packet size on the wire; one RX buffer of 4 KiB pages per packet.
+    pub mtu: u32,
+    /// RX descriptors per queue.
+    pub ring_size: u32,
+    #[serde(default = "default_budget")]
+    pub napi_budget: u32,
+    /// Keep pages mapped in a page_pool and recycle them (false: map on refill, unmap on every packet).
+    #[serde(default = "default_true")]
+    pub page_pool: bool,
+    /// page_pool ptr_ring size.
+    #[serde(default = "default_pool_size")]
+    pub pool_size: u32,
+    /// The reader copies this much per recvmsg() (iperf3's default read length is 128 KiB).
+    #[serde(default = "default_read_bytes")]
+    pub read_bytes: u32,
+    /// Socket receive buffer per flow; packets beyond it are dropped.
+    #[serde(default = "default_rcvbuf")]
+    pub rcvbuf_bytes: u64,
+}
+fn default_budget() -> u32 {
+    64
+}
+fn default_true() -> bool {
+    true
+}
+fn default_pool_size() -> u32 {
+    1024
+}
+fn default_read_bytes() -> u32 {
+    128 * 1024
+}
+fn default_rcvbuf() -> u64 {
+    6 * 1024 * 1024
+}
+
+impl Scenario {
+    /// Semantic checks serde cannot express. Errors name the key.
+    fn validate(&self) -> Result<(), (Vec<String>, String)> {
+        let k = |p: &str| p.split('.').map(String::from).collect::<Vec<_>>();
+        if !(self.run.duration_ms > 0.0 && self.run.duration_ms.is_finite()) {
+            return Err((
+                k("run.duration_ms"),
+                "expected a positive number of milliseconds".into(),
+            ));
+        }
+        if !(self.run.warmup_ms >= 0.0 && self.run.warmup_ms.is_finite()) {
+            return Err((
+                k("run.warmup_ms"),
+                "expected zero or a positive number of milliseconds".into(),
+            ));
+        }
+        if self.run.duration_ms + self.run.warmup_ms > 60_000.0 {
+            return Err((
+                k("run.duration_ms"),
+                "expected at most 60000 ms of simulated time (warm-up included)".into(),
+            ));
+        }
+        let io = &self.platform.iommu;
+        if io.iotlb_entries == 0 || io.iotlb_ways == 0 || io.iotlb_entries % io.iotlb_ways != 0 {
+            return Err((
+                k("platform.iommu.iotlb_ways"),
+                "expected iotlb_entries to be a non-zero multiple of iotlb_ways".into(),
+            ));
+        }
+        if !(1..=5).contains(&io.pt_levels) {
+            return Err((
+                k("platform.iommu.pt_levels"),
+                "expected 1 to 5 levels".into(),
+            ));
+        }
+        if io.mamv > 63 {
+            return Err((
+                k("platform.iommu.mamv"),
+                "expected an address-mask limit of 0..=63".into(),
+            ));
+        }
+        if self.platform.pcie.translation_slots == 0 {
+            return Err((
+                k("platform.pcie.translation_slots"),
+                "expected at least 1".into(),
+            ));
+        }
+        if !(self.platform.pcie.link_gbps > 0.0) {
+            return Err((
+                k("platform.pcie.link_gbps"),
+                "expected a positive bandwidth".into(),
+            ));
+        }
+        if self.platform.cpu.cores == 0 {
+            return Err((k("platform.cpu.cores"), "expected at least 1 core".into()));
+        }
+        if !(self.platform.cpu.copy_ns_per_byte >= 0.0) {
+            return Err((
+                k("platform.cpu.copy_ns_per_byte"),
+                "expected zero or a positive cost".into(),
+            ));
+        }
+        if self.os.hz == 0 {
+            return Err((
+                k("os.hz"),
+                "expected CONFIG_HZ > 0 (e.g. 100, 250, 1000)".into(),
+            ));
+        }
+        parse_kernel(&self.os.kernel).map_err(|m| (k("os.kernel"), m))?;
+        let Some(nic) = &self.workload.nic_rx else {
+            return Err((
+                k("workload"),
+                "expected a workload section, e.g. [workload.nic_rx]".into(),
+            ));
+        };
+        let w = |f: &str| k(&format!("workload.nic_rx.{f}"));
+        if !(nic.line_rate_gbps > 0.0 && nic.line_rate_gbps <= 3200.0) {
+            return Err((
+                w("line_rate_gbps"),
+                "expected a line rate in (0, 3200] Gbps".into(),
+            ));
+        }
+        if nic.queues == 0 || nic.queues > self.platform.cpu.cores {
+            return Err((
+                w("queues"),
+                format!(
+                    "expected 1..={} queues (one CPU each, platform.cpu.cores)",
+                    self.platform.cpu.cores
+                ),
+            ));
+        }
+        if nic.flows == 0 {
+            return Err((w("flows"), "expected at least 1 flow".into()));
+        }
+        if !(64..=65536).contains(&nic.mtu) {
+            return Err((w("mtu"), "expected an MTU of 64..=65536 bytes".into()));
+        }
+        if !(2..=65536).contains(&nic.ring_size) {
+            return Err((w("ring_size"), "expected 2..=65536 descriptors".into()));
+        }
+        if nic.napi_budget == 0 {
+            return Err((w("napi_budget"), "expected at least 1".into()));
+        }
+        if nic.read_bytes == 0 {
+            return Err((w("read_bytes"), "expected at least 1 byte".into()));
+        }
+        if nic.rcvbuf_bytes < nic.mtu as u64 {
+            return Err((w("rcvbuf_bytes"), "expected at least one MTU".into()));
+        }
+        Ok(())
+    }
+}
+
+/// `"6.12"` → (6, 12).
+pub fn parse_kernel(v: &str) -> Result<(u32, u32), String> {
+    let mut it = v.trim().splitn(3, '.');
+    let maj = it.next().and_then(|s| s.parse::<u32>().ok());
+    let min = it.next().and_then(|s| {
+        s.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse::<u32>()
+            .ok()
+    });
+    match (maj, min) {
+        (Some(a), Some(b)) => Ok((a, b)),
+        _ => Err(format!(
+            "expected a kernel version like \"6.12\", got \"{v}\""
+        )),
+    }
+}
+
+/// Where a scenario comes from.
+pub enum Source<'a> {
+    Builtin(&'a str),
+    File(&'a Path),
+    /// TOML text with a display name (used for errors).
+    Text {
+        name: &'a str,
+        text: &'a str,
+    },
+}
+
+/// One concrete run of a loaded scenario: the `[compare]` values that produced it, and the scenario.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    pub label: String,
+    pub overrides: Vec<(String, toml::Value)>,
+    pub scenario: Scenario,
+}
+
+struct Origins<'a> {
+    doc: &'a SourceDoc,
+    profile: Option<&'a SourceDoc>,
+    overrides: &'a [(String, String)],
+}
+
+impl Origins<'_> {
+    /// Attribute an error at key `path` to the `--set` flag, scenario line or profile line that wrote it.
+    fn error(&self, path: &[String], msg: &str) -> InputError {
+        let key = path.join(".");
+        for (k, v) in self.overrides.iter().rev() {
+            let kp = input::split_key(k).unwrap_or_default();
+            let n = kp.len().min(path.len());
+            if n > 0 && kp[..n] == path[..n] {
+                return InputError::new(format!("--set {k}={v}"), format!("key `{key}`: {msg}"));
+            }
+        }
+        let (loc, full) = self.doc.locate(path);
+        if !full && path.first().map(String::as_str) == Some("platform") {
+            if let Some(p) = self.profile {
+                let (ploc, pfull) = p.locate(&path[1..]);
+                if pfull {
+                    return InputError::new(ploc, format!("key `{}`: {msg}", path[1..].join(".")));
+                }
+            }
+        }
+        let key = if key.is_empty() {
+            "(top level)".to_string()
+        } else {
+            format!("`{key}`")
+        };
+        InputError::new(loc, format!("key {key}: {msg}"))
+    }
+}
+
+fn read_named(path: &Path) -> Result<String, InputError> {
+    std::fs::read(path)
+        .map_err(|e| {
+            let why = match e.kind() {
+                std::io::ErrorKind::NotFound => "no such file".to_string(),
+                _ => e.to_string(),
+            };
+            InputError::new(path.display().to_string(), format!("cannot read: {why}"))
+        })
+        .and_then(|b| {
+            String::from_utf8(b).map_err(|_| {
+                InputError::new(path.display().to_string(), "expected UTF-8 TOML text")
+            })
+        })
+}
+
+fn load_profile(name: &str, base: Option<&Path>) -> Result<SourceDoc, InputError> {
+    if let Some((n, text)) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == name) {
+        return SourceDoc::parse(&format!("profile:{n}"), text);
+    }
+    let p = PathBuf::from(name);
+    let p = match base {
+        Some(b) if p.is_relative() => b.join(p),
+        _ => p,
+    };
+    if !p.exists() {
+        let names: Vec<_> = BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect();
+        return Err(InputError::new(
+            "platform.profile",
+            format!(
+                "no built-in profile or file `{name}` (built-in: {})",
+                names.join(", ")
+            ),
+        ));
+    }
+    SourceDoc::parse(&p.display().to_string(), &read_named(&p)?)
+}
+
+/// Flatten `[compare]` into (key path, values) axes. Arrays are leaves; tables nest (`[compare.os] policy = [..]`
+/// and `[compare] "os.policy" = [..]` mean the same).
+fn compare_axes(
+    t: &toml::Table,
+    prefix: &[String],
+    out: &mut Vec<(Vec<String>, Vec<toml::Value>)>,
+) -> Result<(), (Vec<String>, String)> {
+    for (k, v) in t {
+        let mut path = prefix.to_vec();
+        path.extend(input::split_key(k).map_err(|m| (prefix.to_vec(), m))?);
+        match v {
+            toml::Value::Array(a) if !a.is_empty() => out.push((path, a.clone())),
+            toml::Value::Table(sub) => compare_axes(sub, &path, out)?,
+            _ => {
+                let mut full = vec!["compare".to_string()];
+                full.extend(path);
+                return Err((
+                    full,
+                    "expected a non-empty array of values to compare".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn deserialize(table: toml::Table) -> Result<Scenario, (Vec<String>, String)> {
+    let de = toml::Value::Table(table);
+    let sc: Scenario = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path: Vec<String> = e
+            .path()
+            .iter()
+            .filter_map(|s| match s {
+                serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                _ => None,
+            })
+            .collect();
+        (path, e.into_inner().message().to_string())
+    })?;
+    sc.validate()?;
+    Ok(sc)
+}
+
+fn value_label(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Load a scenario, apply `--set key=value` overrides, merge its platform profile and expand `[compare]`.
+pub fn load(
+    source: Source<'_>,
+    overrides: &[(String, String)],
+) -> Result<Vec<Variant>, InputError> {
+    let (name, text, base) = match source {
+        Source::Builtin(n) => {
+            let Some((_, t)) = BUILTIN_SCENARIOS.iter().find(|(b, _)| *b == n) else {
+                let names: Vec<_> = BUILTIN_SCENARIOS.iter().map(|(n, _)| *n).collect();
+                return Err(InputError::new(
+                    "scenario",
+                    format!(
+                        "no built-in scenario `{n}` (built-in: {})",
+                        names.join(", ")
+                    ),
+                ));
+            };
+            (format!("builtin:{n}"), t.to_string(), None)
+        }
+        Source::File(p) => (
+            p.display().to_string(),
+            read_named(p)?,
+            p.parent().map(Path::to_path_buf),
+        ),
+        Source::Text { name, text } => (name.to_string(), text.to_string(), None),
+    };
+    let doc = SourceDoc::parse(&name, &text)?;
+    let mut table = doc.table()?;
+
+    for (k, raw) in overrides {
+        let path =
+            input::split_key(k).map_err(|m| InputError::new(format!("--set {k}={raw}"), m))?;
+        input::set_path(&mut table, &path, input::parse_value(raw))
+            .map_err(|m| InputError::new(format!("--set {k}={raw}"), m))?;
+        // Pinning a key on the command line removes it from the comparison.
+        if path.first().map(String::as_str) != Some("compare") {
+            if let Some(toml::Value::Table(c)) = table.get_mut("compare") {
+                c.remove(&path.join("."));
+                let quoted = path
+                    .iter()
+                    .map(|s| {
+                        if s.contains('.') {
+                            format!("\"{s}\"")
+                        } else {
+                            s.clone()
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                input::remove_path(c, &quoted);
+            }
+        }
+    }
+
+    let mut origins = Origins {
+        doc: &doc,
+        profile: None,
+        overrides,
+    };
+    let profile_doc;
+    match table
+        .get("platform")
+        .and_then(|p| p.as_table())
+        .map(|p| p.get("profile"))
+    {
+        Some(Some(toml::Value::String(pname))) => {
+            let pname = pname.clone();
+            profile_doc = load_profile(&pname, base.as_deref()).map_err(|e| {
+                if e.origin == "platform.profile" {
+                    origins.error(&["platform".into(), "profile".into()], &e.msg)
+                } else {
+                    e
+                }
+            })?;
+            let mut merged = profile_doc.table()?;
+            if let Some(toml::Value::Table(p)) = table.remove("platform") {
+                input::merge(&mut merged, p);
+            }
+            table.insert("platform".into(), toml::Value::Table(merged));
+            origins.profile = Some(&profile_doc);
+        }
+        Some(Some(_)) => {
+            return Err(origins.error(
+                &["platform".into(), "profile".into()],
+                "expected a profile name or path (a string)",
+            ))
+        }
+        _ => {
+            return Err(origins.error(
+                &["platform".into()],
+                "expected `profile = \"NAME\"` in [platform] (built-in: vtd-server)",
+            ))
+        }
+    }
+
+    let mut axes = Vec::new();
+    match table.remove("compare") {
+        Some(toml::Value::Table(c)) => {
+            compare_axes(&c, &[], &mut axes).map_err(|(p, m)| origins.error(&p, &m))?
+        }
+        Some(_) => {
+            return Err(origins.error(
+                &["compare".into()],
+                "expected a table of `key.path = [values…]`",
+            ))
+        }
+        None => {}
+    }
+
+    let base_sc = deserialize(table.clone()).map_err(|(p, m)| origins.error(&p, &m))?;
+    if axes.is_empty() {
+        return Ok(vec![Variant {
+            label: base_sc.os.policy.as_str().into(),
+            overrides: vec![],
+            scenario: base_sc,
+        }]);
+    }
+    // Cartesian product of the axes, in the order written.
+    let mut combos: Vec<Vec<(usize, usize)>> = vec![vec![]];
+    for (ai, (_, vals)) in axes.iter().enumerate() {
+        combos = combos
+            .into_iter()
+            .flat_map(|c| {
+                (0..vals.len()).map(move |vi| {
+                    let mut c = c.clone();
+                    c.push((ai, vi));
+                    c
+                })
+            })
+            .collect();
+    }
+    if combos.len() > 4096 {
+        return Err(origins.error(
+            &["compare".into()],
+            &format!("expected at most 4096 combinations, got {}", combos.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(combos.len());
+    for combo in combos {
+        let mut t = table.clone();
+        let mut ov = Vec::new();
+        for (ai, vi) in combo {
+            let (path, vals) = &axes[ai];
+            input::set_path(&mut t, path, vals[vi].clone()).map_err(|m| {
+                let mut cp = vec!["compare".to_string()];
+                cp.extend(path.iter().cloned());
+                origins.error(&cp, &m)
+            })?;
+            ov.push((path.join("."), vals[vi].clone()));
+        }
+        let sc = deserialize(t).map_err(|(p, m)| {
+            let axis = ov.iter().find(|(k, _)| p.join(".").starts_with(k.as_str()));
+            match axis {
+                Some((k, v)) => {
+                    let mut cp = vec!["compare".to_string()];
+                    cp.extend(input::split_key(k).unwrap_or_default());
+                    let (qloc, qfull) = doc.locate(&["compare".into(), k.clone()]);
+                    let loc = if qfull { qloc } else { doc.locate(&cp).0 };
+                    InputError::new(loc, format!("compare `{k}` value {v}: {m}"))
+                }
+                None => origins.error(&p, &m),
+            }
+        })?;
+        let label = if ov.len() == 1 {
+            value_label(&ov[0].1)
+        } else {
+            ov.iter()
+                .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), value_label(v)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        out.push(Variant {
+            label,
+            overrides: ov,
+            scenario: sc,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(s: &str) -> Result<Vec<Variant>, InputError> {
+        load(
+            Source::Text {
+                name: "t.toml",
+                text: s,
+            },
+            &[],
+        )
+    }
+    const MIN: &str = "[run]\nduration_ms = 1\n[platform]\nprofile = \"vtd-server\"\n[os]\npolicy = \"strict\"\n[workload.nic_rx]\nline_rate_gbps = 10\nqueues = 2\nflows = 2\nmtu = 4096\nring_size = 64\n";
+
+    #[test]
+    fn builtin_default_loads_and_compares_three_policies() {
+        let v = load(Source::Builtin("default"), &[]).unwrap();
+        let pols: Vec<_> = v.iter().map(|v| v.scenario.os.policy).collect();
+        assert!(v
+            .iter()
+            .any(|v| !v.scenario.workload.nic_rx.as_ref().unwrap().page_pool));
+        assert!(
+            pols.contains(&PolicyName::Passthrough)
+                && pols.contains(&PolicyName::Lazy)
+                && pols.contains(&PolicyName::Strict)
+        );
+    }
+
+    #[test]
+    fn minimal_scenario_loads() {
+        let v = text(MIN).unwrap();
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].scenario.platform.iommu.pt_levels, 4);
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_key() {
+        let e = text(&MIN.replace("queues = 2", "queues = 2\nqueuez = 3")).unwrap_err();
+        assert_eq!(e.origin, "t.toml:10:1", "{e}");
+        assert!(
+            e.msg.contains("queuez") && e.msg.contains("expected"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_type_names_line_and_expectation() {
+        let e = text(&MIN.replace("queues = 2", "queues = \"two\"")).unwrap_err();
+        assert_eq!(e.origin, "t.toml:9:1", "{e}");
+        assert!(
+            e.msg.contains("workload.nic_rx.queues") && e.msg.contains("u32"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn missing_key_names_section() {
+        let e = text(&MIN.replace("mtu = 4096\n", "")).unwrap_err();
+        assert!(e.msg.contains("missing field `mtu`"), "{e}");
+        assert!(e.origin.starts_with("t.toml:7:"), "{e}");
+    }
+
+    #[test]
+    fn set_overrides_and_blames_the_flag() {
+        let ov = vec![("workload.nic_rx.queues".to_string(), "4".to_string())];
+        let v = load(
+            Source::Text {
+                name: "t.toml",
+                text: MIN,
+            },
+            &ov,
+        )
+        .unwrap();
+        assert_eq!(v[0].scenario.workload.nic_rx.as_ref().unwrap().queues, 4);
+        let ov = vec![("os.polcy".to_string(), "lazy".to_string())];
+        let e = load(
+            Source::Text {
+                name: "t.toml",
+                text: MIN,
+            },
+            &ov,
+        )
+        .unwrap_err();
+        assert_eq!(e.origin, "--set os.polcy=lazy", "{e}");
+    }
+
+    #[test]
+    fn platform_keys_override_profile_and_profile_errors_point_at_override() {
+        let v = text(&MIN.replace(
+            "profile = \"vtd-server\"",
+            "profile = \"vtd-server\"\niommu.iotlb_entries = 256",
+        ))
+        .unwrap();
+        assert_eq!(v[0].scenario.platform.iommu.iotlb_entries, 256);
+        let e = text(&MIN.replace("profile = \"vtd-server\"", "profile = \"nope\"")).unwrap_err();
+        assert!(
+            e.origin.starts_with("t.toml:4:") && e.msg.contains("vtd-server"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn compare_expands_in_order_and_set_pins_an_axis() {
+        let s = format!("{MIN}[compare]\n\"os.policy\" = [\"lazy\", \"strict\"]\n\"workload.nic_rx.queues\" = [1, 2]\n");
+        let v = text(&s).unwrap();
+        assert_eq!(v.len(), 4);
+        assert_eq!(v[0].label, "policy=lazy queues=1");
+        let ov = vec![("os.policy".to_string(), "passthrough".to_string())];
+        let v = load(
+            Source::Text {
+                name: "t.toml",
+                text: &s,
+            },
+            &ov,
+        )
+        .unwrap();
+        assert_eq!(v.len(), 2);
+        assert!(v
+            .iter()
+            .all(|x| x.scenario.os.policy == PolicyName::Passthrough));
+        let bad = format!("{MIN}[compare]\n\"os.policy\" = [\"lazy\", \"fast\"]\n");
+        let e = text(&bad).unwrap_err();
+        assert!(
+            e.origin.starts_with("t.toml:14:") && e.msg.contains("fast"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn semantic_checks_name_the_key() {
+        let e = text(&MIN.replace("queues = 2", "queues = 0")).unwrap_err();
+        assert!(e.msg.contains("workload.nic_rx.queues"), "{e}");
+        let e = text(&MIN.replace("duration_ms = 1", "duration_ms = -1")).unwrap_err();
+        assert!(e.msg.contains("run.duration_ms"), "{e}");
+    }
+
+    #[test]
+    fn missing_file_is_one_line() {
+        let e = load(Source::File(Path::new("/nonexistent/x.toml")), &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/nonexistent/x.toml: cannot read: no such file"
+        );
+    }
+
+    #[test]
+    fn builtin_profiles_cite_a_source_for_every_number() {
+        for (name, text) in BUILTIN_PROFILES {
+            let t: toml::Table = toml::from_str(text).unwrap();
+            let sources = t
+                .get("sources")
+                .and_then(|s| s.as_table())
+                .cloned()
+                .unwrap_or_default();
+            let mut missing = vec![];
+            for (sec, v) in &t {
+                if let toml::Value::Table(inner) = v {
+                    if sec == "sources" {
+                        continue;
+                    }
+                    for (k, val) in inner {
+                        if matches!(val, toml::Value::Integer(_) | toml::Value::Float(_)) {
+                            let key = format!("{sec}.{k}");
+                            match sources.get(&key).and_then(|s| s.as_str()) {
+                                Some(s) if s.len() > 10 => {}
+                                _ => missing.push(key),
+                            }
+                        }
+                    }
+                }
+            }
+            assert!(
+                missing.is_empty(),
+                "profile {name}: no source for {missing:?}"
+            );
+        }
+    }
+}
