@@ -1,1 +1,108 @@
+//! Thin PyO3 bindings: load scenarios, step simulations, hand results back as JSON text.
+//! Everything of substance lives in iommulab-core; everything user-facing lives in the Python package.
 
+use iommulab_core::{run, scenario};
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use std::path::Path;
+
+create_exception!(_core, ScenarioError, PyValueError, "A scenario, profile or override is invalid (one line: where, what was expected).");
+
+fn err(e: iommulab_core::input::InputError) -> PyErr {
+    ScenarioError::new_err(e.to_string())
+}
+
+/// One concrete run of a scenario (one combination of its [compare] values).
+#[pyclass(module = "iommulab._core", frozen)]
+struct Variant {
+    inner: scenario::Variant,
+}
+
+#[pymethods]
+impl Variant {
+    #[getter]
+    fn label(&self) -> String {
+        self.inner.label.clone()
+    }
+    /// The [compare] values that made this variant: (key, TOML value text).
+    #[getter]
+    fn overrides(&self) -> Vec<(String, String)> {
+        self.inner.overrides.iter().map(|(k, v)| (k.clone(), v.to_string())).collect()
+    }
+    /// The fully resolved scenario (profile merged, overrides applied) as JSON text.
+    fn scenario_json(&self) -> String {
+        serde_json::to_string(&self.inner.scenario).expect("scenario serialises")
+    }
+    fn simulate(&self) -> Simulation {
+        Simulation { inner: run::Simulation::new(&self.inner) }
+    }
+}
+
+/// A running simulation, advanced in steps so callers can show progress.
+#[pyclass(module = "iommulab._core")]
+struct Simulation {
+    inner: run::Simulation,
+}
+
+#[pymethods]
+impl Simulation {
+    #[getter]
+    fn end_ns(&self) -> u64 {
+        self.inner.end_ns()
+    }
+    #[getter]
+    fn now_ns(&self) -> u64 {
+        self.inner.now_ns()
+    }
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.done()
+    }
+    /// Process events up to simulated time `ns` (the GIL is released meanwhile).
+    fn advance_to(&mut self, py: Python<'_>, ns: u64) {
+        let sim = &mut self.inner;
+        py.allow_threads(|| sim.advance_to(ns));
+    }
+    /// The result so far (after warm-up) as JSON text.
+    fn result_json(&self) -> String {
+        serde_json::to_string(&self.inner.result()).expect("result serialises")
+    }
+}
+
+/// Load a scenario: kind is "builtin" (source = name), "file" (source = path) or "text" (source = TOML, name
+/// = display name). Overrides are (key.path, value) pairs as `--set` takes them.
+#[pyfunction]
+#[pyo3(signature = (kind, source, overrides, name = "<text>"))]
+fn load(kind: &str, source: &str, overrides: Vec<(String, String)>, name: &str) -> PyResult<Vec<Variant>> {
+    let src = match kind {
+        "builtin" => scenario::Source::Builtin(source),
+        "file" => scenario::Source::File(Path::new(source)),
+        "text" => scenario::Source::Text { name, text: source },
+        other => return Err(PyValueError::new_err(format!("unknown scenario source kind `{other}`"))),
+    };
+    let vs = scenario::load(src, &overrides).map_err(err)?;
+    Ok(vs.into_iter().map(|inner| Variant { inner }).collect())
+}
+
+#[pyfunction]
+fn builtin_scenarios() -> Vec<(String, String)> {
+    scenario::BUILTIN_SCENARIOS.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect()
+}
+
+#[pyfunction]
+fn builtin_profiles() -> Vec<(String, String)> {
+    scenario::BUILTIN_PROFILES.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", iommulab_core::VERSION)?;
+    m.add("ScenarioError", m.py().get_type::<ScenarioError>())?;
+    m.add_class::<Variant>()?;
+    m.add_class::<Simulation>()?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(builtin_scenarios, m)?)?;
+    m.add_function(wrap_pyfunction!(builtin_profiles, m)?)?;
+    Ok(())
+}

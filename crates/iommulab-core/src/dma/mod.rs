@@ -110,7 +110,7 @@ impl DmaCore {
 }
 
 /// A DMA-mapping policy: what dma_map/dma_unmap do around the shared iommu-dma paths.
-pub trait DmaPolicy {
+pub trait DmaPolicy: Send + Sync {
     fn name(&self) -> PolicyName;
     /// Whether the device's DMA goes through IOMMU translation (false for an identity domain).
     fn translated(&self) -> bool {

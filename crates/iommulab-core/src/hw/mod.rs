@@ -88,7 +88,7 @@ impl IommuCounters {
 
 /// An IOMMU as the DMA layer and the device see it. Times: the caller passes `now` and gets back the time it
 /// is released (it spins on completion in between).
-pub trait Iommu {
+pub trait Iommu: Send + Sync {
     fn name(&self) -> &'static str;
     /// Install `n` 4 KiB leaf PTEs. Returns the number of PTEs written.
     fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64;

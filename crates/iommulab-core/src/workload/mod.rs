@@ -28,7 +28,7 @@ pub struct WorkloadStats {
     pub dma_faults: u64,
 }
 
-pub trait Workload {
+pub trait Workload: Send + Sync {
     /// Set up (fill rings, map buffers) and schedule the first events.
     fn start(&mut self, host: &mut Host, now: Time);
     /// Handle one of this workload's events.

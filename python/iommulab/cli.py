@@ -1,0 +1,106 @@
+"""The ``iommulab`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import __version__, _core
+from .api import ScenarioError, load, run_variants, stderr_progress
+from .report import format_table
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see --help)\n")
+        raise SystemExit(2)
+
+
+def _set_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, e.g. os.policy=strict, got {text!r}")
+    return key.strip(), value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="iommulab", description="A laboratory for IOMMU protection: simulate IOMMU hardware, the Linux "
+                "DMA-mapping layer and I/O workloads, and report throughput and invalidation behaviour per policy.")
+    p.add_argument("--version", action="version", version=f"iommulab {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+
+    r = sub.add_parser("run", help="run a scenario (default: the built-in comparison)",
+                       description="Run a scenario file, a built-in scenario name, or (no argument) the built-in "
+                       "default, which compares passthrough, lazy and strict.")
+    r.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file or built-in name")
+    r.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set os.policy=strict --set workload.nic_rx.queues=4 "
+                   "(repeatable; pins a compared key)")
+    r.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    r.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+
+    s = sub.add_parser("scenarios", help="list the built-in scenarios, or print one",
+                       description="List built-in scenarios; with a NAME, print its TOML (a starting point for your own).")
+    s.add_argument("name", nargs="?", help="built-in scenario to print")
+
+    f = sub.add_parser("profiles", help="list the built-in platform profiles, or print one",
+                       description="List built-in platform profiles; with a NAME, print it with the source of every number.")
+    f.add_argument("name", nargs="?", help="built-in profile to print")
+    return p
+
+
+def _cmd_run(a: argparse.Namespace) -> int:
+    variants = load(a.scenario, dict(a.sets), raw_strings=True)
+    progress = None if (a.json or a.no_progress) else stderr_progress()
+    results = run_variants(variants, progress)
+    if a.json:
+        doc = results[0].to_dict() if len(results) == 1 else {"runs": [r.to_dict() for r in results]}
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sc = json.loads(variants[0].scenario_json())
+        sys.stdout.write(format_table(sc, results))
+    return 0
+
+
+def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None) -> int:
+    if name is None:
+        for n, text in items:
+            desc = next((line.split("=", 1)[1].strip().strip('"') for line in text.splitlines()
+                         if line.startswith("description")), "")
+            print(f"{n:<16} {desc}")
+        return 0
+    for n, text in items:
+        if n == name:
+            sys.stdout.write(text)
+            return 0
+    raise ScenarioError(f"{kind} `{name}`: no such built-in (built-in: {', '.join(n for n, _ in items)})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    try:
+        if a.cmd == "run":
+            return _cmd_run(a)
+        if a.cmd == "scenarios":
+            return _cmd_list("scenario", _core.builtin_scenarios(), a.name)
+        if a.cmd == "profiles":
+            return _cmd_list("profile", _core.builtin_profiles(), a.name)
+        parser.print_help()
+        return 0
+    except ScenarioError as e:
+        sys.stderr.write(f"iommulab: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("iommulab: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""Human-readable output: the comparison table ``iommulab run`` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import __version__
+
+COLUMNS = [
+    # header, width, formatter
+    ("Gbps", 8, lambda r: f"{r.throughput_gbps:.2f}"),
+    ("CPU busy", 9, lambda r: f"{r.cpu_busy * 100:.1f}%"),
+    ("inv wait", 9, lambda r: f"{r.cpu_inv_wait_share * 100:.1f}%"),
+    ("PSI", 9, lambda r: f"{r.invalidations['psi']}"),
+    ("DSI", 7, lambda r: f"{r.invalidations['dsi']}"),
+    ("global", 7, lambda r: f"{r.invalidations['global']}"),
+    ("IOVA pg unmapped", 17, lambda r: f"{r.iova_pages_unmapped}"),
+    ("inv/page", 9, lambda r: f"{r.inv_per_page:.4f}"),
+    ("IOTLB miss/pg", 14, lambda r: f"{r.iotlb_misses_per_page:.3f}"),
+]
+
+
+def format_table(scenario: dict[str, Any], results: list) -> str:
+    run = scenario["run"]
+    plat = scenario["platform"]
+    os_ = scenario["os"]
+    lines = [
+        f"iommulab {__version__} · {scenario.get('name') or 'scenario'}: {scenario.get('description', '')}".rstrip(": "),
+        f"platform {plat['profile']} ({plat['vendor']}) · kernel {os_['kernel']} {os_['arch']} · "
+        f"{run['duration_ms']:g} ms simulated after {run['warmup_ms']:g} ms warm-up · seed {run['seed']}",
+        "",
+    ]
+    lw = max([len("run")] + [len(r.label) for r in results])
+    head = f"{'run':<{lw}}" + "".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
+    lines += [head, "-" * len(head)]
+    for r in results:
+        lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in COLUMNS))
+    lines += [
+        "",
+        "Gbps: application goodput · CPU busy: mean over the workload's CPUs · inv wait: share of CPU busy time "
+        "spent waiting for invalidation completion",
+        "PSI/DSI/global: IOTLB invalidation descriptors by granularity · inv/page: invalidations per IOVA page "
+        "unmapped · IOTLB miss/pg: IOTLB misses per page the device wrote",
+    ]
+    return "\n".join(lines) + "\n"
