@@ -49,8 +49,11 @@ pub struct RunResult {
     pub iommu: String,
     pub seed: u64,
     pub sim_seconds: f64,
+    /// Application goodput: payload the readers copied out.
     pub throughput_gbps: f64,
-    pub offered_gbps: f64,
+    /// Payload the device accepted from the wire (differs from goodput by the change in socket backlog).
+    pub received_gbps: f64,
+    pub line_rate_gbps: f64,
     pub packets_per_sec: f64,
     pub cpu_busy: f64,
     pub cpu_inv_wait_share: f64,
@@ -130,7 +133,8 @@ impl RunResult {
             seed: info.seed,
             sim_seconds: r6(secs),
             throughput_gbps: r6(wl(|w| w.bytes_delivered) as f64 * 8.0 / dt as f64),
-            offered_gbps: r6(info.line_rate_gbps),
+            received_gbps: r6(wl(|w| w.bytes_received) as f64 * 8.0 / dt as f64),
+            line_rate_gbps: r6(info.line_rate_gbps),
             packets_per_sec: r6(wl(|w| w.packets_delivered) as f64 / secs),
             cpu_busy: r6((busy as f64 / (ncpu * dt) as f64).min(1.0)),
             cpu_inv_wait_share: r6(ratio(io(|c| c.inv_wait_ns), busy)),

@@ -13,6 +13,8 @@ pub struct WorkloadStats {
     pub bytes_delivered: u64,
     pub packets_delivered: u64,
     pub packets_offered: u64,
+    /// Payload bytes the device accepted (written to memory or queued for DMA).
+    pub bytes_received: u64,
     /// Dropped for lack of a posted RX descriptor (the CPU did not refill in time).
     pub drops_ring: u64,
     /// Wire slots left idle because every flow's receive window was closed (readers fell behind).

@@ -222,6 +222,7 @@ impl NicRxWorkload {
                 continue;
             }
             self.flows[f].window_used += self.payload;
+            self.stats.bytes_received += self.payload;
             let mut done = t;
             for j in 0..k {
                 let (_, b) = rq.ring.pop_front().expect("checked above");

@@ -1,0 +1,134 @@
+"""End-to-end: the iommulab command as a user runs it."""
+
+import json
+
+import pytest
+
+from conftest import MINIMAL, SHORT, cli, cli_json
+
+DOCUMENTED_KEYS = {"policy", "throughput_gbps", "cpu_busy", "invalidations", "iova_pages_unmapped", "inv_per_page",
+                   "iotlb_misses_per_page", "sim_seconds"}
+
+
+def test_version_and_help_everywhere():
+    p = cli("--version", check_rc=0)
+    assert p.stdout.startswith("iommulab ")
+    for args in [("--help",), ("run", "--help"), ("scenarios", "--help"), ("profiles", "--help")]:
+        p = cli(*args, check_rc=0)
+        assert "usage:" in p.stdout
+
+
+def test_default_run_prints_comparison_table():
+    p = cli("run", *SHORT, check_rc=0)
+    lines = p.stdout.splitlines()
+    assert any(line.startswith("run ") and "Gbps" in line and "inv/page" in line for line in lines)
+    for pol in ("passthrough", "lazy", "strict"):
+        assert any(f"policy={pol}" in line for line in lines), p.stdout
+    assert "IOTLB miss/pg" in p.stdout and "PSI" in p.stdout and "DSI" in p.stdout
+
+
+def test_json_has_documented_keys_and_a_run_per_policy():
+    doc = cli_json(*SHORT)
+    runs = doc["runs"]
+    assert {r["policy"] for r in runs} == {"passthrough", "lazy", "strict"}
+    for r in runs:
+        assert DOCUMENTED_KEYS <= set(r), set(r) ^ DOCUMENTED_KEYS
+        inv = r["invalidations"]
+        assert {"total", "psi", "dsi", "global"} <= set(inv)
+        assert inv["total"] == inv["psi"] + inv["dsi"] + inv["global"]
+
+
+def test_strict_pays_per_unmap_lazy_batches_passthrough_none():
+    doc = cli_json("--set", "run.duration_ms=30", "--set", "run.warmup_ms=10",
+                   "--set", "workload.nic_rx.page_pool=false")
+    by = {r["policy"]: r for r in doc["runs"]}
+    pt, lazy, strict = by["passthrough"], by["lazy"], by["strict"]
+    assert pt["invalidations"]["total"] == 0 and pt["iova_pages_unmapped"] == 0
+    assert pt["iotlb_misses_per_page"] == 0
+    # Strict: every single-page unmap is one PSI and one wait descriptor.
+    assert strict["iova_pages_unmapped"] > 0
+    assert strict["invalidations"]["psi"] == strict["iova_pages_unmapped"]
+    assert strict["wait_descriptors"] == strict["invalidations"]["total"]
+    assert strict["inv_per_page"] == 1.0
+    # Lazy: whole-domain flushes only, far fewer than pages.
+    assert lazy["invalidations"]["psi"] == 0 and lazy["invalidations"]["dsi"] > 0
+    assert lazy["inv_per_page"] < 0.01
+    assert strict["throughput_gbps"] < lazy["throughput_gbps"]
+    assert strict["cpu_inv_wait_share"] > lazy["cpu_inv_wait_share"]
+
+
+def test_single_run_prints_one_object():
+    doc = cli_json(*SHORT, "--set", "os.policy=strict", "--set", "workload.nic_rx.page_pool=true")
+    assert "runs" not in doc and doc["policy"] == "strict"
+
+
+def test_same_seed_identical_and_other_seed_differs():
+    a = cli("run", "--json", *SHORT, check_rc=0).stdout
+    b = cli("run", "--json", *SHORT, check_rc=0).stdout
+    assert a == b
+    c = cli("run", "--json", *SHORT, "--set", "run.seed=2", check_rc=0).stdout
+    assert c != a
+
+
+def test_scenario_file_and_set_override(write):
+    f = write("s.toml", MINIMAL)
+    doc = cli_json(str(f))
+    assert doc["policy"] == "strict" and doc["seed"] == 7 and doc["scenario"] == "mini"
+    doc = cli_json(str(f), "--set", "os.policy=lazy", "--set", "run.seed=3")
+    assert doc["policy"] == "lazy" and doc["seed"] == 3
+
+
+def one_line_error(p):
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    err = p.stderr.strip()
+    assert err and "\n" not in err, repr(p.stderr)
+    assert "Traceback" not in p.stderr
+    return err
+
+
+@pytest.mark.parametrize("edit, where, what", [
+    (("queues = 4", "queues = 4\nqueus = 3"), ":13:1:", "queus"),
+    (("queues = 4", 'queues = "four"'), ":12:1:", "u32"),
+    (("mtu = 4000\n", ""), ":10:", "missing field `mtu`"),
+    (('policy = "strict"', 'policy = "fast"'), ":9:1:", "fast"),
+    (("duration_ms = 5", "duration_ms = 5 5"), ":3:", "invalid TOML"),
+    (('profile = "vtd-server"', 'profile = "nope"'), ":7:1:", "nope"),
+    (("queues = 4", "queues = 0"), ":12:1:", "workload.nic_rx.queues"),
+])
+def test_bad_scenario_gets_one_line_naming_file_line_and_expectation(write, edit, where, what):
+    f = write("bad.toml", MINIMAL.replace(*edit))
+    err = one_line_error(cli("run", str(f)))
+    assert f"bad.toml{where}" in err and what in err, err
+
+
+@pytest.mark.parametrize("args, what", [
+    (("run", "/nonexistent/x.toml"), "no such file"),
+    (("run", "--set", "os.polcy=lazy"), "--set os.polcy=lazy"),
+    (("run", "--set", "workload.nic_rx.queues=lots"), "u32"),
+    (("run", "--set", "novalue"), "KEY=VALUE"),
+    (("run", "--bogus"), "unrecognized arguments"),
+    (("frobnicate",), "invalid choice"),
+    (("scenarios", "nope"), "no such built-in"),
+])
+def test_bad_flags_get_one_line(args, what):
+    err = one_line_error(cli(*args))
+    assert what in err, err
+
+
+def test_scenarios_and_profiles_list_and_show():
+    p = cli("scenarios", check_rc=0)
+    assert p.stdout.startswith("default")
+    p = cli("scenarios", "default", check_rc=0)
+    assert "[compare]" in p.stdout
+    p = cli("profiles", "vtd-server", check_rc=0)
+    assert "[sources]" in p.stdout
+
+
+def test_printed_default_scenario_runs_as_a_file(write):
+    text = cli("scenarios", "default", check_rc=0).stdout
+    f = write("copy.toml", text)
+    a = cli_json(str(f), *SHORT)
+    b = cli_json(*SHORT)
+    strip = lambda d: [{k: v for k, v in r.items()} for r in d["runs"]]
+    assert strip(a) == strip(b)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
