@@ -114,3 +114,29 @@ def test_invariants_hold_on_random_scenarios(ov):
     # Same overrides, same result.
     again = iommulab.run(**{"run.duration_ms": 4, "run.warmup_ms": 3}, **ov)
     assert again.to_dict() == res.to_dict()
+
+
+FUZZ_KEYS = [
+    "run.seed", "os.policy", "os.kernel", "os.arch", "os.cmdline", "os.hz", "platform.profile",
+    "platform.iommu.iotlb_entries", "platform.iommu.iotlb_ways", "platform.iommu.pwc_entries",
+    "platform.iommu.pt_levels", "platform.iommu.mamv", "platform.iommu.caching_mode", "platform.iommu.inv_desc_ns",
+    "platform.memory.pages", "platform.pcie.translation_slots", "platform.pcie.link_gbps",
+    "platform.cpu.cores", "platform.cpu.copy_ns_per_byte", "workload.nic_rx.line_rate_gbps",
+    "workload.nic_rx.queues", "workload.nic_rx.flows", "workload.nic_rx.mtu", "workload.nic_rx.ring_size",
+    "workload.nic_rx.napi_budget", "workload.nic_rx.page_pool", "workload.nic_rx.pool_size",
+    "workload.nic_rx.read_bytes", "workload.nic_rx.rcvbuf_bytes", "workload.nic_rx.bogus", "bogus", "os",
+]
+fuzz_value = st.one_of(
+    st.integers(-(2**70), 2**70), st.integers(0, 70000), st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(), st.text(max_size=12), st.lists(st.integers(0, 9), max_size=3),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(FUZZ_KEYS), fuzz_value)
+def test_any_override_runs_or_raises_scenario_error(key, value):
+    """Whatever a user puts in a key, the result is a run or a one-line ScenarioError, never another exception."""
+    try:
+        iommulab.run(**{"run.duration_ms": 1, "run.warmup_ms": 0.5, "os.policy": "strict", key: value})
+    except iommulab.ScenarioError as e:
+        assert "\n" not in str(e) and str(e)

@@ -132,3 +132,31 @@ def test_printed_default_scenario_runs_as_a_file(write):
     strip = lambda d: [{k: v for k, v in r.items()} for r in d["runs"]]
     assert strip(a) == strip(b)
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_progress_bar_on_a_terminal_for_long_runs():
+    """On a terminal, runs longer than the delay (1 s by default, 0 here) draw a progress bar on stderr; the
+    table on stdout stays clean."""
+    import os
+    import pty
+    import subprocess
+    import sys
+    args = [sys.executable, "-m", "iommulab", "run", "--set", "run.duration_ms=50"]
+    master, slave = pty.openpty()
+    env = {**os.environ, "IOMMULAB_PROGRESS_DELAY": "0"}
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, text=True, env=env)
+    os.close(slave)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        err += chunk
+    out, _ = p.communicate(timeout=300)
+    os.close(master)
+    assert p.returncode == 0
+    assert b"\r[" in err and b"%" in err, err[:200]
+    assert "\r" not in out and "Gbps" in out

@@ -175,14 +175,19 @@ def run(scenario: str | os.PathLike | Mapping[str, Any] | None = None, *, progre
 
 
 def stderr_progress() -> ProgressFn | None:
-    """A progress bar on stderr when it is a terminal, shown only once a run has taken over a second."""
+    """A progress bar on stderr when it is a terminal, shown once the runs have taken over a second
+    (``IOMMULAB_PROGRESS_DELAY`` seconds)."""
     if not sys.stderr.isatty():
         return None
+    try:
+        delay = float(os.environ.get("IOMMULAB_PROGRESS_DELAY", "1.0"))
+    except ValueError:
+        delay = 1.0
     t0 = time.perf_counter()
     shown = [False]
 
     def bar(i: int, n: int, label: str, frac: float) -> None:
-        if time.perf_counter() - t0 < 1.0:
+        if time.perf_counter() - t0 < delay:
             return
         shown[0] = True
         done = (i + frac) / n

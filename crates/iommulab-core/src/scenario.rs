@@ -257,115 +257,149 @@ fn default_rcvbuf() -> u64 {
 impl Scenario {
     /// Semantic checks serde cannot express. Errors name the key.
     fn validate(&self) -> Result<(), (Vec<String>, String)> {
-        let k = |p: &str| p.split('.').map(String::from).collect::<Vec<_>>();
-        if !(self.run.duration_ms > 0.0 && self.run.duration_ms.is_finite()) {
-            return Err((
-                k("run.duration_ms"),
-                "expected a positive number of milliseconds".into(),
-            ));
+        fn check(ok: bool, key: &str, msg: impl Into<String>) -> Result<(), (Vec<String>, String)> {
+            if ok {
+                Ok(())
+            } else {
+                Err((key.split('.').map(String::from).collect(), msg.into()))
+            }
         }
-        if !(self.run.warmup_ms >= 0.0 && self.run.warmup_ms.is_finite()) {
-            return Err((
-                k("run.warmup_ms"),
-                "expected zero or a positive number of milliseconds".into(),
-            ));
-        }
-        if self.run.duration_ms + self.run.warmup_ms > 60_000.0 {
-            return Err((
-                k("run.duration_ms"),
-                "expected at most 60000 ms of simulated time (warm-up included)".into(),
-            ));
-        }
+        let finite_pos = |x: f64| x > 0.0 && x.is_finite();
+        let r = &self.run;
+        check(
+            finite_pos(r.duration_ms),
+            "run.duration_ms",
+            "expected a positive number of milliseconds",
+        )?;
+        check(
+            r.warmup_ms >= 0.0 && r.warmup_ms.is_finite(),
+            "run.warmup_ms",
+            "expected zero or a positive number of milliseconds",
+        )?;
+        check(
+            r.duration_ms + r.warmup_ms <= 60_000.0,
+            "run.duration_ms",
+            "expected at most 60000 ms of simulated time (warm-up included)",
+        )?;
         let io = &self.platform.iommu;
-        if io.iotlb_entries == 0 || io.iotlb_ways == 0 || io.iotlb_entries % io.iotlb_ways != 0 {
-            return Err((
-                k("platform.iommu.iotlb_ways"),
-                "expected iotlb_entries to be a non-zero multiple of iotlb_ways".into(),
-            ));
-        }
-        if !(1..=5).contains(&io.pt_levels) {
-            return Err((
-                k("platform.iommu.pt_levels"),
-                "expected 1 to 5 levels".into(),
-            ));
-        }
-        if io.mamv > 63 {
-            return Err((
-                k("platform.iommu.mamv"),
-                "expected an address-mask limit of 0..=63".into(),
-            ));
-        }
-        if self.platform.pcie.translation_slots == 0 {
-            return Err((
-                k("platform.pcie.translation_slots"),
-                "expected at least 1".into(),
-            ));
-        }
-        if !(self.platform.pcie.link_gbps > 0.0) {
-            return Err((
-                k("platform.pcie.link_gbps"),
-                "expected a positive bandwidth".into(),
-            ));
-        }
-        if self.platform.cpu.cores == 0 {
-            return Err((k("platform.cpu.cores"), "expected at least 1 core".into()));
-        }
-        if !(self.platform.cpu.copy_ns_per_byte >= 0.0) {
-            return Err((
-                k("platform.cpu.copy_ns_per_byte"),
-                "expected zero or a positive cost".into(),
-            ));
-        }
-        if self.os.hz == 0 {
-            return Err((
-                k("os.hz"),
-                "expected CONFIG_HZ > 0 (e.g. 100, 250, 1000)".into(),
-            ));
-        }
-        parse_kernel(&self.os.kernel).map_err(|m| (k("os.kernel"), m))?;
+        check(
+            (1..=MAX_CACHE_ENTRIES).contains(&io.iotlb_entries),
+            "platform.iommu.iotlb_entries",
+            format!("expected 1..={MAX_CACHE_ENTRIES} entries"),
+        )?;
+        check(
+            io.iotlb_ways > 0 && io.iotlb_entries.is_multiple_of(io.iotlb_ways),
+            "platform.iommu.iotlb_ways",
+            "expected iotlb_entries to be a non-zero multiple of iotlb_ways",
+        )?;
+        check(
+            (1..=MAX_PWC_ENTRIES).contains(&io.pwc_entries),
+            "platform.iommu.pwc_entries",
+            format!("expected 1..={MAX_PWC_ENTRIES} entries per level"),
+        )?;
+        check(
+            (1..=5).contains(&io.pt_levels),
+            "platform.iommu.pt_levels",
+            "expected 1 to 5 levels",
+        )?;
+        check(
+            io.mamv <= 63,
+            "platform.iommu.mamv",
+            "expected an address-mask limit of 0..=63",
+        )?;
+        let pcie = &self.platform.pcie;
+        check(
+            (1..=65536).contains(&pcie.translation_slots),
+            "platform.pcie.translation_slots",
+            "expected 1..=65536",
+        )?;
+        check(
+            finite_pos(pcie.link_gbps),
+            "platform.pcie.link_gbps",
+            "expected a positive, finite bandwidth",
+        )?;
+        let cpu = &self.platform.cpu;
+        check(
+            (1..=MAX_CPUS).contains(&cpu.cores),
+            "platform.cpu.cores",
+            format!("expected 1..={MAX_CPUS} cores"),
+        )?;
+        check(
+            cpu.copy_ns_per_byte >= 0.0 && cpu.copy_ns_per_byte.is_finite(),
+            "platform.cpu.copy_ns_per_byte",
+            "expected a finite cost >= 0",
+        )?;
+        check(
+            (1..=10_000).contains(&self.os.hz),
+            "os.hz",
+            "expected CONFIG_HZ in 1..=10000 (e.g. 100, 250, 1000)",
+        )?;
+        parse_kernel(&self.os.kernel).map_err(|m| (vec!["os".into(), "kernel".into()], m))?;
         let Some(nic) = &self.workload.nic_rx else {
-            return Err((
-                k("workload"),
-                "expected a workload section, e.g. [workload.nic_rx]".into(),
-            ));
+            return check(
+                false,
+                "workload",
+                "expected a workload section, e.g. [workload.nic_rx]",
+            );
         };
-        let w = |f: &str| k(&format!("workload.nic_rx.{f}"));
-        if !(nic.line_rate_gbps > 0.0 && nic.line_rate_gbps <= 3200.0) {
-            return Err((
-                w("line_rate_gbps"),
-                "expected a line rate in (0, 3200] Gbps".into(),
-            ));
-        }
-        if nic.queues == 0 || nic.queues > self.platform.cpu.cores {
-            return Err((
-                w("queues"),
-                format!(
-                    "expected 1..={} queues (one CPU each, platform.cpu.cores)",
-                    self.platform.cpu.cores
-                ),
-            ));
-        }
-        if nic.flows == 0 {
-            return Err((w("flows"), "expected at least 1 flow".into()));
-        }
-        if !(64..=65536).contains(&nic.mtu) {
-            return Err((w("mtu"), "expected an MTU of 64..=65536 bytes".into()));
-        }
-        if !(2..=65536).contains(&nic.ring_size) {
-            return Err((w("ring_size"), "expected 2..=65536 descriptors".into()));
-        }
-        if nic.napi_budget == 0 {
-            return Err((w("napi_budget"), "expected at least 1".into()));
-        }
-        if nic.read_bytes == 0 {
-            return Err((w("read_bytes"), "expected at least 1 byte".into()));
-        }
-        if nic.rcvbuf_bytes < nic.mtu as u64 {
-            return Err((w("rcvbuf_bytes"), "expected at least one MTU".into()));
-        }
+        check(
+            nic.line_rate_gbps > 0.0 && nic.line_rate_gbps <= 3200.0,
+            "workload.nic_rx.line_rate_gbps",
+            "expected a line rate in (0, 3200] Gbps",
+        )?;
+        check(
+            nic.queues >= 1 && nic.queues <= cpu.cores,
+            "workload.nic_rx.queues",
+            format!(
+                "expected 1..={} queues (one CPU each, platform.cpu.cores)",
+                cpu.cores
+            ),
+        )?;
+        check(
+            (1..=65536).contains(&nic.flows),
+            "workload.nic_rx.flows",
+            "expected 1..=65536 flows",
+        )?;
+        check(
+            (64..=65536).contains(&nic.mtu),
+            "workload.nic_rx.mtu",
+            "expected an MTU of 64..=65536 bytes",
+        )?;
+        check(
+            (2..=65536).contains(&nic.ring_size),
+            "workload.nic_rx.ring_size",
+            "expected 2..=65536 descriptors",
+        )?;
+        check(
+            nic.napi_budget >= 1,
+            "workload.nic_rx.napi_budget",
+            "expected at least 1",
+        )?;
+        check(
+            (1..=PP_MAX_POOL_SIZE).contains(&nic.pool_size),
+            "workload.nic_rx.pool_size",
+            format!("expected 1..={PP_MAX_POOL_SIZE} (page_pool's ptr_ring limit)"),
+        )?;
+        check(
+            nic.read_bytes >= 1,
+            "workload.nic_rx.read_bytes",
+            "expected at least 1 byte",
+        )?;
+        check(
+            nic.rcvbuf_bytes >= nic.mtu as u64,
+            "workload.nic_rx.rcvbuf_bytes",
+            "expected at least one MTU",
+        )?;
         Ok(())
     }
 }
+
+/// Bounds that keep a typo from allocating the machine away.
+const MAX_CACHE_ENTRIES: u32 = 1 << 20;
+const MAX_PWC_ENTRIES: u32 = 1 << 16;
+const MAX_CPUS: u32 = 4096;
+/// page_pool's ptr_ring limit (net/core/page_pool.c page_pool_init(); reference/linux-dma-iommu.md §7: 16384).
+const PP_MAX_POOL_SIZE: u32 = 16384;
 
 /// `"6.12"` → (6, 12).
 pub fn parse_kernel(v: &str) -> Result<(u32, u32), String> {

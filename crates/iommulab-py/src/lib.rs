@@ -7,7 +7,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::path::Path;
 
-create_exception!(_core, ScenarioError, PyValueError, "A scenario, profile or override is invalid (one line: where, what was expected).");
+create_exception!(
+    _core,
+    ScenarioError,
+    PyValueError,
+    "A scenario, profile or override is invalid (one line: where, what was expected)."
+);
 
 fn err(e: iommulab_core::input::InputError) -> PyErr {
     ScenarioError::new_err(e.to_string())
@@ -28,14 +33,20 @@ impl Variant {
     /// The [compare] values that made this variant: (key, TOML value text).
     #[getter]
     fn overrides(&self) -> Vec<(String, String)> {
-        self.inner.overrides.iter().map(|(k, v)| (k.clone(), v.to_string())).collect()
+        self.inner
+            .overrides
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect()
     }
     /// The fully resolved scenario (profile merged, overrides applied) as JSON text.
     fn scenario_json(&self) -> String {
         serde_json::to_string(&self.inner.scenario).expect("scenario serialises")
     }
     fn simulate(&self) -> Simulation {
-        Simulation { inner: run::Simulation::new(&self.inner) }
+        Simulation {
+            inner: run::Simulation::new(&self.inner),
+        }
     }
 }
 
@@ -74,12 +85,21 @@ impl Simulation {
 /// = display name). Overrides are (key.path, value) pairs as `--set` takes them.
 #[pyfunction]
 #[pyo3(signature = (kind, source, overrides, name = "<text>"))]
-fn load(kind: &str, source: &str, overrides: Vec<(String, String)>, name: &str) -> PyResult<Vec<Variant>> {
+fn load(
+    kind: &str,
+    source: &str,
+    overrides: Vec<(String, String)>,
+    name: &str,
+) -> PyResult<Vec<Variant>> {
     let src = match kind {
         "builtin" => scenario::Source::Builtin(source),
         "file" => scenario::Source::File(Path::new(source)),
         "text" => scenario::Source::Text { name, text: source },
-        other => return Err(PyValueError::new_err(format!("unknown scenario source kind `{other}`"))),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "unknown scenario source kind `{other}`"
+            )))
+        }
     };
     let vs = scenario::load(src, &overrides).map_err(err)?;
     Ok(vs.into_iter().map(|inner| Variant { inner }).collect())
@@ -87,12 +107,18 @@ fn load(kind: &str, source: &str, overrides: Vec<(String, String)>, name: &str) 
 
 #[pyfunction]
 fn builtin_scenarios() -> Vec<(String, String)> {
-    scenario::BUILTIN_SCENARIOS.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect()
+    scenario::BUILTIN_SCENARIOS
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect()
 }
 
 #[pyfunction]
 fn builtin_profiles() -> Vec<(String, String)> {
-    scenario::BUILTIN_PROFILES.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect()
+    scenario::BUILTIN_PROFILES
+        .iter()
+        .map(|(n, t)| (n.to_string(), t.to_string()))
+        .collect()
 }
 
 #[pymodule]

@@ -124,20 +124,10 @@ impl DmaPolicy for FlushQueue {
 mod tests {
     use super::*;
     use crate::hw::vtd::Vtd;
-    use crate::scenario::{CpuProfile, IommuProfile};
+    use crate::scenario::CpuProfile;
 
     pub(crate) fn core(cpus: usize) -> DmaCore {
-        let io = IommuProfile {
-            iotlb_entries: 64,
-            iotlb_ways: 4,
-            pwc_entries: 16,
-            pt_levels: 4,
-            inv_desc_ns: 400,
-            inv_wait_ns: 200,
-            submit_desc_ns: 40,
-            mamv: 18,
-            caching_mode: false,
-        };
+        let io = crate::hw::vtd::tests::cfg();
         let cpu = CpuProfile {
             cores: cpus as u32,
             stack_ns_per_packet: 0,

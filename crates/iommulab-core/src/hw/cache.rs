@@ -66,16 +66,13 @@ impl TagCache {
         self.clock += 1;
         let base = self.set_of(tag, index);
         let set = &mut self.tags[base..base + self.ways];
-        let mut victim = 0;
-        for w in 0..self.ways {
-            if set[w] == EMPTY {
-                victim = w;
-                break;
-            }
-            if self.stamp[base + w] < self.stamp[base + victim] {
-                victim = w;
-            }
-        }
+        let stamps = &self.stamp[base..base + self.ways];
+        // An empty way if there is one, else the least recently used.
+        let victim = set.iter().position(|&t| t == EMPTY).unwrap_or_else(|| {
+            (0..stamps.len())
+                .min_by_key(|&w| stamps[w])
+                .expect("ways > 0")
+        });
         set[victim] = tag;
         self.stamp[base + victim] = self.clock;
     }

@@ -307,10 +307,11 @@ impl Iommu for Vtd {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn cfg() -> IommuProfile {
+    /// A small VT-d configuration for unit tests across the crate.
+    pub(crate) fn cfg() -> IommuProfile {
         IommuProfile {
             iotlb_entries: 64,
             iotlb_ways: 4,

@@ -32,6 +32,26 @@ impl SpinLock {
             let _ = s;
             self.busy.pop_first();
         }
+        // Fast path: at or after everything booked (requests mostly come in time order).
+        match self.busy.last_key_value().map(|(&s, &e)| (s, e)) {
+            None => {
+                if hold > 0 {
+                    self.busy.insert(at, at + hold);
+                }
+                return (at, at + hold);
+            }
+            Some((ls, le)) if at >= le => {
+                if hold > 0 {
+                    if at == le {
+                        *self.busy.get_mut(&ls).expect("last exists") = at + hold;
+                    } else {
+                        self.busy.insert(at, at + hold);
+                    }
+                }
+                return (at, at + hold);
+            }
+            _ => {}
+        }
         // First gap at or after `at` of length `hold`.
         let mut start = at;
         if let Some((_, &e)) = self.busy.range(..=at).next_back() {
