@@ -160,3 +160,17 @@ def test_progress_bar_on_a_terminal_for_long_runs():
     assert p.returncode == 0
     assert b"\r[" in err and b"%" in err, err[:200]
     assert "\r" not in out and "Gbps" in out
+
+
+@pytest.mark.parametrize("arch, cmdline, expect", [
+    ("x86_64", "", "lazy"),
+    ("arm64", "", "strict"),
+    ("arm64", "quiet iommu.strict=0", "lazy"),
+    ("x86_64", "iommu=pt", "passthrough"),
+    ("arm64", "iommu.strict=0 iommu.passthrough=1", "passthrough"),
+])
+def test_auto_policy_resolves_like_the_kernel(arch, cmdline, expect):
+    doc = cli_json(*SHORT, "--set", "os.policy=auto", "--set", f"os.arch={arch}", "--set", f"os.cmdline={cmdline}",
+                   "--set", "workload.nic_rx.page_pool=false")
+    assert doc["policy"] == expect, doc["policy_reason"]
+    assert "Default domain type" in doc["policy_reason"]

@@ -82,13 +82,13 @@ fn ratio(a: u64, b: u64) -> f64 {
     }
 }
 
-/// Round to 6 significant digits so that printed results are stable and readable.
+/// Round to 6 significant digits so printed results are stable and readable. Goes through Rust's exact
+/// decimal formatting rather than libm (log10/powi), so it is bit-identical on every platform.
 fn r6(x: f64) -> f64 {
     if x == 0.0 || !x.is_finite() {
         return x;
     }
-    let mag = 10f64.powi(5 - x.abs().log10().floor() as i32);
-    (x * mag).round() / mag
+    format!("{x:.5e}").parse().expect("formatted float parses")
 }
 
 pub struct RunInfo<'a> {

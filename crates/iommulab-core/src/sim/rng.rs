@@ -40,12 +40,7 @@ impl Rng {
     /// Uniform in [0, 1).
     pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-    }
-    /// Exponentially distributed with the given mean.
-    pub fn exp(&mut self, mean: f64) -> f64 {
-        -mean * (1.0 - self.unit()).ln()
-    }
-}
+    }}
 
 #[cfg(test)]
 mod tests {
