@@ -11,10 +11,6 @@ pub struct Cpu {
 }
 
 impl Cpu {
-    /// Earliest time new work can start on this CPU if it becomes ready at `at`.
-    pub fn start_at(&self, at: Time) -> Time {
-        at.max(self.busy_until)
-    }
     /// Account work that ran on this CPU from `start` to `end` (callers advance their own cursor).
     pub fn account(&mut self, start: Time, end: Time) {
         debug_assert!(end >= start);
@@ -27,11 +23,12 @@ impl Cpu {
 mod tests {
     use super::*;
     #[test]
-    fn work_queues_behind_busy_cpu() {
+    fn accounts_busy_time_and_horizon() {
         let mut c = Cpu::default();
         c.account(10, 30);
-        assert_eq!(c.start_at(20), 30);
-        assert_eq!(c.start_at(40), 40);
-        assert_eq!(c.busy_ns, 20);
+        assert_eq!(c.busy_until, 30);
+        c.account(25, 40); // overlapping accounting extends, never shrinks, busy_until
+        assert_eq!(c.busy_until, 40);
+        assert_eq!(c.busy_ns, 35);
     }
 }

@@ -87,11 +87,6 @@ impl SpinLock {
         }
         self.busy.insert(s, e);
     }
-
-    /// End of the latest booked interval.
-    pub fn free_at(&self) -> Time {
-        self.busy.last_key_value().map(|(_, &e)| e).unwrap_or(0)
-    }
 }
 
 #[cfg(test)]
@@ -123,6 +118,6 @@ mod tests {
             l.acquire(0, 10);
         }
         assert_eq!(l.busy.len(), 1);
-        assert_eq!(l.free_at(), 10_000);
+        assert_eq!(l.busy.last_key_value(), Some((&0, &10_000)));
     }
 }

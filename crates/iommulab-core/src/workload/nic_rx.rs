@@ -189,10 +189,10 @@ impl NicRxWorkload {
         t
     }
 
-    fn wire(&mut self, host: &mut Host, now: Time) {
+    /// The packets of the next WIRE_CHUNK_NS of wire time, each at its own arrival time.
+    fn wire(&mut self, host: &mut Host) {
         let dma_base = host.platform.pcie.dma_base_ns;
         let walk_ns = host.platform.memory.walk_read_ns;
-        let _ = now;
         let chunk_end_ps = self.next_arrival_ps + WIRE_CHUNK_NS * 1000;
         while self.next_arrival_ps < chunk_end_ps {
             let t = self.next_arrival_ps / 1000;
@@ -400,7 +400,7 @@ impl Workload for NicRxWorkload {
 
     fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32) {
         match kind {
-            EV_WIRE => self.wire(host, now),
+            EV_WIRE => self.wire(host),
             EV_NAPI => self.napi_poll(host, now, id as usize),
             EV_READ => self.read(host, now, id as usize),
             _ => unreachable!("nic_rx event kind {kind}"),
