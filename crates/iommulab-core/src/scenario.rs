@@ -398,7 +398,7 @@ impl Scenario {
 const MAX_CACHE_ENTRIES: u32 = 1 << 20;
 const MAX_PWC_ENTRIES: u32 = 1 << 16;
 const MAX_CPUS: u32 = 4096;
-/// page_pool's ptr_ring limit (net/core/page_pool.c page_pool_init(); reference/linux-dma-iommu.md §7: 16384).
+/// page_pool ptr_ring limit: net/core/page_pool.c page_pool_init() ring_qsize = min(pool_size, 16384).
 const PP_MAX_POOL_SIZE: u32 = 16384;
 
 /// `"6.12"` → (6, 12).

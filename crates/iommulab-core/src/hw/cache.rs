@@ -1,11 +1,14 @@
 //! Set-associative translation caches with LRU replacement: the IOTLB and the paging-structure caches.
+//! Each entry holds a tag and the value it caches (a physical pfn, a table pointer), so a cached entry that
+//! outlived its mapping returns the old value, as hardware would.
 
-/// A set-associative cache of 64-bit tags (a fully associative cache is one set).
+/// A set-associative cache of 64-bit tags with a 64-bit value each (a fully associative cache is one set).
 #[derive(Debug, Clone)]
 pub struct TagCache {
     sets: usize,
     ways: usize,
     tags: Vec<u64>,
+    vals: Vec<u64>,
     stamp: Vec<u64>,
     clock: u64,
 }
@@ -20,6 +23,7 @@ impl TagCache {
             sets,
             ways,
             tags: vec![EMPTY; sets * ways],
+            vals: vec![0; sets * ways],
             stamp: vec![0; sets * ways],
             clock: 0,
         }
@@ -35,34 +39,32 @@ impl TagCache {
         (index % self.sets as u64) as usize * self.ways
     }
 
-    /// Look up `tag` in the set chosen by `index`; on a miss insert it (evicting the LRU way). Returns hit.
+    /// Look up `tag` in the set chosen by `index`; on a miss insert it with `val` (evicting the LRU way).
+    /// Returns whether it hit.
     #[inline]
-    pub fn access(&mut self, tag: u64, index: u64) -> bool {
-        if self.lookup(tag, index) {
+    pub fn access(&mut self, tag: u64, index: u64, val: u64) -> bool {
+        if self.lookup(tag, index).is_some() {
             return true;
         }
-        self.insert(tag, index);
+        self.insert(tag, index, val);
         false
     }
 
-    /// Look up `tag`, refreshing its LRU position on a hit.
+    /// Look up `tag`, refreshing its LRU position on a hit; returns the cached value.
     #[inline]
-    pub fn lookup(&mut self, tag: u64, index: u64) -> bool {
+    pub fn lookup(&mut self, tag: u64, index: u64) -> Option<u64> {
         self.clock += 1;
         let base = self.set_of(tag, index);
-        if let Some(w) = self.tags[base..base + self.ways]
+        let w = self.tags[base..base + self.ways]
             .iter()
-            .position(|&t| t == tag)
-        {
-            self.stamp[base + w] = self.clock;
-            return true;
-        }
-        false
+            .position(|&t| t == tag)?;
+        self.stamp[base + w] = self.clock;
+        Some(self.vals[base + w])
     }
 
-    /// Insert `tag` (not present), evicting the least recently used way of its set.
+    /// Insert `tag` → `val` (not present), evicting the least recently used way of its set.
     #[inline]
-    pub fn insert(&mut self, tag: u64, index: u64) {
+    pub fn insert(&mut self, tag: u64, index: u64, val: u64) {
         self.clock += 1;
         let base = self.set_of(tag, index);
         let set = &mut self.tags[base..base + self.ways];
@@ -74,6 +76,7 @@ impl TagCache {
                 .expect("ways > 0")
         });
         set[victim] = tag;
+        self.vals[base + victim] = val;
         self.stamp[base + victim] = self.clock;
     }
 
@@ -113,19 +116,24 @@ mod tests {
     #[test]
     fn lru_evicts_least_recent() {
         let mut c = TagCache::new(2, 2);
-        assert!(!c.access(1, 0));
-        assert!(!c.access(2, 0));
-        assert!(c.access(1, 0));
-        assert!(!c.access(3, 0)); // evicts 2
+        assert!(!c.access(1, 0, 100));
+        assert!(!c.access(2, 0, 200));
+        assert!(c.access(1, 0, 0));
+        assert_eq!(
+            c.lookup(1, 0),
+            Some(100),
+            "keeps the value it was filled with"
+        );
+        assert!(!c.access(3, 0, 300)); // evicts 2
         assert!(c.contains(1, 0) && c.contains(3, 0) && !c.contains(2, 0));
     }
     #[test]
     fn sets_are_independent_and_invalidation_works() {
         let mut c = TagCache::new(4, 2);
-        c.access(10, 0);
-        c.access(11, 1);
-        c.access(12, 0);
-        c.access(13, 0); // set 0 full: evicts 10
+        c.access(10, 0, 0);
+        c.access(11, 1, 0);
+        c.access(12, 0, 0);
+        c.access(13, 0, 0); // set 0 full: evicts 10
         assert!(c.contains(11, 1));
         assert!(!c.contains(10, 0));
         c.invalidate(11, 1);

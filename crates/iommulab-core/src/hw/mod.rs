@@ -50,8 +50,17 @@ pub struct Translation {
     pub iotlb_hit: bool,
     /// Page-walk memory reads needed (0 on an IOTLB hit).
     pub walk_reads: u32,
-    /// No valid mapping: the DMA faults.
-    pub fault: bool,
+    /// The physical pfn the DMA reaches (None: it faults).
+    pub phys: Option<u64>,
+    /// The translation came from a cached entry the page table no longer holds (unmapped or remapped
+    /// but not yet invalidated): the device reached a page it should not.
+    pub stale: bool,
+}
+
+impl Translation {
+    pub fn fault(&self) -> bool {
+        self.phys.is_none()
+    }
 }
 
 /// Invalidation descriptors by type, and the cache counters behind translations.
@@ -75,6 +84,8 @@ pub struct IommuCounters {
     pub pwc_misses: [u64; 4],
     pub walk_reads: u64,
     pub faults: u64,
+    /// Translations served from an entry the page table no longer holds.
+    pub stale_hits: u64,
     /// Page-table pages allocated and freed by map/unmap.
     pub table_pages_allocated: u64,
     pub table_pages_freed: u64,

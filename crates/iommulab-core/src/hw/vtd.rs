@@ -245,11 +245,15 @@ impl Iommu for Vtd {
     fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
         self.c.translations += 1;
         let t = tag(dom, iova_pfn);
-        if self.iotlb.lookup(t, iova_pfn) {
+        let current = self.iova_to_phys(dom, iova_pfn);
+        if let Some(cached) = self.iotlb.lookup(t, iova_pfn) {
+            let stale = current != Some(cached);
+            self.c.stale_hits += stale as u64;
             return Translation {
                 iotlb_hit: true,
                 walk_reads: 0,
-                fault: false,
+                phys: Some(cached),
+                stale,
             };
         }
         self.c.iotlb_misses += 1;
@@ -260,7 +264,7 @@ impl Iommu for Vtd {
         while i > 0 {
             let s = self.pwc_shift(i - 1);
             let key = tag(dom, iova_pfn >> s);
-            if self.pwc[i - 1].lookup(key, iova_pfn >> s) {
+            if self.pwc[i - 1].lookup(key, iova_pfn >> s).is_some() {
                 break;
             }
             self.c.pwc_misses[i - 1] += 1;
@@ -268,29 +272,25 @@ impl Iommu for Vtd {
             i -= 1;
         }
         self.c.walk_reads += reads;
-        let mapped = self
-            .domains
-            .get(dom as usize)
-            .and_then(|p| p.as_ref())
-            .and_then(|p| p.lookup(iova_pfn))
-            .is_some();
-        if !mapped {
+        let Some(phys) = current else {
             self.c.faults += 1;
             return Translation {
                 iotlb_hit: false,
                 walk_reads: reads as u32,
-                fault: true,
+                phys: None,
+                stale: false,
             };
-        }
+        };
         for j in i..levels {
             let s = self.pwc_shift(j);
-            self.pwc[j].insert(tag(dom, iova_pfn >> s), iova_pfn >> s);
+            self.pwc[j].insert(tag(dom, iova_pfn >> s), iova_pfn >> s, 0);
         }
-        self.iotlb.insert(t, iova_pfn);
+        self.iotlb.insert(t, iova_pfn, phys);
         Translation {
             iotlb_hit: false,
             walk_reads: reads as u32,
-            fault: false,
+            phys: Some(phys),
+            stale: false,
         }
     }
 
@@ -383,13 +383,85 @@ pub(crate) mod tests {
         v.translate(1, 10);
         let mut g = IotlbGather::new();
         v.unmap_pages(1, 10, 1, &mut g);
+        let t = v.translate(1, 10);
         assert!(
-            v.translate(1, 10).iotlb_hit,
-            "unmapped but not invalidated: stale hit"
+            t.iotlb_hit && t.stale && t.phys == Some(99),
+            "unmapped, not invalidated: stale hit"
         );
+        assert_eq!(v.c.stale_hits, 1);
         v.iotlb_sync(0, 1, &g);
         let t = v.translate(1, 10);
-        assert!(!t.iotlb_hit && t.fault);
+        assert!(!t.iotlb_hit && t.fault());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Map(u64, u64),
+        Unmap(u64, u64),
+        Sync,
+        FlushAll,
+        Translate(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..64, 1u64..4).prop_map(|(p, n)| Op::Map(p, n)),
+            (0u64..64, 1u64..4).prop_map(|(p, n)| Op::Unmap(p, n)),
+            Just(Op::Sync),
+            Just(Op::FlushAll),
+            (0u64..67).prop_map(Op::Translate),
+        ]
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Once an invalidation covering an IOVA has completed, no translation of it hits a stale entry;
+        /// a stale hit happens only for an IOVA unmapped (or remapped) since its last covering invalidation.
+        #[test]
+        fn no_stale_hit_after_covering_invalidation(ops in proptest::collection::vec(op(), 1..300)) {
+            let mut v = Vtd::new(&cfg());
+            let mut phys_next = 1000;
+            let mut pending: Option<IotlbGather> = None; // unmapped, not yet synced
+            let mut unsynced = std::collections::BTreeSet::new();
+            let mut stale_seen = 0;
+            for o in ops {
+                match o {
+                    Op::Map(p, n) => {
+                        if (p..p + n).all(|x| v.iova_to_phys(1, x).is_none()) {
+                            v.map_pages(1, p, phys_next, n);
+                            phys_next += n;
+                        }
+                    }
+                    Op::Unmap(p, n) => {
+                        let g = pending.get_or_insert_with(IotlbGather::new);
+                        v.unmap_pages(1, p, n, g);
+                        unsynced.extend(p..p + n);
+                    }
+                    Op::Sync => {
+                        if let Some(g) = pending.take() {
+                            v.iotlb_sync(0, 1, &g);
+                        }
+                        unsynced.clear();
+                    }
+                    Op::FlushAll => {
+                        v.flush_iotlb_all(0, 1);
+                        pending = None;
+                        unsynced.clear();
+                    }
+                    Op::Translate(p) => {
+                        let t = v.translate(1, p);
+                        if t.stale {
+                            stale_seen += 1;
+                            prop_assert!(unsynced.contains(&p), "stale hit on {} after its invalidation", p);
+                        } else if let Some(ph) = t.phys {
+                            prop_assert_eq!(Some(ph), v.iova_to_phys(1, p));
+                        }
+                    }
+                }
+            }
+            prop_assert_eq!(v.counters().stale_hits, stale_seen);
+        }
     }
 
     #[test]

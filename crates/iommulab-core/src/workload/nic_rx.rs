@@ -230,7 +230,7 @@ impl NicRxWorkload {
                 let lat = match host.dma.translate(b.dma) {
                     None => dma_base,
                     Some(tr) => {
-                        self.stats.dma_faults += tr.fault as u64;
+                        self.stats.dma_faults += tr.fault() as u64;
                         dma_base + tr.walk_reads as u64 * walk_ns
                     }
                 };
