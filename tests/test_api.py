@@ -106,7 +106,7 @@ def test_invariants_hold_on_random_scenarios(ov):
     for r in by["strict"]:
         # One synchronous sync per unmap, each a PSI with its wait descriptor.
         assert r.invalidations["dsi"] == 0
-        assert r.invalidations["psi"] == r.wait_descriptors
+        assert r.invalidations["psi"] == r.syncs
         assert r.invalidations["psi"] == r.iova_pages_unmapped
     for r in by["lazy"]:
         assert r.invalidations["psi"] == 0

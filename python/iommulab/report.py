@@ -6,17 +6,22 @@ from typing import Any
 
 from . import __version__
 
+def _by_type(r) -> str:
+    """Non-zero invalidation types, e.g. ``psi 151946`` or ``tlbi_nh_va 3 tlbi_nh_asid 2``."""
+    parts = [f"{k} {n}" for k, n in r.invalidations.items() if k != "total" and n]
+    return " ".join(parts) or "-"
+
+
 COLUMNS = [
     # header, width, formatter
     ("Gbps", 8, lambda r: f"{r.throughput_gbps:.2f}"),
     ("CPU busy", 9, lambda r: f"{r.cpu_busy * 100:.1f}%"),
     ("inv wait", 9, lambda r: f"{r.cpu_inv_wait_share * 100:.1f}%"),
-    ("PSI", 9, lambda r: f"{r.invalidations['psi']}"),
-    ("DSI", 7, lambda r: f"{r.invalidations['dsi']}"),
-    ("global", 7, lambda r: f"{r.invalidations['global']}"),
     ("IOVA pg unmapped", 17, lambda r: f"{r.iova_pages_unmapped}"),
+    ("invalidations", 14, lambda r: f"{r.invalidations['total']}"),
     ("inv/page", 9, lambda r: f"{r.inv_per_page:.4f}"),
     ("IOTLB miss/pg", 14, lambda r: f"{r.iotlb_misses_per_page:.3f}"),
+    ("  by type", 0, _by_type),
 ]
 
 
@@ -32,14 +37,17 @@ def format_table(scenario: dict[str, Any], results: list) -> str:
     ]
     lw = max([len("run")] + [len(r.label) for r in results])
     head = f"{'run':<{lw}}" + "".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
-    lines += [head, "-" * len(head)]
+    width = max([len(head)] + [len(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in COLUMNS[:-1]))
+                               + 2 + len(_by_type(r)) for r in results])
+    lines += [head, "-" * width]
     for r in results:
-        lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in COLUMNS))
+        lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in COLUMNS[:-1])
+                     + "  " + _by_type(r))
     lines += [
         "",
         "Gbps: application goodput · CPU busy: mean over the workload's CPUs · inv wait: share of CPU busy time "
         "spent waiting for invalidation completion",
-        "PSI/DSI/global: IOTLB invalidation descriptors by granularity · inv/page: invalidations per IOVA page "
-        "unmapped · IOTLB miss/pg: IOTLB misses per page the device wrote",
+        "invalidations: IOMMU TLB invalidation descriptors/commands (by type: psi/dsi/global for VT-d) · inv/page: "
+        "invalidations per IOVA page unmapped · IOTLB miss/pg: IOTLB misses per page the device wrote",
     ]
     return "\n".join(lines) + "\n"

@@ -167,6 +167,7 @@ impl Simulation {
             policy: self.policy.as_str(),
             policy_reason: &self.policy_reason,
             iommu: self.host.dma.core.iommu.name(),
+            inv_kinds: self.host.dma.core.iommu.inv_kinds(),
             seed: self.seed,
             pt_levels: self.host.platform.iommu.pt_levels,
             line_rate_gbps: self.line_rate_gbps,
@@ -185,6 +186,7 @@ pub fn run_variant(v: &Variant) -> RunResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hw::InvKind;
     use crate::scenario::{load, Source};
 
     fn default_with(ov: &[(&str, &str)]) -> Vec<Variant> {
@@ -226,9 +228,14 @@ mod tests {
         assert_eq!(pt.iotlb_misses_per_page, 0.0);
         assert!(strict.iova_pages_unmapped > 0, "{strict:?}");
         // One PSI + one wait descriptor per single-page unmap.
-        assert_eq!(strict.invalidations.psi, strict.iova_pages_unmapped);
-        assert_eq!(strict.wait_descriptors, strict.invalidations.total);
-        assert!(lazy.invalidations.psi == 0 && lazy.invalidations.dsi > 0);
+        assert_eq!(
+            strict.invalidations.get(InvKind::Psi),
+            strict.iova_pages_unmapped
+        );
+        assert_eq!(strict.syncs, strict.invalidations.total);
+        assert!(
+            lazy.invalidations.get(InvKind::Psi) == 0 && lazy.invalidations.get(InvKind::Dsi) > 0
+        );
         assert!(lazy.inv_per_page < strict.inv_per_page);
     }
 }

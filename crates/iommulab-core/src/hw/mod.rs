@@ -63,18 +63,70 @@ impl Translation {
     }
 }
 
-/// Invalidation descriptors by type, and the cache counters behind translations.
+/// Invalidation requests by type, named as the specifications and the kernel name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InvKind {
+    /// VT-d page-selective-within-domain IOTLB invalidation.
+    Psi,
+    /// VT-d domain-selective IOTLB invalidation.
+    Dsi,
+    /// VT-d global IOTLB invalidation.
+    Global,
+    /// VT-d device-TLB (ATS) invalidation.
+    DevTlb,
+    /// SMMUv3 CMD_TLBI_NH_VA (stage 1, by VA and ASID).
+    TlbiNhVa,
+    /// SMMUv3 CMD_TLBI_S2_IPA (stage 2, by IPA and VMID).
+    TlbiS2Ipa,
+    /// SMMUv3 CMD_TLBI_NH_ASID (stage 1, a whole ASID).
+    TlbiNhAsid,
+    /// SMMUv3 CMD_TLBI_S12_VMALL (a whole VMID).
+    TlbiS12Vmall,
+    /// SMMUv3 CMD_ATC_INV (ATS translation cache in the device).
+    AtcInv,
+}
+
+pub const INV_KINDS: usize = 9;
+
+impl InvKind {
+    pub const ALL: [InvKind; INV_KINDS] = [
+        InvKind::Psi,
+        InvKind::Dsi,
+        InvKind::Global,
+        InvKind::DevTlb,
+        InvKind::TlbiNhVa,
+        InvKind::TlbiS2Ipa,
+        InvKind::TlbiNhAsid,
+        InvKind::TlbiS12Vmall,
+        InvKind::AtcInv,
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            InvKind::Psi => "psi",
+            InvKind::Dsi => "dsi",
+            InvKind::Global => "global",
+            InvKind::DevTlb => "devtlb",
+            InvKind::TlbiNhVa => "tlbi_nh_va",
+            InvKind::TlbiS2Ipa => "tlbi_s2_ipa",
+            InvKind::TlbiNhAsid => "tlbi_nh_asid",
+            InvKind::TlbiS12Vmall => "tlbi_s12_vmall",
+            InvKind::AtcInv => "atc_inv",
+        }
+    }
+    /// IOMMU TLB invalidations (counted in `invalidations.total`); device-side ATC/device-TLB ones are not.
+    pub fn is_iotlb(self) -> bool {
+        !matches!(self, InvKind::DevTlb | InvKind::AtcInv)
+    }
+}
+
+/// Invalidations by type, synchronisations, and the cache counters behind translations.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct IommuCounters {
-    /// Page-selective IOTLB invalidations (VT-d PSI).
-    pub psi: u64,
-    /// Domain-selective IOTLB invalidations (VT-d DSI).
-    pub dsi: u64,
-    /// Global IOTLB invalidations.
-    pub global: u64,
-    /// Wait descriptors (one per synchronous submission).
-    pub wait: u64,
-    /// qi_submit_sync() calls.
+    /// Invalidation descriptors/commands, indexed by `InvKind as usize`.
+    pub inv: [u64; INV_KINDS],
+    /// Synchronisations waited for: VT-d wait descriptors, SMMUv3 CMD_SYNCs.
+    pub syncs: u64,
+    /// Submissions to the hardware queue (qi_submit_sync calls, command-list issues).
     pub submissions: u64,
     /// Time CPUs spent waiting for invalidation completion.
     pub inv_wait_ns: u64,
@@ -92,8 +144,19 @@ pub struct IommuCounters {
 }
 
 impl IommuCounters {
+    pub fn count(&mut self, k: InvKind, n: u64) {
+        self.inv[k as usize] += n;
+    }
+    pub fn get(&self, k: InvKind) -> u64 {
+        self.inv[k as usize]
+    }
+    /// IOMMU TLB invalidations of every type.
     pub fn invalidations(&self) -> u64 {
-        self.psi + self.dsi + self.global
+        InvKind::ALL
+            .iter()
+            .filter(|k| k.is_iotlb())
+            .map(|&k| self.get(k))
+            .sum()
     }
 }
 
@@ -101,6 +164,8 @@ impl IommuCounters {
 /// is released (it spins on completion in between).
 pub trait Iommu: Send + Sync {
     fn name(&self) -> &'static str;
+    /// The invalidation types this IOMMU issues (reported, zeros included, in this order).
+    fn inv_kinds(&self) -> &'static [InvKind];
     /// Install `n` 4 KiB leaf PTEs. Returns the number of PTEs written.
     fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64;
     /// Clear `n` leaf PTEs, freeing emptied table pages, and record the range in `gather`. Returns pages unmapped.

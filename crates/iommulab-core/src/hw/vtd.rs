@@ -4,7 +4,7 @@
 
 use super::cache::TagCache;
 use super::pgtable::RadixPgtable;
-use super::{DomainId, Iommu, IommuCounters, IotlbGather, Translation};
+use super::{DomainId, InvKind, Iommu, IommuCounters, IotlbGather, Translation};
 use crate::scenario::IommuProfile;
 use crate::sim::{SpinLock, Time};
 
@@ -109,7 +109,7 @@ impl Vtd {
                 am,
                 ih,
             } => {
-                self.c.psi += 1;
+                self.c.count(InvKind::Psi, 1);
                 let n = 1u64 << am.min(63);
                 let end = addr_pfn.saturating_add(n);
                 if n <= self.iotlb.entries() as u64 {
@@ -133,14 +133,14 @@ impl Vtd {
                 }
             }
             InvDesc::Dsi { dom } => {
-                self.c.dsi += 1;
+                self.c.count(InvKind::Dsi, 1);
                 self.iotlb.invalidate_where(|t| t >> 52 == dom as u64);
                 for p in &mut self.pwc {
                     p.invalidate_where(|t| t >> 52 == dom as u64);
                 }
             }
             InvDesc::Global => {
-                self.c.global += 1;
+                self.c.count(InvKind::Global, 1);
                 self.iotlb.invalidate_where(|_| true);
                 for p in &mut self.pwc {
                     p.invalidate_where(|_| true);
@@ -162,7 +162,7 @@ impl Vtd {
         for &d in descs {
             self.apply(d);
         }
-        self.c.wait += 1;
+        self.c.syncs += 1;
         self.c.submissions += 1;
         self.c.inv_wait_ns += done - now;
         done
@@ -195,6 +195,10 @@ impl Vtd {
 impl Iommu for Vtd {
     fn name(&self) -> &'static str {
         "vtd"
+    }
+
+    fn inv_kinds(&self) -> &'static [InvKind] {
+        &[InvKind::Psi, InvKind::Dsi, InvKind::Global, InvKind::DevTlb]
     }
 
     fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
@@ -341,7 +345,10 @@ pub(crate) mod tests {
         v.map_pages(1, 0, 100, 1024);
         v.unmap_pages(1, 0, 1024, &mut g); // 1024 pages: AM 10 > MAMV 9
         v.iotlb_sync(0, 1, &g);
-        assert_eq!((v.c.psi, v.c.dsi, v.c.wait), (0, 1, 1));
+        assert_eq!(
+            (v.c.get(InvKind::Psi), v.c.get(InvKind::Dsi), v.c.syncs),
+            (0, 1, 1)
+        );
     }
 
     #[test]
@@ -480,9 +487,9 @@ pub(crate) mod tests {
         let mut v = Vtd::new(&c);
         v.map_pages(1, 5, 5, 1);
         v.iotlb_sync_map(0, 1, 5, 1);
-        assert_eq!(v.c.psi, 1);
+        assert_eq!(v.c.get(InvKind::Psi), 1);
         let mut v = Vtd::new(&cfg());
         v.iotlb_sync_map(0, 1, 5, 1);
-        assert_eq!(v.c.psi, 0);
+        assert_eq!(v.c.get(InvKind::Psi), 0);
     }
 }

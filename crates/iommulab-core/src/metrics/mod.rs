@@ -2,8 +2,9 @@
 
 use crate::dma::iova::IovaStats;
 use crate::dma::DmaStats;
-use crate::hw::IommuCounters;
+use crate::hw::{InvKind, IommuCounters};
 use crate::workload::WorkloadStats;
+use serde::ser::SerializeMap;
 use serde::Serialize;
 
 /// Every counter of the simulated host at one instant.
@@ -19,12 +20,32 @@ pub struct Snapshot {
     pub iova_lock_wait_ns: u64,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+/// `{"total": n, "<type>": n, ...}` with the IOMMU's own invalidation types, in its order.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Invalidations {
     pub total: u64,
-    pub psi: u64,
-    pub dsi: u64,
-    pub global: u64,
+    pub by_kind: Vec<(InvKind, u64)>,
+}
+
+impl Invalidations {
+    pub fn get(&self, k: InvKind) -> u64 {
+        self.by_kind
+            .iter()
+            .find(|(x, _)| *x == k)
+            .map(|(_, n)| *n)
+            .unwrap_or(0)
+    }
+}
+
+impl Serialize for Invalidations {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.by_kind.len() + 1))?;
+        m.serialize_entry("total", &self.total)?;
+        for (k, n) in &self.by_kind {
+            m.serialize_entry(k.name(), n)?;
+        }
+        m.end()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -58,7 +79,8 @@ pub struct RunResult {
     pub cpu_busy: f64,
     pub cpu_inv_wait_share: f64,
     pub invalidations: Invalidations,
-    pub wait_descriptors: u64,
+    /// Synchronisations CPUs waited for: VT-d wait descriptors, SMMUv3 CMD_SYNCs.
+    pub syncs: u64,
     pub iova_pages_mapped: u64,
     pub iova_pages_unmapped: u64,
     pub inv_per_page: f64,
@@ -97,6 +119,7 @@ pub struct RunInfo<'a> {
     pub policy: &'a str,
     pub policy_reason: &'a str,
     pub iommu: &'a str,
+    pub inv_kinds: &'a [InvKind],
     pub seed: u64,
     pub pt_levels: u32,
     pub line_rate_gbps: f64,
@@ -108,10 +131,12 @@ impl RunResult {
         let secs = dt as f64 / 1e9;
         let io = |f: fn(&IommuCounters) -> u64| f(&b.iommu) - f(&a.iommu);
         let wl = |f: fn(&WorkloadStats) -> u64| f(&b.wl) - f(&a.wl);
-        let psi = io(|c| c.psi);
-        let dsi = io(|c| c.dsi);
-        let global = io(|c| c.global);
-        let total = psi + dsi + global;
+        let total = b.iommu.invalidations() - a.iommu.invalidations();
+        let by_kind = info
+            .inv_kinds
+            .iter()
+            .map(|&k| (k, b.iommu.get(k) - a.iommu.get(k)))
+            .collect();
         let unmapped = b.dma.iova_pages_unmapped - a.dma.iova_pages_unmapped;
         let dma_pages = wl(|w| w.dma_pages);
         let busy: u64 = b
@@ -138,13 +163,8 @@ impl RunResult {
             packets_per_sec: r6(wl(|w| w.packets_delivered) as f64 / secs),
             cpu_busy: r6((busy as f64 / (ncpu * dt) as f64).min(1.0)),
             cpu_inv_wait_share: r6(ratio(io(|c| c.inv_wait_ns), busy)),
-            invalidations: Invalidations {
-                total,
-                psi,
-                dsi,
-                global,
-            },
-            wait_descriptors: io(|c| c.wait),
+            invalidations: Invalidations { total, by_kind },
+            syncs: io(|c| c.syncs),
             iova_pages_mapped: b.dma.pages_mapped - a.dma.pages_mapped,
             iova_pages_unmapped: unmapped,
             inv_per_page: r6(ratio(total, unmapped)),
