@@ -176,3 +176,17 @@ def test_auto_policy_resolves_like_the_kernel(arch, cmdline, expect):
                    "--set", "workload.nic_rx.page_pool=false")
     assert doc["policy"] == expect, doc["policy_reason"]
     assert "Default domain type" in doc["policy_reason"]
+
+
+def test_smmuv3_strict_issues_tlbi_per_unmap_with_cmd_sync_and_lazy_flushes_by_asid():
+    doc = cli_json(*SHORT, "--set", "platform.profile=smmuv3-server", "--set", "workload.nic_rx.line_rate_gbps=40",
+                   "--set", "workload.nic_rx.page_pool=false")
+    by = {r["policy"]: r for r in doc["runs"]}
+    strict, lazy = by["strict"], by["lazy"]
+    assert strict["iommu"] == "smmuv3"
+    assert list(strict["invalidations"]) == ["total", "tlbi_nh_va", "tlbi_nh_asid", "atc_inv"]
+    assert strict["invalidations"]["tlbi_nh_va"] == strict["iova_pages_unmapped"] == strict["syncs"]
+    assert lazy["invalidations"]["tlbi_nh_va"] == 0 and lazy["invalidations"]["tlbi_nh_asid"] > 0
+    assert strict["throughput_gbps"] < lazy["throughput_gbps"]
+    p = cli("profiles", check_rc=0)
+    assert "smmuv3-server" in p.stdout and "vtd-server" in p.stdout

@@ -3,7 +3,7 @@
 use crate::dma::iova::IOVA_DEPOT_DELAY_NS;
 use crate::dma::{default_domain, DmaCore, DmaLayer};
 use crate::host::{Event, Host};
-use crate::hw::{vtd::Vtd, Iommu};
+use crate::hw::{smmuv3::Smmuv3, vtd::Vtd, Iommu};
 use crate::metrics::{RunInfo, RunResult, Snapshot};
 use crate::scenario::{PolicyName, Variant, Vendor};
 use crate::sim::{Rng, Time, NS_PER_MS};
@@ -34,7 +34,11 @@ impl Simulation {
         let p = &sc.platform;
         let (policy, policy_reason) = match sc.os.policy {
             PolicyName::Auto => {
-                let r = default_domain::resolve(sc.os.arch, &sc.os.cmdline, p.iommu.caching_mode);
+                let r = default_domain::resolve(
+                    sc.os.arch,
+                    &sc.os.cmdline,
+                    p.iommu.vtd.as_ref().is_some_and(|v| v.caching_mode),
+                );
                 (r.policy, r.reason)
             }
             other => (other, "set by os.policy".to_string()),
@@ -42,6 +46,7 @@ impl Simulation {
         let cpus = p.cpu.cores as usize;
         let iommu: Box<dyn Iommu> = match p.vendor {
             Vendor::Vtd => Box::new(Vtd::new(&p.iommu)),
+            Vendor::Smmuv3 => Box::new(Smmuv3::new(&p.iommu, cpus)),
         };
         let core = DmaCore::new(iommu, cpus, &p.cpu, p.iommu.pt_levels);
         let mut rng = Rng::new(sc.run.seed);

@@ -11,10 +11,16 @@ use std::path::{Path, PathBuf};
 
 pub const BUILTIN_SCENARIOS: &[(&str, &str)] =
     &[("default", include_str!("../data/scenarios/default.toml"))];
-pub const BUILTIN_PROFILES: &[(&str, &str)] = &[(
-    "vtd-server",
-    include_str!("../data/profiles/vtd-server.toml"),
-)];
+pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
+    (
+        "vtd-server",
+        include_str!("../data/profiles/vtd-server.toml"),
+    ),
+    (
+        "smmuv3-server",
+        include_str!("../data/profiles/smmuv3-server.toml"),
+    ),
+];
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -55,6 +61,8 @@ fn default_seed() -> u64 {
 pub enum Vendor {
     /// Intel VT-d: second-level page table, queued invalidation (PSI/DSI/global + wait descriptor).
     Vtd,
+    /// Arm SMMUv3: LPAE page table, command queue (TLBI by VA or range, by ASID/VMID, CMD_SYNC).
+    Smmuv3,
 }
 
 /// A hardware platform: the IOMMU, memory, PCIe path and CPU costs. Loaded from a profile file.
@@ -80,10 +88,20 @@ pub struct Platform {
 pub struct IommuProfile {
     pub iotlb_entries: u32,
     pub iotlb_ways: u32,
-    /// Entries in each paging-structure cache (one cache per non-leaf level), fully associative, LRU.
-    pub pwc_entries: u32,
-    /// Page-table levels walked on an IOTLB miss (4 for 48-bit VT-d second level).
+    /// Entries of each paging-structure (walk) cache, top level first: one per non-leaf level; fully
+    /// associative, LRU.
+    pub pwc_entries: Vec<u32>,
+    /// Page-table levels walked on an IOTLB miss (4 for 48-bit VT-d second level and 4K-granule LPAE).
     pub pt_levels: u32,
+    /// Intel VT-d queued invalidation (required when `vendor = "vtd"`).
+    pub vtd: Option<VtdProfile>,
+    /// Arm SMMUv3 command queue (required when `vendor = "smmuv3"`).
+    pub smmuv3: Option<Smmuv3Profile>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VtdProfile {
     /// Hardware time to process one IOTLB invalidation descriptor.
     pub inv_desc_ns: u64,
     /// Hardware time to process a wait descriptor (status write back).
@@ -94,6 +112,23 @@ pub struct IommuProfile {
     pub mamv: u32,
     /// CAP.CM: caching mode (virtual IOMMUs): maps need an invalidation too.
     pub caching_mode: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Smmuv3Profile {
+    /// CPU time to insert one 16-byte command (slot reservation on the shared producer index, copy).
+    pub submit_cmd_ns: u64,
+    /// SMMU time to consume one TLBI command.
+    pub cmd_ns: u64,
+    /// SMMU time to complete a CMD_SYNC (drain, MSI write or CONS update the CPU polls).
+    pub sync_ns: u64,
+    /// IDR3.RIL: range invalidation commands.
+    pub ril: bool,
+    /// Per-CPU enhanced command queues (SMMUv3.3 ECMDQ) instead of one shared queue.
+    pub ecmdq: bool,
+    /// Translation stage of DMA domains: 1 (TLBI_NH_*, by ASID) or 2 (TLBI_S2_IPA / S12_VMALL, by VMID).
+    pub stage: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -293,20 +328,52 @@ impl Scenario {
             "expected iotlb_entries to be a non-zero multiple of iotlb_ways",
         )?;
         check(
-            (1..=MAX_PWC_ENTRIES).contains(&io.pwc_entries),
-            "platform.iommu.pwc_entries",
-            format!("expected 1..={MAX_PWC_ENTRIES} entries per level"),
-        )?;
-        check(
-            (1..=5).contains(&io.pt_levels),
+            (2..=5).contains(&io.pt_levels),
             "platform.iommu.pt_levels",
-            "expected 1 to 5 levels",
+            "expected 2 to 5 levels",
         )?;
         check(
-            io.mamv <= 63,
-            "platform.iommu.mamv",
-            "expected an address-mask limit of 0..=63",
+            io.pwc_entries.len() == io.pt_levels as usize - 1
+                && io
+                    .pwc_entries
+                    .iter()
+                    .all(|n| (1..=MAX_PWC_ENTRIES).contains(n)),
+            "platform.iommu.pwc_entries",
+            format!(
+                "expected one entry count (1..={MAX_PWC_ENTRIES}) per non-leaf level: {} values",
+                io.pt_levels - 1
+            ),
         )?;
+        match self.platform.vendor {
+            Vendor::Vtd => {
+                let Some(v) = &io.vtd else {
+                    return check(
+                        false,
+                        "platform.iommu.vtd",
+                        "expected an [iommu.vtd] section for vendor \"vtd\"",
+                    );
+                };
+                check(
+                    v.mamv <= 63,
+                    "platform.iommu.vtd.mamv",
+                    "expected an address-mask limit of 0..=63",
+                )?;
+            }
+            Vendor::Smmuv3 => {
+                let Some(v) = &io.smmuv3 else {
+                    return check(
+                        false,
+                        "platform.iommu.smmuv3",
+                        "expected an [iommu.smmuv3] section for vendor \"smmuv3\"",
+                    );
+                };
+                check(
+                    v.stage == 1 || v.stage == 2,
+                    "platform.iommu.smmuv3.stage",
+                    "expected stage 1 or 2",
+                )?;
+            }
+        }
         let pcie = &self.platform.pcie;
         check(
             (1..=65536).contains(&pcie.translation_slots),
@@ -887,6 +954,25 @@ mod tests {
         );
     }
 
+    /// Every number (or array of numbers) in a profile, as its dotted key.
+    fn numeric_keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Integer(_) | toml::Value::Float(_) => out.push(key),
+                toml::Value::Array(a) if a.iter().all(|x| x.is_integer() || x.is_float()) => {
+                    out.push(key)
+                }
+                toml::Value::Table(inner) if key != "sources" => numeric_keys(inner, &key, out),
+                _ => {}
+            }
+        }
+    }
+
     #[test]
     fn builtin_profiles_cite_a_source_for_every_number() {
         for (name, text) in BUILTIN_PROFILES {
@@ -896,27 +982,35 @@ mod tests {
                 .and_then(|s| s.as_table())
                 .cloned()
                 .unwrap_or_default();
-            let mut missing = vec![];
-            for (sec, v) in &t {
-                if let toml::Value::Table(inner) = v {
-                    if sec == "sources" {
-                        continue;
-                    }
-                    for (k, val) in inner {
-                        if matches!(val, toml::Value::Integer(_) | toml::Value::Float(_)) {
-                            let key = format!("{sec}.{k}");
-                            match sources.get(&key).and_then(|s| s.as_str()) {
-                                Some(s) if s.len() > 10 => {}
-                                _ => missing.push(key),
-                            }
-                        }
-                    }
-                }
-            }
+            let mut keys = vec![];
+            numeric_keys(&t, "", &mut keys);
+            assert!(keys.len() > 20, "{name}: {keys:?}");
+            let missing: Vec<_> = keys
+                .iter()
+                .filter(|k| {
+                    sources
+                        .get(*k)
+                        .and_then(|s| s.as_str())
+                        .is_none_or(|s| s.len() <= 10)
+                })
+                .collect();
             assert!(
                 missing.is_empty(),
                 "profile {name}: no source for {missing:?}"
             );
+            let extra: Vec<_> = sources.keys().filter(|k| !keys.contains(k)).collect();
+            assert!(
+                extra.is_empty(),
+                "profile {name}: sources for keys it does not have: {extra:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_builtin_profile_runs_the_minimal_scenario() {
+        for (name, _) in BUILTIN_PROFILES {
+            let v = text(&MIN.replace("vtd-server", name)).unwrap();
+            assert_eq!(v[0].scenario.platform.profile, *name);
         }
     }
 }

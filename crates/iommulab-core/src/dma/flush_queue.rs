@@ -39,9 +39,9 @@ impl FlushQueue {
     }
 
     /// fq_flush_iotlb(): start count, flush_iotlb_all, finish count.
-    fn flush(&mut self, core: &mut DmaCore, now: Time) -> Time {
+    fn flush(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
         self.flush_start_cnt += 1;
-        let t = core.iommu.flush_iotlb_all(now, core.dom);
+        let t = core.iommu.flush_iotlb_all(now, cpu, core.dom);
         self.flush_finish_cnt += 1;
         t
     }
@@ -86,13 +86,13 @@ impl DmaPolicy for FlushQueue {
         pages: u64,
     ) -> Time {
         // The gather is queued: io-pgtable and intel skip range gathering and no sync is issued here.
-        let (_g, t) = core.unmap_ptes(now, iova_pfn, pages);
+        let (_g, t) = core.unmap_ptes(now, cpu, iova_pfn, pages);
         // queue_iova(): this CPU's ring under its lock.
         let mut t = t + core.costs.lock_ns;
         t = self.ring_free(core, t, cpu, cpu);
         if self.rings[cpu].len() >= IOVA_DEFAULT_FQ_SIZE - 1 {
             core.stats.fq_flush_full += 1;
-            t = self.flush(core, t);
+            t = self.flush(core, t, cpu);
             t = self.ring_free(core, t, cpu, cpu);
         }
         self.rings[cpu].push_back(FqEntry {
@@ -112,7 +112,7 @@ impl DmaPolicy for FlushQueue {
     fn timer(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
         self.timer_on = false;
         core.stats.fq_flush_timer += 1;
-        let mut t = self.flush(core, now);
+        let mut t = self.flush(core, now, cpu);
         for ring in 0..self.rings.len() {
             t = self.ring_free(core, t + core.costs.lock_ns, ring, cpu);
         }

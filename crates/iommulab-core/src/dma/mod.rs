@@ -93,19 +93,28 @@ impl DmaCore {
         };
         let written = self.iommu.map_pages(self.dom, iova, phys_pfn, pages);
         let t = t + written * self.costs.pte_ns;
-        let t = self.iommu.iotlb_sync_map(t, self.dom, iova, pages);
+        let t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, pages);
         self.stats.maps += 1;
         self.stats.pages_mapped += pages;
         Some((iova, t))
     }
 
     /// iommu_unmap_fast(): clear the PTEs into a gather. Returns the gather and the time.
-    pub fn unmap_ptes(&mut self, now: Time, iova_pfn: u64, pages: u64) -> (IotlbGather, Time) {
+    pub fn unmap_ptes(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        iova_pfn: u64,
+        pages: u64,
+    ) -> (IotlbGather, Time) {
         let mut g = IotlbGather::new();
-        let un = self.iommu.unmap_pages(self.dom, iova_pfn, pages, &mut g);
+        let t = now + self.costs.dma_iommu_op_ns;
+        let (un, t) = self
+            .iommu
+            .unmap_pages(t, cpu, self.dom, iova_pfn, pages, &mut g);
         self.stats.unmaps += 1;
         self.stats.iova_pages_unmapped += un;
-        (g, now + self.costs.dma_iommu_op_ns + un * self.costs.pte_ns)
+        (g, t + un * self.costs.pte_ns)
     }
 }
 

@@ -18,9 +18,9 @@ impl DmaPolicy for Strict {
         iova_pfn: u64,
         pages: u64,
     ) -> Time {
-        let (g, t) = core.unmap_ptes(now, iova_pfn, pages);
+        let (g, t) = core.unmap_ptes(now, cpu, iova_pfn, pages);
         // iommu_iotlb_sync(): invalidate and wait, then iommu_dma_free_iova() → free_iova_fast().
-        let t = core.iommu.iotlb_sync(t, core.dom, &g);
+        let t = core.iommu.iotlb_sync(t, cpu, core.dom, &g);
         core.iovad.free_fast(t, cpu, iova_pfn, pages)
     }
 }

@@ -6,6 +6,8 @@
 
 pub mod cache;
 pub mod pgtable;
+pub mod smmuv3;
+pub mod translator;
 pub mod vtd;
 
 use crate::sim::Time;
@@ -168,20 +170,30 @@ pub trait Iommu: Send + Sync {
     fn inv_kinds(&self) -> &'static [InvKind];
     /// Install `n` 4 KiB leaf PTEs. Returns the number of PTEs written.
     fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64;
-    /// Clear `n` leaf PTEs, freeing emptied table pages, and record the range in `gather`. Returns pages unmapped.
+    /// Clear `n` leaf PTEs, freeing emptied table pages, and record the range in `gather`. Returns pages
+    /// unmapped and the release time (io-pgtable-arm flushes freed tables right here: tlb_flush_walk).
     fn unmap_pages(
         &mut self,
+        now: Time,
+        cpu: usize,
         dom: DomainId,
         iova_pfn: u64,
         n: u64,
         gather: &mut IotlbGather,
-    ) -> u64;
+    ) -> (u64, Time);
     /// After a map: needed only where hardware may cache non-present entries (caching mode) or has RWBF.
-    fn iotlb_sync_map(&mut self, now: Time, dom: DomainId, iova_pfn: u64, n: u64) -> Time;
+    fn iotlb_sync_map(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        dom: DomainId,
+        iova_pfn: u64,
+        n: u64,
+    ) -> Time;
     /// After an unmap (strict): invalidate the gathered range and wait for completion.
-    fn iotlb_sync(&mut self, now: Time, dom: DomainId, gather: &IotlbGather) -> Time;
+    fn iotlb_sync(&mut self, now: Time, cpu: usize, dom: DomainId, gather: &IotlbGather) -> Time;
     /// Whole-domain invalidation and wait (the flush queue's flush_iotlb_all).
-    fn flush_iotlb_all(&mut self, now: Time, dom: DomainId) -> Time;
+    fn flush_iotlb_all(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time;
     /// Device side: translate one 4 KiB page of IOVA.
     fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation;
     /// Physical pfn mapped at `iova_pfn`, if any (iova_to_phys).

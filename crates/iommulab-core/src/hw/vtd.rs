@@ -1,11 +1,10 @@
-//! Intel VT-d (thin model): second-level radix page table, a set-associative IOTLB, one paging-structure cache
-//! per non-leaf level, and queued invalidation (PSI with address mask, DSI, global, wait descriptor) through
-//! one hardware queue shared by all CPUs.
+//! Intel VT-d: second-level page table, IOTLB and paging-structure caches (shared [`Translator`]), and queued
+//! invalidation (PSI with address mask, DSI, global, wait descriptor) through one hardware queue that all CPUs
+//! submit to under the queue lock.
 
-use super::cache::TagCache;
-use super::pgtable::RadixPgtable;
+use super::translator::Translator;
 use super::{DomainId, InvKind, Iommu, IommuCounters, IotlbGather, Translation};
-use crate::scenario::IommuProfile;
+use crate::scenario::{IommuProfile, VtdProfile};
 use crate::sim::{SpinLock, Time};
 
 /// One invalidation descriptor (VT-d spec, "IOTLB Invalidate Descriptor": granularity G, DID, ADDR, AM, IH).
@@ -49,55 +48,24 @@ pub fn psi_aligned(start_pfn: u64, pages: u64) -> (u64, u32) {
 }
 
 pub struct Vtd {
-    cfg: IommuProfile,
-    domains: Vec<Option<RadixPgtable>>,
-    iotlb: TagCache,
-    /// pwc[0] caches top-level entries (F&S PTcache-L1), pwc[levels-2] the entries pointing at leaf tables.
-    pwc: Vec<TagCache>,
+    cfg: VtdProfile,
+    tr: Translator,
     q_lock: SpinLock,
     /// The invalidation hardware as a server: busy while it processes descriptors.
     hw: SpinLock,
-    c: IommuCounters,
-}
-
-#[inline]
-fn tag(dom: DomainId, key: u64) -> u64 {
-    ((dom as u64) << 52) | key
 }
 
 impl Vtd {
-    pub fn new(cfg: &IommuProfile) -> Self {
-        let npwc = cfg.pt_levels.saturating_sub(1) as usize;
+    pub fn new(p: &IommuProfile) -> Self {
         Vtd {
-            cfg: cfg.clone(),
-            domains: Vec::new(),
-            iotlb: TagCache::new(cfg.iotlb_entries as usize, cfg.iotlb_ways as usize),
-            pwc: (0..npwc)
-                .map(|_| {
-                    TagCache::new(
-                        cfg.pwc_entries.max(1) as usize,
-                        cfg.pwc_entries.max(1) as usize,
-                    )
-                })
-                .collect(),
+            cfg: p
+                .vtd
+                .clone()
+                .expect("validated: vendor vtd has [iommu.vtd]"),
+            tr: Translator::new(p),
             q_lock: SpinLock::default(),
             hw: SpinLock::default(),
-            c: IommuCounters::default(),
         }
-    }
-
-    fn pt(&mut self, dom: DomainId) -> &mut RadixPgtable {
-        let i = dom as usize;
-        if self.domains.len() <= i {
-            self.domains.resize_with(i + 1, || None);
-        }
-        let levels = self.cfg.pt_levels;
-        self.domains[i].get_or_insert_with(|| RadixPgtable::new(levels))
-    }
-
-    /// Level (in walk order, 0 = top) → shift of the IOVA pfn its entries are tagged by.
-    fn pwc_shift(&self, i: usize) -> u32 {
-        9 * (self.cfg.pt_levels - 1 - i as u32)
     }
 
     /// Apply a descriptor's effect on the translation caches.
@@ -109,42 +77,17 @@ impl Vtd {
                 am,
                 ih,
             } => {
-                self.c.count(InvKind::Psi, 1);
-                let n = 1u64 << am.min(63);
-                let end = addr_pfn.saturating_add(n);
-                if n <= self.iotlb.entries() as u64 {
-                    for pfn in addr_pfn..end {
-                        self.iotlb.invalidate(tag(dom, pfn), pfn);
-                    }
-                } else {
-                    self.iotlb.invalidate_where(|t| {
-                        t >> 52 == dom as u64 && (addr_pfn..end).contains(&(t & ((1 << 52) - 1)))
-                    });
-                }
-                if !ih {
-                    // IH=0: paging-structure-cache entries for the range go too.
-                    for i in 0..self.pwc.len() {
-                        let s = self.pwc_shift(i);
-                        let (lo, hi) = (addr_pfn >> s, (end - 1) >> s);
-                        self.pwc[i].invalidate_where(|t| {
-                            t >> 52 == dom as u64 && (lo..=hi).contains(&(t & ((1 << 52) - 1)))
-                        });
-                    }
-                }
+                self.tr.c.count(InvKind::Psi, 1);
+                self.tr
+                    .invalidate_range(dom, addr_pfn, 1u64 << am.min(63), ih);
             }
             InvDesc::Dsi { dom } => {
-                self.c.count(InvKind::Dsi, 1);
-                self.iotlb.invalidate_where(|t| t >> 52 == dom as u64);
-                for p in &mut self.pwc {
-                    p.invalidate_where(|t| t >> 52 == dom as u64);
-                }
+                self.tr.c.count(InvKind::Dsi, 1);
+                self.tr.invalidate_domain(dom);
             }
             InvDesc::Global => {
-                self.c.count(InvKind::Global, 1);
-                self.iotlb.invalidate_where(|_| true);
-                for p in &mut self.pwc {
-                    p.invalidate_where(|_| true);
-                }
+                self.tr.c.count(InvKind::Global, 1);
+                self.tr.invalidate_all();
             }
         }
     }
@@ -162,9 +105,9 @@ impl Vtd {
         for &d in descs {
             self.apply(d);
         }
-        self.c.syncs += 1;
-        self.c.submissions += 1;
-        self.c.inv_wait_ns += done - now;
+        self.tr.c.syncs += 1;
+        self.tr.c.submissions += 1;
+        self.tr.c.inv_wait_ns += done - now;
         done
     }
 
@@ -202,29 +145,30 @@ impl Iommu for Vtd {
     }
 
     fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
-        let pt = self.pt(dom);
-        let before = pt.tables_allocated;
-        let w = pt.map(iova_pfn, phys_pfn, n);
-        let grown = pt.tables_allocated - before;
-        self.c.table_pages_allocated += grown;
-        w
+        self.tr.map(dom, iova_pfn, phys_pfn, n)
     }
 
     fn unmap_pages(
         &mut self,
+        now: Time,
+        _cpu: usize,
         dom: DomainId,
         iova_pfn: u64,
         n: u64,
         gather: &mut IotlbGather,
-    ) -> u64 {
-        let (un, freed) = self.pt(dom).unmap(iova_pfn, n);
-        self.c.table_pages_freed += freed as u64;
-        gather.add_range(iova_pfn, n);
-        gather.freed_tables += freed;
-        un
+    ) -> (u64, Time) {
+        // Freed table pages wait for the sync (IH=0 then), unlike io-pgtable-arm's immediate flush_walk.
+        (self.tr.unmap(dom, iova_pfn, n, gather), now)
     }
 
-    fn iotlb_sync_map(&mut self, now: Time, dom: DomainId, iova_pfn: u64, n: u64) -> Time {
+    fn iotlb_sync_map(
+        &mut self,
+        now: Time,
+        _cpu: usize,
+        dom: DomainId,
+        iova_pfn: u64,
+        n: u64,
+    ) -> Time {
         // intel_iommu_iotlb_sync_map → cache_tag_flush_range_np(): a PSI only in caching mode.
         if self.cfg.caching_mode {
             self.flush_range(now, dom, iova_pfn, n, false)
@@ -233,7 +177,7 @@ impl Iommu for Vtd {
         }
     }
 
-    fn iotlb_sync(&mut self, now: Time, dom: DomainId, g: &IotlbGather) -> Time {
+    fn iotlb_sync(&mut self, now: Time, _cpu: usize, dom: DomainId, g: &IotlbGather) -> Time {
         if g.is_empty() {
             return now;
         }
@@ -241,72 +185,21 @@ impl Iommu for Vtd {
         self.flush_range(now, dom, g.start, g.end - g.start + 1, g.freed_tables == 0)
     }
 
-    fn flush_iotlb_all(&mut self, now: Time, dom: DomainId) -> Time {
+    fn flush_iotlb_all(&mut self, now: Time, _cpu: usize, dom: DomainId) -> Time {
         // cache_tag_flush_all(): DSI.
         self.qi_submit_sync(now, &[InvDesc::Dsi { dom }])
     }
 
     fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
-        self.c.translations += 1;
-        let t = tag(dom, iova_pfn);
-        let current = self.iova_to_phys(dom, iova_pfn);
-        if let Some(cached) = self.iotlb.lookup(t, iova_pfn) {
-            let stale = current != Some(cached);
-            self.c.stale_hits += stale as u64;
-            return Translation {
-                iotlb_hit: true,
-                walk_reads: 0,
-                phys: Some(cached),
-                stale,
-            };
-        }
-        self.c.iotlb_misses += 1;
-        // Paging-structure caches, lowest level first; each level missed costs one more memory read.
-        let mut reads = 1; // the leaf PTE
-        let levels = self.pwc.len();
-        let mut i = levels;
-        while i > 0 {
-            let s = self.pwc_shift(i - 1);
-            let key = tag(dom, iova_pfn >> s);
-            if self.pwc[i - 1].lookup(key, iova_pfn >> s).is_some() {
-                break;
-            }
-            self.c.pwc_misses[i - 1] += 1;
-            reads += 1;
-            i -= 1;
-        }
-        self.c.walk_reads += reads;
-        let Some(phys) = current else {
-            self.c.faults += 1;
-            return Translation {
-                iotlb_hit: false,
-                walk_reads: reads as u32,
-                phys: None,
-                stale: false,
-            };
-        };
-        for j in i..levels {
-            let s = self.pwc_shift(j);
-            self.pwc[j].insert(tag(dom, iova_pfn >> s), iova_pfn >> s, 0);
-        }
-        self.iotlb.insert(t, iova_pfn, phys);
-        Translation {
-            iotlb_hit: false,
-            walk_reads: reads as u32,
-            phys: Some(phys),
-            stale: false,
-        }
+        self.tr.translate(dom, iova_pfn)
     }
 
     fn iova_to_phys(&self, dom: DomainId, iova_pfn: u64) -> Option<u64> {
-        self.domains
-            .get(dom as usize)
-            .and_then(|p| p.as_ref())
-            .and_then(|p| p.lookup(iova_pfn))
+        self.tr.lookup(dom, iova_pfn)
     }
 
     fn counters(&self) -> &IommuCounters {
-        &self.c
+        &self.tr.c
     }
 }
 
@@ -319,13 +212,16 @@ pub(crate) mod tests {
         IommuProfile {
             iotlb_entries: 64,
             iotlb_ways: 4,
-            pwc_entries: 16,
+            pwc_entries: vec![16, 16, 16],
             pt_levels: 4,
-            inv_desc_ns: 400,
-            inv_wait_ns: 200,
-            submit_desc_ns: 40,
-            mamv: 9,
-            caching_mode: false,
+            vtd: Some(VtdProfile {
+                inv_desc_ns: 400,
+                inv_wait_ns: 200,
+                submit_desc_ns: 40,
+                mamv: 9,
+                caching_mode: false,
+            }),
+            smmuv3: None,
         }
     }
 
@@ -343,10 +239,14 @@ pub(crate) mod tests {
         let mut v = Vtd::new(&cfg());
         let mut g = IotlbGather::new();
         v.map_pages(1, 0, 100, 1024);
-        v.unmap_pages(1, 0, 1024, &mut g); // 1024 pages: AM 10 > MAMV 9
-        v.iotlb_sync(0, 1, &g);
+        v.unmap_pages(0, 0, 1, 0, 1024, &mut g); // 1024 pages: AM 10 > MAMV 9
+        v.iotlb_sync(0, 0, 1, &g);
         assert_eq!(
-            (v.c.get(InvKind::Psi), v.c.get(InvKind::Dsi), v.c.syncs),
+            (
+                v.tr.c.get(InvKind::Psi),
+                v.tr.c.get(InvKind::Dsi),
+                v.tr.c.syncs
+            ),
             (0, 1, 1)
         );
     }
@@ -389,14 +289,14 @@ pub(crate) mod tests {
         v.map_pages(1, 10, 99, 1);
         v.translate(1, 10);
         let mut g = IotlbGather::new();
-        v.unmap_pages(1, 10, 1, &mut g);
+        v.unmap_pages(0, 0, 1, 10, 1, &mut g);
         let t = v.translate(1, 10);
         assert!(
             t.iotlb_hit && t.stale && t.phys == Some(99),
             "unmapped, not invalidated: stale hit"
         );
-        assert_eq!(v.c.stale_hits, 1);
-        v.iotlb_sync(0, 1, &g);
+        assert_eq!(v.tr.c.stale_hits, 1);
+        v.iotlb_sync(0, 0, 1, &g);
         let t = v.translate(1, 10);
         assert!(!t.iotlb_hit && t.fault());
     }
@@ -442,17 +342,17 @@ pub(crate) mod tests {
                     }
                     Op::Unmap(p, n) => {
                         let g = pending.get_or_insert_with(IotlbGather::new);
-                        v.unmap_pages(1, p, n, g);
+                        v.unmap_pages(0, 0, 1, p, n, g);
                         unsynced.extend(p..p + n);
                     }
                     Op::Sync => {
                         if let Some(g) = pending.take() {
-                            v.iotlb_sync(0, 1, &g);
+                            v.iotlb_sync(0, 0, 1, &g);
                         }
                         unsynced.clear();
                     }
                     Op::FlushAll => {
-                        v.flush_iotlb_all(0, 1);
+                        v.flush_iotlb_all(0, 0, 1);
                         pending = None;
                         unsynced.clear();
                     }
@@ -474,8 +374,8 @@ pub(crate) mod tests {
     #[test]
     fn shared_queue_serialises_cpus() {
         let mut v = Vtd::new(&cfg());
-        let a = v.flush_iotlb_all(0, 1);
-        let b = v.flush_iotlb_all(0, 1);
+        let a = v.flush_iotlb_all(0, 0, 1);
+        let b = v.flush_iotlb_all(0, 0, 1);
         assert_eq!(a, 80 + 400 + 200);
         assert!(b >= a + 600, "second submitter waits behind the first: {b}");
     }
@@ -483,13 +383,13 @@ pub(crate) mod tests {
     #[test]
     fn caching_mode_invalidates_on_map() {
         let mut c = cfg();
-        c.caching_mode = true;
+        c.vtd.as_mut().unwrap().caching_mode = true;
         let mut v = Vtd::new(&c);
         v.map_pages(1, 5, 5, 1);
-        v.iotlb_sync_map(0, 1, 5, 1);
-        assert_eq!(v.c.get(InvKind::Psi), 1);
+        v.iotlb_sync_map(0, 0, 1, 5, 1);
+        assert_eq!(v.tr.c.get(InvKind::Psi), 1);
         let mut v = Vtd::new(&cfg());
-        v.iotlb_sync_map(0, 1, 5, 1);
-        assert_eq!(v.c.get(InvKind::Psi), 0);
+        v.iotlb_sync_map(0, 0, 1, 5, 1);
+        assert_eq!(v.tr.c.get(InvKind::Psi), 0);
     }
 }
