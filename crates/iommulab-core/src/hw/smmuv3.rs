@@ -251,10 +251,10 @@ impl Iommu for Smmuv3 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn cfg(ril: bool, ecmdq: bool) -> IommuProfile {
+    pub(crate) fn cfg(ril: bool, ecmdq: bool) -> IommuProfile {
         IommuProfile {
             iotlb_entries: 2048,
             iotlb_ways: 4,
