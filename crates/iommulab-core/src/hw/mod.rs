@@ -39,6 +39,14 @@ impl IotlbGather {
     pub fn is_empty(&self) -> bool {
         self.start > self.end
     }
+    /// Pages from start to end (0 when empty).
+    pub fn pages(&self) -> u64 {
+        if self.is_empty() {
+            0
+        } else {
+            self.end - self.start + 1
+        }
+    }
     /// iommu_iotlb_gather_add_range(): widen to cover [pfn, pfn + n).
     pub fn add_range(&mut self, pfn: u64, n: u64) {
         self.start = self.start.min(pfn);
@@ -168,8 +176,13 @@ pub trait Iommu: Send + Sync {
     fn name(&self) -> &'static str;
     /// The invalidation types this IOMMU issues (reported, zeros included, in this order).
     fn inv_kinds(&self) -> &'static [InvKind];
+    /// The translation side (page tables, IOTLB, walk caches, counters) the vendor's commands act on.
+    fn translator(&self) -> &translator::Translator;
+    fn translator_mut(&mut self) -> &mut translator::Translator;
     /// Install `n` 4 KiB leaf PTEs. Returns the number of PTEs written.
-    fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64;
+    fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
+        self.translator_mut().map(dom, iova_pfn, phys_pfn, n)
+    }
     /// Clear `n` leaf PTEs, freeing emptied table pages, and record the range in `gather`. Returns pages
     /// unmapped and the release time (io-pgtable-arm flushes freed tables right here: tlb_flush_walk).
     fn unmap_pages(
@@ -195,10 +208,16 @@ pub trait Iommu: Send + Sync {
     /// Whole-domain invalidation and wait (the flush queue's flush_iotlb_all).
     fn flush_iotlb_all(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time;
     /// Device side: translate one 4 KiB page of IOVA.
-    fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation;
+    fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
+        self.translator_mut().translate(dom, iova_pfn)
+    }
     /// Physical pfn mapped at `iova_pfn`, if any (iova_to_phys).
-    fn iova_to_phys(&self, dom: DomainId, iova_pfn: u64) -> Option<u64>;
-    fn counters(&self) -> &IommuCounters;
+    fn iova_to_phys(&self, dom: DomainId, iova_pfn: u64) -> Option<u64> {
+        self.translator().lookup(dom, iova_pfn)
+    }
+    fn counters(&self) -> &IommuCounters {
+        &self.translator().c
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! lock-free insertion still serialises on the producer index) or per-CPU ECMDQs.
 
 use super::translator::Translator;
-use super::{DomainId, InvKind, Iommu, IommuCounters, IotlbGather, Translation, PAGE_SHIFT};
+use super::{DomainId, InvKind, Iommu, IotlbGather, PAGE_SHIFT};
 use crate::scenario::{IommuProfile, Smmuv3Profile};
 use crate::sim::{SpinLock, Time};
 
@@ -180,8 +180,12 @@ impl Iommu for Smmuv3 {
         }
     }
 
-    fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
-        self.tr.map(dom, iova_pfn, phys_pfn, n)
+    fn translator(&self) -> &Translator {
+        &self.tr
+    }
+
+    fn translator_mut(&mut self) -> &mut Translator {
+        &mut self.tr
     }
 
     fn unmap_pages(
@@ -222,7 +226,7 @@ impl Iommu for Smmuv3 {
             return now;
         }
         // arm_smmu_iotlb_sync() → arm_smmu_tlb_inv_range_domain(leaf = true).
-        self.inv_range(now, cpu, dom, g.start, g.end - g.start + 1, true)
+        self.inv_range(now, cpu, dom, g.start, g.pages(), true)
     }
 
     fn flush_iotlb_all(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time {
@@ -235,18 +239,6 @@ impl Iommu for Smmuv3 {
         self.tr.c.count(kind, 1);
         self.tr.invalidate_domain(dom);
         self.issue(now, cpu, 1, true)
-    }
-
-    fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
-        self.tr.translate(dom, iova_pfn)
-    }
-
-    fn iova_to_phys(&self, dom: DomainId, iova_pfn: u64) -> Option<u64> {
-        self.tr.lookup(dom, iova_pfn)
-    }
-
-    fn counters(&self) -> &IommuCounters {
-        &self.tr.c
     }
 }
 

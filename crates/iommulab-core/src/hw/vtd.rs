@@ -3,7 +3,7 @@
 //! submit to under the queue lock.
 
 use super::translator::Translator;
-use super::{DomainId, InvKind, Iommu, IommuCounters, IotlbGather, Translation};
+use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, VtdProfile};
 use crate::sim::{SpinLock, Time};
 
@@ -144,8 +144,12 @@ impl Iommu for Vtd {
         &[InvKind::Psi, InvKind::Dsi, InvKind::Global, InvKind::DevTlb]
     }
 
-    fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
-        self.tr.map(dom, iova_pfn, phys_pfn, n)
+    fn translator(&self) -> &Translator {
+        &self.tr
+    }
+
+    fn translator_mut(&mut self) -> &mut Translator {
+        &mut self.tr
     }
 
     fn unmap_pages(
@@ -182,24 +186,12 @@ impl Iommu for Vtd {
             return now;
         }
         // intel_iommu_tlb_sync(): IH only when no page-table pages were freed.
-        self.flush_range(now, dom, g.start, g.end - g.start + 1, g.freed_tables == 0)
+        self.flush_range(now, dom, g.start, g.pages(), g.freed_tables == 0)
     }
 
     fn flush_iotlb_all(&mut self, now: Time, _cpu: usize, dom: DomainId) -> Time {
         // cache_tag_flush_all(): DSI.
         self.qi_submit_sync(now, &[InvDesc::Dsi { dom }])
-    }
-
-    fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
-        self.tr.translate(dom, iova_pfn)
-    }
-
-    fn iova_to_phys(&self, dom: DomainId, iova_pfn: u64) -> Option<u64> {
-        self.tr.lookup(dom, iova_pfn)
-    }
-
-    fn counters(&self) -> &IommuCounters {
-        &self.tr.c
     }
 }
 
