@@ -170,7 +170,11 @@ def run(scenario: str | os.PathLike | Mapping[str, Any] | None = None, *, progre
     """Run a scenario and return its result: a :class:`RunResult` for one run, a :class:`ResultSet` when the
     scenario compares several (``[compare]``). Overrides are scenario keys, dotted (``**{"os.policy": "strict"}``)
     or with ``__`` (``os__policy="strict"``); setting a compared key pins it."""
-    results = run_variants(load(scenario, overrides), progress)
+    return as_result(run_variants(load(scenario, overrides), progress))
+
+
+def as_result(results: list[RunResult]) -> RunResult | ResultSet:
+    """One run as itself, several as a :class:`ResultSet` (whose ``to_dict()`` is ``{"runs": [...]}``)."""
     return results[0] if len(results) == 1 else ResultSet(results)
 
 

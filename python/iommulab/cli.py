@@ -7,7 +7,7 @@ import json
 import sys
 
 from . import __version__, _core
-from .api import ScenarioError, load, run_variants, stderr_progress
+from .api import ScenarioError, as_result, load, run_variants, stderr_progress
 from .report import format_table
 
 
@@ -57,8 +57,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
     progress = None if (a.json or a.no_progress) else stderr_progress()
     results = run_variants(variants, progress)
     if a.json:
-        doc = results[0].to_dict() if len(results) == 1 else {"runs": [r.to_dict() for r in results]}
-        json.dump(doc, sys.stdout, indent=2)
+        json.dump(as_result(results).to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sc = json.loads(variants[0].scenario_json())
