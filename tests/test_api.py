@@ -119,7 +119,9 @@ def test_invariants_hold_on_random_scenarios(ov):
 FUZZ_KEYS = [
     "run.seed", "os.policy", "os.kernel", "os.arch", "os.cmdline", "os.hz", "platform.profile",
     "platform.iommu.iotlb_entries", "platform.iommu.iotlb_ways", "platform.iommu.pwc_entries",
-    "platform.iommu.pt_levels", "platform.iommu.mamv", "platform.iommu.caching_mode", "platform.iommu.inv_desc_ns",
+    "platform.iommu.ias_bits", "platform.iommu.granule_kb", "platform.iommu.large_pages",
+    "platform.iommu.vtd.mamv", "platform.iommu.vtd.caching_mode", "platform.iommu.vtd.rwbf",
+    "platform.iommu.vtd.inv_desc_ns", "platform.iommu.smmuv3.stage", "platform.pcie.ats", "platform.pcie.atc_entries",
     "platform.memory.pages", "platform.pcie.translation_slots", "platform.pcie.link_gbps",
     "platform.cpu.cores", "platform.cpu.copy_ns_per_byte", "workload.nic_rx.line_rate_gbps",
     "workload.nic_rx.queues", "workload.nic_rx.flows", "workload.nic_rx.mtu", "workload.nic_rx.ring_size",

@@ -1,13 +1,26 @@
 """End-to-end: the iommulab command as a user runs it."""
 
 import json
+import pathlib
+import re
 
 import pytest
 
 from conftest import MINIMAL, SHORT, cli, cli_json
 
-DOCUMENTED_KEYS = {"policy", "throughput_gbps", "cpu_busy", "invalidations", "iova_pages_unmapped", "inv_per_page",
-                   "iotlb_misses_per_page", "sim_seconds"}
+
+def documented_keys():
+    """The run keys the README's "Output keys" table documents (first column, in backticks)."""
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("## Output keys", 1)[1].split("\n## ", 1)[0]
+    keys = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            keys |= set(re.findall(r"`([a-z_0-9]+)`", line.split("|")[1]))
+    return keys
+
+
+DOCUMENTED_KEYS = documented_keys()
 
 
 def test_version_and_help_everywhere():
@@ -34,10 +47,14 @@ def test_json_has_documented_keys_and_a_run_per_policy():
     runs = doc["runs"]
     assert {r["policy"] for r in runs} == {"passthrough", "lazy", "strict"}
     for r in runs:
-        assert DOCUMENTED_KEYS <= set(r), set(r) ^ DOCUMENTED_KEYS
+        assert set(r) == DOCUMENTED_KEYS, set(r) ^ DOCUMENTED_KEYS
         inv = r["invalidations"]
-        assert list(inv) == ["total", "psi", "dsi", "global", "devtlb"]
+        assert list(inv) == ["total", "psi", "dsi", "global", "devtlb", "context_cache", "wbf"]
         assert inv["total"] == inv["psi"] + inv["dsi"] + inv["global"]
+        caches = r["caches"]
+        assert len(caches["pwc"]) == 3 and caches["atc"] == {"hits": 0, "misses": 0}
+        if r["policy"] != "passthrough":
+            assert caches["iotlb"]["hits"] + caches["iotlb"]["misses"] == r["dma_pages"]
 
 
 def test_strict_pays_per_unmap_lazy_batches_passthrough_none():
@@ -111,6 +128,11 @@ def test_bad_scenario_gets_one_line_naming_file_line_and_expectation(write, edit
     (("run", "--bogus"), "unrecognized arguments"),
     (("frobnicate",), "invalid choice"),
     (("scenarios", "nope"), "no such built-in"),
+    (("run", "--set", "platform.iommu.granule_kb=64"), "platform.iommu.granule_kb"),
+    (("run", "--set", "platform.iommu.ias_bits=50"), "platform.iommu.ias_bits"),
+    (("run", "--set", "platform.profile=smmuv3-server", "--set", "platform.iommu.granule_kb=64"),
+     "iommu.pwc_entries`: expected one entry count"),
+    (("run", "--set", "platform.pcie.ats=true", "--set", "platform.pcie.atc_ways=7"), "platform.pcie.atc_ways"),
 ])
 def test_bad_flags_get_one_line(args, what):
     err = one_line_error(cli(*args))
@@ -184,9 +206,32 @@ def test_smmuv3_strict_issues_tlbi_per_unmap_with_cmd_sync_and_lazy_flushes_by_a
     by = {r["policy"]: r for r in doc["runs"]}
     strict, lazy = by["strict"], by["lazy"]
     assert strict["iommu"] == "smmuv3"
-    assert list(strict["invalidations"]) == ["total", "tlbi_nh_va", "tlbi_nh_asid", "atc_inv"]
+    assert list(strict["invalidations"]) == ["total", "tlbi_nh_va", "tlbi_nh_asid", "atc_inv", "cfgi_ste", "cfgi_cd"]
     assert strict["invalidations"]["tlbi_nh_va"] == strict["iova_pages_unmapped"] == strict["syncs"]
     assert lazy["invalidations"]["tlbi_nh_va"] == 0 and lazy["invalidations"]["tlbi_nh_asid"] > 0
     assert strict["throughput_gbps"] < lazy["throughput_gbps"]
     p = cli("profiles", check_rc=0)
     assert "smmuv3-server" in p.stdout and "vtd-server" in p.stdout
+
+
+def test_ats_device_tlb_is_invalidated_with_every_psi_and_serves_hits():
+    doc = cli_json(*SHORT, "--set", "os.policy=strict", "--set", "platform.pcie.ats=true",
+                   "--set", "workload.nic_rx.page_pool=false")
+    inv = doc["invalidations"]
+    assert inv["psi"] > 0 and inv["devtlb"] == inv["psi"], inv
+    assert inv["total"] == inv["psi"] + inv["dsi"] + inv["global"], "device-TLB descriptors are not IOTLB ones"
+    assert doc["syncs"] == inv["psi"], "PSI and device-TLB share one batch and one wait descriptor"
+    assert doc["caches"]["atc"]["misses"] > 0
+    assert doc["stale_translations"] == 0
+
+
+def test_other_table_formats_run_and_walk_their_own_levels():
+    # 64K granule, 48-bit: 3 levels, so 2 walk caches; stage 2 reports TLBI_S2_IPA.
+    doc = cli_json(*SHORT, "--set", "os.policy=strict", "--set", "platform.profile=smmuv3-server",
+                   "--set", "platform.iommu.granule_kb=64", "--set", "platform.iommu.pwc_entries=[28, 348]",
+                   "--set", "platform.iommu.smmuv3.stage=2", "--set", "workload.nic_rx.page_pool=false",
+                   "--set", "workload.nic_rx.line_rate_gbps=40")
+    assert len(doc["pwc_misses_per_page"]) == 2 and len(doc["caches"]["pwc"]) == 2
+    assert doc["invalidations"]["tlbi_s2_ipa"] > 0 and doc["throughput_gbps"] > 0
+    # A 64K IOVA granule per 4K buffer: 16 pages unmapped per buffer.
+    assert doc["iova_pages_unmapped"] % 16 == 0 and doc["iova_pages_unmapped"] > 0

@@ -1,45 +1,57 @@
-//! Speed figures: translations per second on the IOTLB-hit and full-walk paths, and simulated seconds per
+//! Speed figures: translations per second on the IOTLB-hit and full-walk paths of each vendor (and of a VT-d
+//! device with ATS, whose hits come from its ATC), and simulated seconds per
 //! wall-clock second for 200 Gbps strict RX (criterion's "elem/s" there is simulated ns per wall second:
 //! 1 Gelem/s = 1 simulated second per second).
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use iommulab_core::hw::{vtd::Vtd, Iommu};
+use iommulab_core::hw;
 use iommulab_core::run::Simulation;
-use iommulab_core::scenario::{load, IommuProfile, Source};
+use iommulab_core::scenario::{load, Platform, Source};
 
-fn profile() -> IommuProfile {
-    let v = load(Source::Builtin("default"), &[]).expect("default loads");
-    v[0].scenario.platform.iommu.clone()
+/// The platform of the default scenario on `profile`, optionally with an ATS device.
+fn platform(profile: &str, ats: bool) -> Platform {
+    let ov = vec![
+        ("platform.profile".to_string(), profile.to_string()),
+        ("platform.pcie.ats".to_string(), ats.to_string()),
+    ];
+    let v = load(Source::Builtin("default"), &ov).expect("default loads");
+    v[0].scenario.platform.clone()
 }
 
 fn translations(c: &mut Criterion) {
-    let p = profile();
-    let mut g = c.benchmark_group("translate");
     const N: u64 = 4096;
-    g.throughput(Throughput::Elements(N));
-    // IOTLB hits: 16 pages, all resident.
-    let mut v = Vtd::new(&p);
-    v.map_pages(1, 0x1000, 0x9000, 16);
-    g.bench_function("iotlb_hit", |b| {
-        b.iter(|| {
-            for i in 0..N {
-                black_box(v.translate(1, 0x1000 + (i & 15)));
-            }
-        })
-    });
-    // Full walks: pages 2 MiB apart in different 1 GiB regions miss the IOTLB and every walk cache.
-    let mut v = Vtd::new(&p);
-    for i in 0..N {
-        v.map_pages(1, i << 18, i, 1);
+    for (name, profile, ats) in [
+        ("vtd", "vtd-server", false),
+        ("smmuv3", "smmuv3-server", false),
+        ("vtd_ats", "vtd-server", true),
+    ] {
+        let p = platform(profile, ats);
+        let mut g = c.benchmark_group(format!("translate/{name}"));
+        g.throughput(Throughput::Elements(N));
+        // Cache hits (IOTLB, or the device ATC with ATS): 16 pages, all resident.
+        let mut v = hw::build(&p, 1);
+        v.map_pages(1, 0x1000, 0x9000, 16);
+        g.bench_function("iotlb_hit", |b| {
+            b.iter(|| {
+                for i in 0..N {
+                    black_box(v.translate(1, 0x1000 + (i & 15)));
+                }
+            })
+        });
+        // Full walks: pages 1 GiB apart miss the IOTLB and (nearly) every walk cache.
+        let mut v = hw::build(&p, 1);
+        for i in 0..N {
+            v.map_pages(1, i << 18, i, 1);
+        }
+        g.bench_function("full_walk", |b| {
+            b.iter(|| {
+                for i in 0..N {
+                    black_box(v.translate(1, i << 18));
+                }
+            })
+        });
+        g.finish();
     }
-    g.bench_function("full_walk", |b| {
-        b.iter(|| {
-            for i in 0..N {
-                black_box(v.translate(1, i << 18));
-            }
-        })
-    });
-    g.finish();
 }
 
 fn simulation(c: &mut Criterion) {

@@ -163,6 +163,26 @@ impl Host {
     }
 
     /// Run a DMA-layer timer on its CPU; returns the release time.
+    /// Device side of one DMA page: the latency its translation adds to the write (the PCIe base; with
+    /// ATS, nothing more on an ATC hit and a translation-request round trip on a miss; one memory read per
+    /// page-walk level the walk caches did not cover) and whether it faulted.
+    pub fn dma_page(&mut self, iova_pfn: u64) -> (u64, bool) {
+        let pcie = &self.platform.pcie;
+        let base = pcie.dma_base_ns;
+        match self.dma.translate(iova_pfn) {
+            None => (base, false),
+            Some(tr) => {
+                let ats = if tr.ats_request {
+                    pcie.ats_request_ns
+                } else {
+                    0
+                };
+                let walk = tr.walk_reads as u64 * self.platform.memory.walk_read_ns;
+                (base + ats + walk, tr.fault())
+            }
+        }
+    }
+
     pub fn run_dma_timer(&mut self, now: Time, cpu: usize) {
         if !self.cpu_acquire(cpu, now, Event::DmaTimer { cpu: cpu as u32 }) {
             return;

@@ -3,9 +3,8 @@
 use crate::dma::iova::IOVA_DEPOT_DELAY_NS;
 use crate::dma::{default_domain, DmaCore, DmaLayer};
 use crate::host::{Event, Host};
-use crate::hw::{smmuv3::Smmuv3, vtd::Vtd, Iommu};
 use crate::metrics::{RunInfo, RunResult, Snapshot};
-use crate::scenario::{PolicyName, Variant, Vendor};
+use crate::scenario::{PolicyName, Variant};
 use crate::sim::{Rng, Time, NS_PER_MS};
 use crate::workload::{nic_rx::NicRxWorkload, Workload};
 
@@ -44,11 +43,10 @@ impl Simulation {
             other => (other, "set by os.policy".to_string()),
         };
         let cpus = p.cpu.cores as usize;
-        let iommu: Box<dyn Iommu> = match p.vendor {
-            Vendor::Vtd => Box::new(Vtd::new(&p.iommu)),
-            Vendor::Smmuv3 => Box::new(Smmuv3::new(&p.iommu, cpus)),
-        };
-        let core = DmaCore::new(iommu, cpus, &p.cpu, p.iommu.pt_levels);
+        let mut iommu = crate::hw::build(p, cpus);
+        // The device is attached to its DMA domain at probe, before any traffic.
+        iommu.attach_dev(0, 0, 1);
+        let core = DmaCore::new(iommu, cpus, &p.cpu);
         let mut rng = Rng::new(sc.run.seed);
         let host_rng = rng.fork(1);
         let mut host = Host::new(
@@ -174,7 +172,7 @@ impl Simulation {
             iommu: self.host.dma.core.iommu.name(),
             inv_kinds: self.host.dma.core.iommu.inv_kinds(),
             seed: self.seed,
-            pt_levels: self.host.platform.iommu.pt_levels,
+            pwc_levels: self.host.dma.core.iommu.translator().format().levels - 1,
             line_rate_gbps: self.line_rate_gbps,
         };
         RunResult::from_snapshots(&info, &a, &b)

@@ -88,11 +88,17 @@ pub struct Platform {
 pub struct IommuProfile {
     pub iotlb_entries: u32,
     pub iotlb_ways: u32,
-    /// Entries of each paging-structure (walk) cache, top level first: one per non-leaf level; fully
-    /// associative, LRU.
+    /// Entries of each paging-structure (walk) cache, top level first: one per non-leaf level; LRU.
     pub pwc_entries: Vec<u32>,
-    /// Page-table levels walked on an IOTLB miss (4 for 48-bit VT-d second level and 4K-granule LPAE).
-    pub pt_levels: u32,
+    /// Associativity of the walk caches (0 = fully associative).
+    pub pwc_ways: u32,
+    /// Input address bits of the DMA domain's page table (VT-d address width: 48 → 4 levels, 57 → 5;
+    /// LPAE IAS); with the granule it decides the levels a walk reads.
+    pub ias_bits: u32,
+    /// Translation granule in KiB: 4 (VT-d; LPAE), 16 or 64 (LPAE).
+    pub granule_kb: u32,
+    /// Superpages / block mappings (VT-d CAP.SLLPS 2M and 1G; LPAE blocks of the granule).
+    pub large_pages: bool,
     /// Intel VT-d queued invalidation (required when `vendor = "vtd"`).
     pub vtd: Option<VtdProfile>,
     /// Arm SMMUv3 command queue (required when `vendor = "smmuv3"`).
@@ -112,6 +118,10 @@ pub struct VtdProfile {
     pub mamv: u32,
     /// CAP.CM: caching mode (virtual IOMMUs): maps need an invalidation too.
     pub caching_mode: bool,
+    /// CAP.RWBF: the write buffer must be flushed after a map when no invalidation is required.
+    pub rwbf: bool,
+    /// Hardware time of one write-buffer flush (GCMD.WBF until GSTS.WBFS clears).
+    pub wbf_ns: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -151,6 +161,15 @@ pub struct PcieProfile {
     pub link_gbps: f64,
     /// Device on-chip receive buffer; packets beyond it are dropped.
     pub device_buffer_bytes: u64,
+    /// The device uses PCIe ATS: it caches translations in its own ATC and must be invalidated too.
+    pub ats: bool,
+    /// ATC entries and associativity (used when `ats`).
+    pub atc_entries: u32,
+    pub atc_ways: u32,
+    /// Round trip of an ATS translation request on an ATC miss, before the IOMMU's own lookup.
+    pub ats_request_ns: u64,
+    /// Time until the device completes an ATS invalidation request (its ATC drained, response sent).
+    pub ats_inv_ns: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -328,20 +347,23 @@ impl Scenario {
             "expected iotlb_entries to be a non-zero multiple of iotlb_ways",
         )?;
         check(
-            (2..=5).contains(&io.pt_levels),
-            "platform.iommu.pt_levels",
-            "expected 2 to 5 levels",
+            io.pwc_ways == 0 || io.pwc_entries.iter().all(|n| n % io.pwc_ways == 0),
+            "platform.iommu.pwc_ways",
+            "expected 0 (fully associative) or a divisor of every pwc_entries count",
         )?;
+        let fmt = crate::hw::pt_format(self.platform.vendor, io)
+            .map_err(|(k, m)| (vec!["platform".into(), "iommu".into(), k.into()], m))?;
         check(
-            io.pwc_entries.len() == io.pt_levels as usize - 1
+            io.pwc_entries.len() == fmt.levels as usize - 1
                 && io
                     .pwc_entries
                     .iter()
                     .all(|n| (1..=MAX_PWC_ENTRIES).contains(n)),
             "platform.iommu.pwc_entries",
             format!(
-                "expected one entry count (1..={MAX_PWC_ENTRIES}) per non-leaf level: {} values",
-                io.pt_levels - 1
+                "expected one entry count (1..={MAX_PWC_ENTRIES}) per non-leaf level of the {}-level table: {} values",
+                fmt.levels,
+                fmt.levels - 1
             ),
         )?;
         match self.platform.vendor {
@@ -380,6 +402,18 @@ impl Scenario {
             "platform.pcie.translation_slots",
             "expected 1..=65536",
         )?;
+        if pcie.ats {
+            check(
+                (1..=MAX_CACHE_ENTRIES).contains(&pcie.atc_entries),
+                "platform.pcie.atc_entries",
+                format!("expected 1..={MAX_CACHE_ENTRIES} entries"),
+            )?;
+            check(
+                pcie.atc_ways > 0 && pcie.atc_entries.is_multiple_of(pcie.atc_ways),
+                "platform.pcie.atc_ways",
+                "expected atc_entries to be a non-zero multiple of atc_ways",
+            )?;
+        }
         check(
             finite_pos(pcie.link_gbps),
             "platform.pcie.link_gbps",
@@ -841,7 +875,7 @@ mod tests {
     fn minimal_scenario_loads() {
         let v = text(MIN).unwrap();
         assert_eq!(v.len(), 1);
-        assert_eq!(v[0].scenario.platform.iommu.pt_levels, 4);
+        assert_eq!(v[0].scenario.platform.iommu.ias_bits, 48);
     }
 
     #[test]
@@ -954,7 +988,7 @@ mod tests {
         );
     }
 
-    /// Every number (or array of numbers) in a profile, as its dotted key.
+    /// Every number, capability flag or array of numbers in a profile, as its dotted key.
     fn numeric_keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
         for (k, v) in t {
             let key = if prefix.is_empty() {
@@ -963,7 +997,9 @@ mod tests {
                 format!("{prefix}.{k}")
             };
             match v {
-                toml::Value::Integer(_) | toml::Value::Float(_) => out.push(key),
+                toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
+                    out.push(key)
+                }
                 toml::Value::Array(a) if a.iter().all(|x| x.is_integer() || x.is_float()) => {
                     out.push(key)
                 }
@@ -974,7 +1010,7 @@ mod tests {
     }
 
     #[test]
-    fn builtin_profiles_cite_a_source_for_every_number() {
+    fn builtin_profiles_cite_a_source_for_every_number_and_flag() {
         for (name, text) in BUILTIN_PROFILES {
             let t: toml::Table = toml::from_str(text).unwrap();
             let sources = t

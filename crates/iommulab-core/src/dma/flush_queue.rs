@@ -55,7 +55,7 @@ impl FlushQueue {
                 break;
             }
             let e = self.rings[ring].pop_front().expect("front exists");
-            t = core.iovad.free_fast(t, cpu, e.iova_pfn, e.pages);
+            t = core.free_iova(t, cpu, e.iova_pfn, e.pages);
         }
         t
     }
@@ -123,26 +123,14 @@ impl DmaPolicy for FlushQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hw::vtd::Vtd;
-    use crate::scenario::CpuProfile;
 
     pub(crate) fn core(cpus: usize) -> DmaCore {
         let io = crate::hw::vtd::tests::cfg();
-        let cpu = CpuProfile {
-            cores: cpus as u32,
-            stack_ns_per_packet: 0,
-            copy_ns_per_byte: 0.0,
-            wakeup_ns: 0,
-            page_alloc_ns: 0,
-            dma_iommu_op_ns: 50,
-            dma_direct_op_ns: 10,
-            pte_ns: 10,
-            iova_rcache_ns: 20,
-            iova_rbtree_ns: 100,
-            lock_ns: 10,
-            fq_entry_ns: 10,
-        };
-        DmaCore::new(Box::new(Vtd::new(&io)), cpus, &cpu, 4)
+        DmaCore::new(
+            Box::new(crate::hw::vtd::tests::vtd(&io)),
+            cpus,
+            &crate::dma::tests::costs(cpus),
+        )
     }
 
     #[test]

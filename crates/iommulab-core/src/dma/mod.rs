@@ -35,38 +35,53 @@ pub struct DmaCore {
     pub dom: DomainId,
     pub costs: CpuProfile,
     pub stats: DmaStats,
-    /// Device DMA mask in pfns (64-bit capable device, limited by the page table's input size).
-    dma_limit_pfn: u64,
+    /// Device DMA mask in IOVA granules (64-bit capable device, limited by the page table's input size).
+    dma_limit: u64,
+    /// 4 KiB pages per IOVA granule (iovad->granule: the IOMMU's smallest page size).
+    granule: u64,
     /// dev->iommu->pci_32bit_workaround: try below 4 GiB first until that fails once.
     pci_32bit_workaround: bool,
     /// A timer the policy armed, for the engine to schedule: (expiry, CPU that armed it).
     pub timer_request: Option<(Time, usize)>,
 }
 
+/// 4 GiB in 4 KiB pages: the first try for PCI devices (iommu_dma_alloc_iova, DMA_BIT_MASK(32)).
+const PFN_4G: u64 = 1 << 20;
+
 impl DmaCore {
-    pub fn new(iommu: Box<dyn Iommu>, cpus: usize, costs: &CpuProfile, pt_levels: u32) -> Self {
+    pub fn new(iommu: Box<dyn Iommu>, cpus: usize, costs: &CpuProfile) -> Self {
         let ic = IovaCosts {
             rcache_ns: costs.iova_rcache_ns,
             rbtree_ns: costs.iova_rbtree_ns,
             lock_ns: costs.lock_ns,
         };
+        let fmt = *iommu.translator().format();
         DmaCore {
             iommu,
             iovad: IovaDomain::new(1, cpus, ic),
             dom: 1,
             costs: costs.clone(),
             stats: DmaStats::default(),
-            dma_limit_pfn: (1u64 << (9 * pt_levels)) - 1,
+            dma_limit: fmt.max_gpfn(),
+            granule: fmt.granule_pages(),
             pci_32bit_workaround: true,
             timer_request: None,
         }
     }
 
-    /// iommu_dma_alloc_iova(): PCI devices first try below 4 GiB without flushing the rcaches.
-    fn alloc_iova(&mut self, now: Time, cpu: usize, pages: u64) -> (Option<u64>, Time) {
+    /// iova_offset / iova_align: [pfn, pfn + pages) as whole granules: (first 4 KiB pfn, offset, granules).
+    fn granules(&self, pfn: u64, pages: u64) -> (u64, u64, u64) {
+        let off = pfn % self.granule;
+        (pfn - off, off, (pages + off).div_ceil(self.granule))
+    }
+
+    /// iommu_dma_alloc_iova(): PCI devices first try below 4 GiB without flushing the rcaches. Sizes and
+    /// results in granules.
+    fn alloc_iova(&mut self, now: Time, cpu: usize, granules: u64) -> (Option<u64>, Time) {
         let mut t = now;
-        if self.pci_32bit_workaround && self.dma_limit_pfn > (1 << 20) - 1 {
-            let (p, t2) = self.iovad.alloc_fast(t, cpu, pages, (1 << 20) - 1, false);
+        let limit_32 = PFN_4G / self.granule - 1;
+        if self.pci_32bit_workaround && self.dma_limit > limit_32 {
+            let (p, t2) = self.iovad.alloc_fast(t, cpu, granules, limit_32, false);
             if p.is_some() {
                 return (p, t2);
             }
@@ -74,10 +89,18 @@ impl DmaCore {
             self.pci_32bit_workaround = false;
         }
         self.iovad
-            .alloc_fast(t, cpu, pages, self.dma_limit_pfn, true)
+            .alloc_fast(t, cpu, granules, self.dma_limit, true)
     }
 
-    /// __iommu_dma_map(): allocate IOVA, write the PTEs, iotlb_sync_map. Returns (iova pfn, release time).
+    /// iommu_dma_free_iova() → free_iova_fast() for a range handed out by [`DmaCore::iommu_map`].
+    pub fn free_iova(&mut self, now: Time, cpu: usize, iova_pfn: u64, pages: u64) -> Time {
+        let (base, _, n) = self.granules(iova_pfn, pages);
+        self.iovad.free_fast(now, cpu, base / self.granule, n)
+    }
+
+    /// __iommu_dma_map(): allocate IOVA, write the PTEs, iotlb_sync_map. The physical range is widened to
+    /// whole granules (with a 16K or 64K granule the device reaches the neighbours of a 4K buffer too).
+    /// Returns (iova pfn of `phys_pfn`, release time).
     pub fn iommu_map(
         &mut self,
         now: Time,
@@ -86,17 +109,20 @@ impl DmaCore {
         pages: u64,
     ) -> Option<(u64, Time)> {
         let t = now + self.costs.dma_iommu_op_ns;
-        let (iova, t) = self.alloc_iova(t, cpu, pages);
+        let (phys_base, off, n) = self.granules(phys_pfn, pages);
+        let (iova, t) = self.alloc_iova(t, cpu, n);
         let Some(iova) = iova else {
             self.stats.map_failures += 1;
             return None;
         };
-        let written = self.iommu.map_pages(self.dom, iova, phys_pfn, pages);
+        let iova = iova * self.granule;
+        let len = n * self.granule;
+        let written = self.iommu.map_pages(self.dom, iova, phys_base, len);
         let t = t + written * self.costs.pte_ns;
-        let t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, pages);
+        let t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, len);
         self.stats.maps += 1;
-        self.stats.pages_mapped += pages;
-        Some((iova, t))
+        self.stats.pages_mapped += len;
+        Some((iova + off, t))
     }
 
     /// iommu_unmap_fast(): clear the PTEs into a gather. Returns the gather and the time.
@@ -108,13 +134,16 @@ impl DmaCore {
         pages: u64,
     ) -> (IotlbGather, Time) {
         let mut g = IotlbGather::new();
+        let (base, _, n) = self.granules(iova_pfn, pages);
         let t = now + self.costs.dma_iommu_op_ns;
+        let before = self.iommu.counters().ptes_cleared;
         let (un, t) = self
             .iommu
-            .unmap_pages(t, cpu, self.dom, iova_pfn, pages, &mut g);
+            .unmap_pages(t, cpu, self.dom, base, n * self.granule, &mut g);
         self.stats.unmaps += 1;
         self.stats.iova_pages_unmapped += un;
-        (g, t + un * self.costs.pte_ns)
+        let ptes = self.iommu.counters().ptes_cleared - before;
+        (g, t + ptes * self.costs.pte_ns)
     }
 }
 
@@ -183,5 +212,63 @@ impl DmaLayer {
         } else {
             None
         }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// DMA-layer costs for unit tests.
+    pub(crate) fn costs(cpus: usize) -> CpuProfile {
+        CpuProfile {
+            cores: cpus as u32,
+            stack_ns_per_packet: 0,
+            copy_ns_per_byte: 0.0,
+            wakeup_ns: 0,
+            page_alloc_ns: 0,
+            dma_iommu_op_ns: 50,
+            dma_direct_op_ns: 10,
+            pte_ns: 10,
+            iova_rcache_ns: 20,
+            iova_rbtree_ns: 100,
+            lock_ns: 10,
+            fq_entry_ns: 10,
+        }
+    }
+
+    #[test]
+    fn sixty_four_k_granule_maps_whole_granules() {
+        let mut io = crate::hw::smmuv3::tests::cfg(true, false);
+        io.granule_kb = 64;
+        io.pwc_entries = vec![4, 28];
+        let mut c = DmaCore::new(
+            Box::new(crate::hw::smmuv3::tests::smmu(&io, 1)),
+            1,
+            &costs(1),
+        );
+        let (iova, _) = c.iommu_map(0, 0, 17, 1).unwrap();
+        assert_eq!(
+            iova % 16,
+            1,
+            "iova_offset keeps the page's place in its 64K granule"
+        );
+        assert_eq!(c.iommu.iova_to_phys(c.dom, iova), Some(17));
+        // The device reaches the 15 neighbours sharing the granule too.
+        assert_eq!(c.iommu.iova_to_phys(c.dom, iova - 1), Some(16));
+        assert_eq!(c.iommu.iova_to_phys(c.dom, iova + 14), Some(31));
+        assert_eq!(c.stats.pages_mapped, 16);
+        let (g, _) = c.unmap_ptes(0, 0, iova, 1);
+        assert_eq!(
+            (g.start, g.pages(), c.stats.iova_pages_unmapped),
+            (iova - 1, 16, 16)
+        );
+        let t = c.free_iova(0, 0, iova, 1);
+        let (again, _) = c.iommu_map(t, 0, 40, 1).unwrap();
+        assert_eq!(
+            again,
+            iova - 1 + 8,
+            "the freed granule comes back from the rcache"
+        );
     }
 }

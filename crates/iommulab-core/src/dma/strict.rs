@@ -21,6 +21,6 @@ impl DmaPolicy for Strict {
         let (g, t) = core.unmap_ptes(now, cpu, iova_pfn, pages);
         // iommu_iotlb_sync(): invalidate and wait, then iommu_dma_free_iova() → free_iova_fast().
         let t = core.iommu.iotlb_sync(t, cpu, core.dom, &g);
-        core.iovad.free_fast(t, cpu, iova_pfn, pages)
+        core.free_iova(t, cpu, iova_pfn, pages)
     }
 }

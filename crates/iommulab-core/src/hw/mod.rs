@@ -10,9 +10,43 @@ pub mod smmuv3;
 pub mod translator;
 pub mod vtd;
 
+use crate::scenario::{IommuProfile, Platform, Vendor};
 use crate::sim::Time;
+pub use pgtable::PtFormat;
 
 pub type DomainId = u16;
+
+/// The page-table format a vendor's DMA domains use, from the profile. Errors name the profile key.
+pub fn pt_format(vendor: Vendor, p: &IommuProfile) -> Result<PtFormat, (&'static str, String)> {
+    match vendor {
+        Vendor::Vtd => {
+            if p.granule_kb != 4 {
+                return Err(("granule_kb", "expected 4: VT-d pages are 4 KiB".into()));
+            }
+            PtFormat::vtd(p.ias_bits, p.large_pages).map_err(|m| ("ias_bits", m))
+        }
+        Vendor::Smmuv3 => {
+            let stage = p.smmuv3.as_ref().map_or(1, |s| s.stage);
+            match p.granule_kb {
+                4 | 16 | 64 => {}
+                _ => return Err(("granule_kb", "expected a granule of 4, 16 or 64 KiB".into())),
+            }
+            PtFormat::lpae(p.granule_kb, p.ias_bits, stage, p.large_pages)
+                .map_err(|m| ("ias_bits", m))
+        }
+    }
+}
+
+/// Build the platform's IOMMU (the scenario was validated, so the format is valid).
+pub fn build(p: &Platform, cpus: usize) -> Box<dyn Iommu> {
+    let fmt = pt_format(p.vendor, &p.iommu).expect("validated platform");
+    let atc = p.pcie.ats.then_some((p.pcie.atc_entries, p.pcie.atc_ways));
+    let tr = translator::Translator::new(&p.iommu, fmt, atc);
+    match p.vendor {
+        Vendor::Vtd => Box::new(vtd::Vtd::new(&p.iommu, tr, p.pcie.ats_inv_ns)),
+        Vendor::Smmuv3 => Box::new(smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns)),
+    }
+}
 
 pub const PAGE_SHIFT: u32 = 12;
 pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
@@ -26,6 +60,8 @@ pub struct IotlbGather {
     pub end: u64,
     /// Page-table pages freed by the unmap (their walk-cache entries must go: no IH).
     pub freed_tables: u32,
+    /// log2 bytes of the leaf pages unmapped (gather->pgsize; the largest when sizes were mixed).
+    pub pgsize_shift: u32,
 }
 
 impl IotlbGather {
@@ -34,6 +70,7 @@ impl IotlbGather {
             start: u64::MAX,
             end: 0,
             freed_tables: 0,
+            pgsize_shift: 0,
         }
     }
     pub fn is_empty(&self) -> bool {
@@ -57,13 +94,18 @@ impl IotlbGather {
 /// What one device-side translation did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Translation {
+    /// Served by the device's ATS cache (no request reached the IOMMU).
+    pub atc_hit: bool,
+    /// The device missed its ATS cache and sent a translation request to the IOMMU.
+    pub ats_request: bool,
     pub iotlb_hit: bool,
     /// Page-walk memory reads needed (0 on an IOTLB hit).
     pub walk_reads: u32,
     /// The physical pfn the DMA reaches (None: it faults).
     pub phys: Option<u64>,
     /// The translation came from a cached entry the page table no longer holds (unmapped or remapped
-    /// but not yet invalidated): the device reached a page it should not.
+    /// but not yet invalidated): through the IOTLB or ATC the device reached `phys`, a page it should
+    /// not; through a walk cache it read a cleared table page (`phys` None).
     pub stale: bool,
 }
 
@@ -94,9 +136,17 @@ pub enum InvKind {
     TlbiS12Vmall,
     /// SMMUv3 CMD_ATC_INV (ATS translation cache in the device).
     AtcInv,
+    /// VT-d context-cache invalidation (a device's context entry changed).
+    ContextCache,
+    /// VT-d write-buffer flush (GCMD.WBF, hardware with CAP.RWBF).
+    Wbf,
+    /// SMMUv3 CMD_CFGI_STE (a stream table entry changed).
+    CfgiSte,
+    /// SMMUv3 CMD_CFGI_CD (a context descriptor changed).
+    CfgiCd,
 }
 
-pub const INV_KINDS: usize = 9;
+pub const INV_KINDS: usize = 13;
 
 impl InvKind {
     pub const ALL: [InvKind; INV_KINDS] = [
@@ -109,6 +159,10 @@ impl InvKind {
         InvKind::TlbiNhAsid,
         InvKind::TlbiS12Vmall,
         InvKind::AtcInv,
+        InvKind::ContextCache,
+        InvKind::Wbf,
+        InvKind::CfgiSte,
+        InvKind::CfgiCd,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -121,11 +175,25 @@ impl InvKind {
             InvKind::TlbiNhAsid => "tlbi_nh_asid",
             InvKind::TlbiS12Vmall => "tlbi_s12_vmall",
             InvKind::AtcInv => "atc_inv",
+            InvKind::ContextCache => "context_cache",
+            InvKind::Wbf => "wbf",
+            InvKind::CfgiSte => "cfgi_ste",
+            InvKind::CfgiCd => "cfgi_cd",
         }
     }
-    /// IOMMU TLB invalidations (counted in `invalidations.total`); device-side ATC/device-TLB ones are not.
+    /// IOMMU TLB invalidations (counted in `invalidations.total`); device-side ATC/device-TLB ones and
+    /// configuration-cache or write-buffer flushes are not.
     pub fn is_iotlb(self) -> bool {
-        !matches!(self, InvKind::DevTlb | InvKind::AtcInv)
+        matches!(
+            self,
+            InvKind::Psi
+                | InvKind::Dsi
+                | InvKind::Global
+                | InvKind::TlbiNhVa
+                | InvKind::TlbiS2Ipa
+                | InvKind::TlbiNhAsid
+                | InvKind::TlbiS12Vmall
+        )
     }
 }
 
@@ -141,13 +209,20 @@ pub struct IommuCounters {
     /// Time CPUs spent waiting for invalidation completion.
     pub inv_wait_ns: u64,
     pub translations: u64,
+    /// Device ATS-cache hits and misses (zero without ATS).
+    pub atc_hits: u64,
+    pub atc_misses: u64,
+    /// IOTLB lookups that missed (hits = lookups - misses; lookups = translations - ATC hits).
     pub iotlb_misses: u64,
-    /// Paging-structure-cache misses per non-leaf level, top level first (F&S PTcache-L1, L2, L3).
+    /// Paging-structure-cache hits and misses per non-leaf level, top level first (F&S PTcache-L1, L2, L3).
+    pub pwc_hits: [u64; 4],
     pub pwc_misses: [u64; 4],
     pub walk_reads: u64,
     pub faults: u64,
     /// Translations served from an entry the page table no longer holds.
     pub stale_hits: u64,
+    /// Leaf entries (pages or blocks) cleared by unmaps.
+    pub ptes_cleared: u64,
     /// Page-table pages allocated and freed by map/unmap.
     pub table_pages_allocated: u64,
     pub table_pages_freed: u64,
@@ -207,6 +282,13 @@ pub trait Iommu: Send + Sync {
     fn iotlb_sync(&mut self, now: Time, cpu: usize, dom: DomainId, gather: &IotlbGather) -> Time;
     /// Whole-domain invalidation and wait (the flush queue's flush_iotlb_all).
     fn flush_iotlb_all(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time;
+    /// attach_dev: install the device's context (VT-d context/PASID entry, SMMUv3 STE and CD) pointing at
+    /// `dom` and invalidate what the hardware may have cached of the old one.
+    fn attach_dev(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time;
+    /// 4 KiB pages per translation granule (the IOVA granule of the DMA layer).
+    fn granule_pages(&self) -> u64 {
+        self.translator().format().granule_pages()
+    }
     /// Device side: translate one 4 KiB page of IOVA.
     fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
         self.translator_mut().translate(dom, iova_pfn)
@@ -237,39 +319,78 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (0u64..64, 1u64..4).prop_map(|(p, n)| Op::Map(p, n)),
+            // Aligned 2 MiB regions: superpages / blocks where the format has them.
+            (1u64..4).prop_map(|k| Op::Map(k * 512, 512)),
             (0u64..64, 1u64..4).prop_map(|(p, n)| Op::Unmap(p, n)),
+            (0u64..2048, 1u64..600).prop_map(|(p, n)| Op::Unmap(p, n)),
             Just(Op::Sync),
             Just(Op::FlushAll),
             (0u64..67).prop_map(Op::Translate),
+            (0u64..2048).prop_map(Op::Translate),
         ]
     }
 
+    /// An IOMMU of either vendor, in one of the table formats, with or without a device ATC.
+    fn iommu(kind: u8, ats: bool) -> Box<dyn Iommu> {
+        let atc = ats.then_some(16);
+        match kind {
+            0 => Box::new(vtd::tests::vtd_with(&vtd::tests::cfg(), atc)),
+            1 => Box::new(smmuv3::tests::smmu_with(
+                &smmuv3::tests::cfg(true, false),
+                1,
+                atc,
+            )),
+            2 => Box::new(smmuv3::tests::smmu_with(
+                &smmuv3::tests::cfg(false, false),
+                1,
+                atc,
+            )),
+            _ => {
+                let mut c = smmuv3::tests::cfg(true, false);
+                c.granule_kb = 64;
+                c.pwc_entries = vec![4, 28];
+                Box::new(smmuv3::tests::smmu_with(&c, 1, atc))
+            }
+        }
+    }
+
     proptest! {
-        /// Once an invalidation covering an IOVA has completed, no translation of it hits a stale entry;
-        /// a stale hit happens only for an IOVA unmapped (or remapped) since its last covering invalidation.
+        /// Once an invalidation covering an IOVA has completed, no translation of it hits a stale IOTLB,
+        /// walk-cache or ATC entry; a stale hit happens only for an IOVA unmapped (or remapped) since its
+        /// last covering invalidation, and every one is counted.
         #[test]
-        fn no_stale_hit_after_covering_invalidation(smmu in any::<bool>(), ops in proptest::collection::vec(op(), 1..300)) {
-            let mut v: Box<dyn Iommu> = if smmu { Box::new(smmuv3::Smmuv3::new(&smmuv3::tests::cfg(true, false), 1)) } else { Box::new(vtd::Vtd::new(&vtd::tests::cfg())) };
-            let mut phys_next = 1000;
+        fn no_stale_hit_after_covering_invalidation(kind in 0u8..4, ats in any::<bool>(), ops in proptest::collection::vec(op(), 1..300)) {
+            let mut v = iommu(kind, ats);
+            let g = v.granule_pages();
+            let mut phys_next = 4096;
             let mut pending: Option<IotlbGather> = None; // unmapped, not yet synced
             let mut unsynced = std::collections::BTreeSet::new();
             let mut stale_seen = 0;
             for o in ops {
                 match o {
                     Op::Map(p, n) => {
-                        if (p..p + n).all(|x| v.iova_to_phys(1, x).is_none()) {
-                            v.map_pages(1, p, phys_next, n);
-                            phys_next += n;
+                        let (lo, hi) = (p / g * g, (p + n).div_ceil(g) * g);
+                        if (lo..hi).all(|x| v.iova_to_phys(1, x).is_none()) {
+                            // Physical address with the IOVA's offset inside 2 MiB, so blocks can form.
+                            let phys = phys_next + lo % 512;
+                            v.map_pages(1, lo, phys, hi - lo);
+                            phys_next += 1024;
                         }
                     }
                     Op::Unmap(p, n) => {
-                        let g = pending.get_or_insert_with(IotlbGather::new);
-                        v.unmap_pages(0, 0, 1, p, n, g);
-                        unsynced.extend(p..p + n);
+                        let gather = pending.get_or_insert_with(IotlbGather::new);
+                        let mut one = IotlbGather::new();
+                        v.unmap_pages(0, 0, 1, p, n, &mut one);
+                        if !one.is_empty() {
+                            unsynced.extend(one.start..=one.end);
+                            gather.add_range(one.start, one.pages());
+                            gather.freed_tables += one.freed_tables;
+                            gather.pgsize_shift = gather.pgsize_shift.max(one.pgsize_shift);
+                        }
                     }
                     Op::Sync => {
-                        if let Some(g) = pending.take() {
-                            v.iotlb_sync(0, 0, 1, &g);
+                        if let Some(gather) = pending.take() {
+                            v.iotlb_sync(0, 0, 1, &gather);
                         }
                         unsynced.clear();
                     }
@@ -285,6 +406,8 @@ mod tests {
                             prop_assert!(unsynced.contains(&p), "stale hit on {} after its invalidation", p);
                         } else if let Some(ph) = t.phys {
                             prop_assert_eq!(Some(ph), v.iova_to_phys(1, p));
+                        } else {
+                            prop_assert_eq!(v.iova_to_phys(1, p), None);
                         }
                     }
                 }

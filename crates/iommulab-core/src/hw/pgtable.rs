@@ -1,62 +1,227 @@
-//! A radix I/O page table with 512 eight-byte entries per 4 KiB table page (VT-d second level, ARM LPAE 4K
-//! granule). 4 KiB leaves only in this model; map allocates table pages, unmap frees a table page only when
-//! the unmapped range covers its whole span, as intel/iommu.c dma_pte_clear_level() and io-pgtable-arm do.
+//! I/O page tables in the vendors' radix formats: VT-d second level (4 KiB pages, 2 MiB/1 GiB superpages,
+//! 4 or 5 levels) and Arm LPAE stage 1 / stage 2 (4K, 16K or 64K granule, blocks, stage-2 concatenated
+//! start level). Addresses here are in granule pfns; levels count up from the leaf (level 1 holds pages).
+//!
+//! Map chooses page sizes as iommu.c iommu_pgsize() does; unmap frees a table page only when the range
+//! covers its whole span, as intel/iommu.c dma_pte_clear_level() and io-pgtable-arm __arm_lpae_unmap() do.
 
-const ENTRIES: usize = 512;
-const BITS: u32 = 9;
+/// Bytes per page-table entry (both formats use 64-bit descriptors).
+const PTE_SHIFT: u32 = 3;
+/// io-pgtable-arm.c ARM_LPAE_S2_MAX_CONCAT_PAGES: stage-2 start tables concatenated up to 16 pages.
+const S2_MAX_CONCAT_PAGES: u32 = 16;
+/// Entry marks (0 = not present): a leaf (page or block) carries its physical granule pfn + 1 with this
+/// bit; a table pointer carries the child's slot + 1.
+const LEAF: u64 = 1 << 63;
 
-struct Table {
-    e: Box<[u64; ENTRIES]>,
-    live: u32,
+/// A page-table format: what a walk reads and which levels may hold leaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PtFormat {
+    /// log2 of the translation granule in bytes (12, 14, 16).
+    pub granule_shift: u32,
+    /// Index bits per table below the top (granule_shift - 3).
+    pub bits: u32,
+    /// Levels a full walk reads.
+    pub levels: u32,
+    /// Index bits of the top table (pgd_bits; wider than `bits` for a concatenated stage-2 start level).
+    pub top_bits: u32,
+    /// Bit L set: level L may hold a leaf (bit 1 always; higher bits are superpages / blocks).
+    pub leaf_levels: u32,
 }
 
-/// Entries store `value + 1` (0 = not present): a child table index for non-leaf levels, a phys pfn for leaves.
+impl PtFormat {
+    /// VT-d second-level table for an address width of `aw_bits` (SAGAW: 48 → 4 levels, 57 → 5);
+    /// `superpages` = CAP.SLLPS 2 MiB and 1 GiB.
+    pub fn vtd(aw_bits: u32, superpages: bool) -> Result<Self, String> {
+        let levels = match aw_bits {
+            39 => 3,
+            48 => 4,
+            57 => 5,
+            _ => return Err("expected a VT-d address width of 39, 48 or 57 bits".into()),
+        };
+        Ok(PtFormat {
+            granule_shift: 12,
+            bits: 9,
+            levels,
+            top_bits: 9,
+            leaf_levels: if superpages { 0b1110 } else { 0b10 },
+        })
+    }
+
+    /// Arm LPAE table (io-pgtable-arm arm_lpae_alloc_pgtable): granule 4/16/64 KiB, input size `ias_bits`,
+    /// stage 1 or 2, block mappings as arm_lpae_restrict_pgsizes() allows them (4K: 2M, 1G; 16K: 32M;
+    /// 64K: 512M).
+    pub fn lpae(granule_kb: u32, ias_bits: u32, stage: u32, blocks: bool) -> Result<Self, String> {
+        let granule_shift = match granule_kb {
+            4 => 12,
+            16 => 14,
+            64 => 16,
+            _ => return Err("expected a granule of 4, 16 or 64 KiB".into()),
+        };
+        if !(32..=48).contains(&ias_bits) {
+            return Err("expected an input address size of 32..=48 bits".into());
+        }
+        let bits = granule_shift - PTE_SHIFT;
+        let va_bits = ias_bits - granule_shift;
+        let mut levels = va_bits.div_ceil(bits);
+        let mut top_bits = va_bits - bits * (levels - 1);
+        // arm_64_lpae_alloc_pgtable_s2(): concatenate a small level-0 table into the level-1 tables.
+        if stage == 2 && levels == 4 && (1u32 << top_bits) <= S2_MAX_CONCAT_PAGES {
+            top_bits += bits;
+            levels -= 1;
+        }
+        let block_levels = match granule_kb {
+            4 => 0b1100,
+            _ => 0b100,
+        };
+        let leaf_levels = 0b10
+            | if blocks {
+                block_levels & ((1 << levels) - 1)
+            } else {
+                0
+            };
+        Ok(PtFormat {
+            granule_shift,
+            bits,
+            levels,
+            top_bits,
+            leaf_levels,
+        })
+    }
+
+    /// 4 KiB pages per granule.
+    pub fn granule_pages(&self) -> u64 {
+        1 << (self.granule_shift - 12)
+    }
+
+    /// log2 of the granule pfns one entry at `level` spans.
+    #[inline]
+    pub fn span_shift(&self, level: u32) -> u32 {
+        self.bits * (level - 1)
+    }
+
+    /// Granule pfns the table can address.
+    pub fn max_gpfn(&self) -> u64 {
+        (1u64 << (self.bits * (self.levels - 1) + self.top_bits)) - 1
+    }
+
+    fn entries(&self, level: u32) -> usize {
+        1 << if level == self.levels {
+            self.top_bits
+        } else {
+            self.bits
+        }
+    }
+
+    #[inline]
+    fn index(&self, gpfn: u64, level: u32) -> usize {
+        let mask = self.entries(level) as u64 - 1;
+        ((gpfn >> self.span_shift(level)) & mask) as usize
+    }
+
+    /// iommu.c iommu_pgsize(): the leaf level to map [iova, iova + size) of granule pfns with, and how many
+    /// pages of it before a larger page size could take over.
+    pub fn pgsize(&self, iova: u64, phys: u64, size: u64) -> (u32, u64) {
+        let addr_merge = iova | phys;
+        let fits = |l: u32| {
+            let s = self.span_shift(l);
+            (1u64 << s) <= size && (addr_merge == 0 || addr_merge.trailing_zeros() >= s)
+        };
+        let level = (1..=self.levels)
+            .rev()
+            .find(|&l| self.leaf_levels & (1 << l) != 0 && fits(l))
+            .unwrap_or(1);
+        let shift = self.span_shift(level);
+        let mut size = size;
+        if let Some(next) = (level + 1..=self.levels).find(|&l| self.leaf_levels & (1 << l) != 0) {
+            let span_next = 1u64 << self.span_shift(next);
+            if (iova ^ phys) & (span_next - 1) == 0 {
+                let offset = span_next - (addr_merge & (span_next - 1));
+                if offset + span_next <= size {
+                    size = offset;
+                }
+            }
+        }
+        (level, size >> shift)
+    }
+}
+
+/// What an unmap cleared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unmapped {
+    pub granules: u64,
+    /// Leaf entries cleared (a block counts once).
+    pub leaves: u64,
+    pub tables_freed: u32,
+    /// First and last granule pfn cleared (first > last when nothing was mapped).
+    pub first: u64,
+    pub last: u64,
+    /// Level of the largest leaf cleared (0 when nothing was mapped): the gather's page size.
+    pub leaf_level: u32,
+}
+
+struct Table {
+    e: Box<[u64]>,
+    live: u32,
+    /// Unique per allocation, so a walk-cache entry pointing at a freed (or reused) table page is detected.
+    id: u64,
+}
+
+/// The end of a walk: the leaf found (its physical granule pfn, with the offset inside a block added), the
+/// level the walk stopped at (the leaf's, or the non-present entry's), and the table ids the entries above
+/// it pointed to (`ptr[L]` = table the level-L entry points at).
+#[derive(Debug, Clone, Copy)]
+pub struct Walk {
+    pub phys: Option<u64>,
+    pub level: u32,
+    pub ptr: [u64; 8],
+}
+
 pub struct RadixPgtable {
-    levels: u32,
+    fmt: PtFormat,
     tables: Vec<Table>,
     free_slots: Vec<u32>,
     root: u32,
+    next_id: u64,
     pub tables_allocated: u64,
     pub tables_freed: u64,
 }
 
 impl RadixPgtable {
-    pub fn new(levels: u32) -> Self {
+    pub fn new(fmt: PtFormat) -> Self {
         let mut pt = RadixPgtable {
-            levels,
+            fmt,
             tables: Vec::new(),
             free_slots: Vec::new(),
             root: 0,
+            next_id: 1,
             tables_allocated: 0,
             tables_freed: 0,
         };
-        pt.root = pt.alloc_table();
+        pt.root = pt.alloc_table(fmt.levels);
         pt
     }
 
-    pub fn levels(&self) -> u32 {
-        self.levels
+    pub fn format(&self) -> &PtFormat {
+        &self.fmt
     }
 
-    /// Pages covered by one entry at `level` (level 1 = leaf PTEs).
-    #[inline]
-    pub fn entry_span(level: u32) -> u64 {
-        1u64 << (BITS * (level - 1))
-    }
-
-    #[inline]
-    fn index(pfn: u64, level: u32) -> usize {
-        ((pfn >> (BITS * (level - 1))) & (ENTRIES as u64 - 1)) as usize
-    }
-
-    fn alloc_table(&mut self) -> u32 {
+    fn alloc_table(&mut self, level: u32) -> u32 {
         self.tables_allocated += 1;
+        let id = self.next_id;
+        self.next_id += 1;
+        let n = self.fmt.entries(level);
         if let Some(i) = self.free_slots.pop() {
+            let t = &mut self.tables[i as usize];
+            if t.e.len() != n {
+                t.e = vec![0; n].into_boxed_slice();
+            }
+            t.id = id;
             return i;
         }
         self.tables.push(Table {
-            e: Box::new([0; ENTRIES]),
+            e: vec![0; n].into_boxed_slice(),
             live: 0,
+            id,
         });
         (self.tables.len() - 1) as u32
     }
@@ -67,46 +232,64 @@ impl RadixPgtable {
         self.free_slots.push(i);
     }
 
-    /// Map `n` pages; returns the number of leaf PTEs written (already-present leaves are overwritten).
-    pub fn map(&mut self, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
-        for k in 0..n {
-            let pfn = iova_pfn + k;
+    /// Map `count` pages of the size of `level` at granule pfns `iova`/`phys` (both aligned to it).
+    /// Returns leaf entries written; a present entry in the way is replaced (its table, if any, leaks as
+    /// the kernel would refuse it: callers map only unmapped ranges).
+    pub fn map_level(&mut self, iova: u64, phys: u64, count: u64, level: u32) -> u64 {
+        let step = 1u64 << self.fmt.span_shift(level);
+        for k in 0..count {
+            let va = iova + k * step;
             let mut t = self.root;
-            for level in (2..=self.levels).rev() {
-                let idx = Self::index(pfn, level);
+            for l in (level + 1..=self.fmt.levels).rev() {
+                let idx = self.fmt.index(va, l);
                 let e = self.tables[t as usize].e[idx];
-                t = if e == 0 {
-                    let child = self.alloc_table();
+                t = if e == 0 || e & LEAF != 0 {
+                    let child = self.alloc_table(l - 1);
                     let tab = &mut self.tables[t as usize];
+                    tab.live += (e == 0) as u32;
                     tab.e[idx] = child as u64 + 1;
-                    tab.live += 1;
                     child
                 } else {
                     (e - 1) as u32
                 };
             }
             let tab = &mut self.tables[t as usize];
-            let idx = Self::index(pfn, 1);
-            if tab.e[idx] == 0 {
-                tab.live += 1;
-            }
-            tab.e[idx] = phys_pfn + k + 1;
+            let idx = self.fmt.index(va, level);
+            tab.live += (tab.e[idx] == 0) as u32;
+            tab.e[idx] = LEAF | (phys + k * step + 1);
         }
-        n
+        count
     }
 
-    /// Unmap [iova_pfn, iova_pfn + n). Returns (pages that were mapped, table pages freed).
-    pub fn unmap(&mut self, iova_pfn: u64, n: u64) -> (u64, u32) {
-        let mut freed = 0;
-        let unmapped = self.clear_level(
-            self.root,
-            self.levels,
-            0,
-            iova_pfn,
-            iova_pfn + n,
-            &mut freed,
-        );
-        (unmapped, freed)
+    /// __iommu_map(): map `n` granules, splitting into page sizes with [`PtFormat::pgsize`]. Returns leaf
+    /// entries written.
+    pub fn map(&mut self, iova: u64, phys: u64, n: u64) -> u64 {
+        let (mut va, mut pa, mut left, mut written) = (iova, phys, n, 0);
+        while left > 0 {
+            let (level, count) = self.fmt.pgsize(va, pa, left);
+            written += self.map_level(va, pa, count, level);
+            let pages = count << self.fmt.span_shift(level);
+            va += pages;
+            pa += pages;
+            left -= pages;
+        }
+        written
+    }
+
+    /// Unmap [gpfn, gpfn + n). A leaf (block) only partly inside is removed whole, as intel_iommu_unmap()
+    /// widens the range to the large page (io-pgtable-arm would split the block instead; the DMA layer
+    /// always unmaps what it mapped, so the two agree on its calls).
+    pub fn unmap(&mut self, gpfn: u64, n: u64) -> Unmapped {
+        let mut u = Unmapped {
+            granules: 0,
+            leaves: 0,
+            tables_freed: 0,
+            first: u64::MAX,
+            last: 0,
+            leaf_level: 0,
+        };
+        u.granules = self.clear_level(self.root, self.fmt.levels, 0, gpfn, gpfn + n, &mut u);
+        u
     }
 
     fn clear_level(
@@ -116,23 +299,28 @@ impl RadixPgtable {
         base: u64,
         lo: u64,
         hi: u64,
-        freed: &mut u32,
+        u: &mut Unmapped,
     ) -> u64 {
-        let span = Self::entry_span(level);
-        let first = ((lo - base) / span) as usize;
-        let last = ((hi - 1 - base) / span) as usize;
+        let shift = self.fmt.span_shift(level);
+        let span = 1u64 << shift;
+        let first = ((lo - base) >> shift) as usize;
+        let last = (((hi - 1 - base) >> shift) as usize).min(self.fmt.entries(level) - 1);
         let mut unmapped = 0;
-        for idx in first..=last.min(ENTRIES - 1) {
+        for idx in first..=last {
             let e = self.tables[t as usize].e[idx];
             if e == 0 {
                 continue;
             }
-            let ebase = base + idx as u64 * span;
-            if level == 1 {
+            let ebase = base + ((idx as u64) << shift);
+            if e & LEAF != 0 {
                 let tab = &mut self.tables[t as usize];
                 tab.e[idx] = 0;
                 tab.live -= 1;
-                unmapped += 1;
+                unmapped += span;
+                u.first = u.first.min(ebase);
+                u.last = u.last.max(ebase + span - 1);
+                u.leaf_level = u.leaf_level.max(level);
+                u.leaves += 1;
                 continue;
             }
             let child = (e - 1) as u32;
@@ -142,38 +330,48 @@ impl RadixPgtable {
                 ebase,
                 lo.max(ebase),
                 hi.min(ebase + span),
-                freed,
+                u,
             );
             if lo <= ebase && ebase + span <= hi && self.tables[child as usize].live == 0 {
                 let tab = &mut self.tables[t as usize];
                 tab.e[idx] = 0;
                 tab.live -= 1;
                 self.free_table(child);
-                *freed += 1;
+                u.tables_freed += 1;
             }
         }
         unmapped
     }
 
-    /// The physical pfn mapped at `iova_pfn`, and the deepest level whose entry was present.
-    pub fn lookup(&self, iova_pfn: u64) -> Option<u64> {
+    /// Walk to `gpfn`: the leaf, the level the walk stopped at, and the tables the entries above pointed to.
+    pub fn walk(&self, gpfn: u64) -> Walk {
+        let mut w = Walk {
+            phys: None,
+            level: self.fmt.levels,
+            ptr: [0; 8],
+        };
         let mut t = self.root;
-        for level in (1..=self.levels).rev() {
-            let e = self.tables[t as usize].e[Self::index(iova_pfn, level)];
+        for level in (1..=self.fmt.levels).rev() {
+            w.level = level;
+            let e = self.tables[t as usize].e[self.fmt.index(gpfn, level)];
             if e == 0 {
-                return None;
+                return w;
             }
-            if level == 1 {
-                return Some(e - 1);
+            if e & LEAF != 0 {
+                let mask = (1u64 << self.fmt.span_shift(level)) - 1;
+                w.phys = Some(((e & !LEAF) - 1) + (gpfn & mask));
+                return w;
             }
             t = (e - 1) as u32;
+            w.ptr[level as usize] = self.tables[t as usize].id;
         }
-        None
+        w
     }
 
-    /// Highest IOVA pfn this table can address.
-    pub fn max_pfn(&self) -> u64 {
-        (1u64 << (BITS * self.levels)) - 1
+    /// The physical granule pfn mapped at `gpfn` and the level of its leaf.
+    pub fn lookup(&self, gpfn: u64) -> Option<(u64, u32)> {
+        let w = self.walk(gpfn);
+        w.phys.map(|p| (p, w.level))
     }
 }
 
@@ -181,37 +379,112 @@ impl RadixPgtable {
 mod tests {
     use super::*;
 
+    fn vtd4() -> PtFormat {
+        PtFormat::vtd(48, true).unwrap()
+    }
+
+    #[test]
+    fn formats_follow_the_specs() {
+        let f = vtd4();
+        assert_eq!((f.levels, f.bits, f.top_bits), (4, 9, 9));
+        assert_eq!(PtFormat::vtd(57, true).unwrap().levels, 5);
+        // LPAE stage 1, 48-bit: 4K → 4 levels; 16K → 4 levels with a 2-entry level 0; 64K → 3 levels.
+        let l4 = PtFormat::lpae(4, 48, 1, true).unwrap();
+        assert_eq!((l4.levels, l4.top_bits, l4.leaf_levels), (4, 9, 0b1110));
+        let l16 = PtFormat::lpae(16, 48, 1, true).unwrap();
+        assert_eq!((l16.levels, l16.bits, l16.top_bits), (4, 11, 1));
+        assert_eq!(l16.leaf_levels, 0b110, "16K: 32M blocks at level 2");
+        let l64 = PtFormat::lpae(64, 48, 1, true).unwrap();
+        assert_eq!((l64.levels, l64.bits, l64.top_bits), (3, 13, 6));
+        // Stage 2: a 40-bit IPA with 4K granule would start at level 0 with 2 entries: concatenated into
+        // a 1024-entry level-1 table, 3 levels. 48-bit keeps 4 levels (512 > 16 pages).
+        let s2 = PtFormat::lpae(4, 40, 2, true).unwrap();
+        assert_eq!((s2.levels, s2.top_bits), (3, 10));
+        assert_eq!(PtFormat::lpae(4, 48, 2, true).unwrap().levels, 4);
+        assert_eq!(PtFormat::lpae(4, 40, 1, true).unwrap().levels, 4);
+        assert!(PtFormat::lpae(8, 48, 1, true).is_err());
+        assert!(PtFormat::vtd(50, true).is_err());
+    }
+
+    #[test]
+    fn pgsize_picks_superpages_like_iommu_pgsize() {
+        let f = vtd4();
+        assert_eq!(f.pgsize(0, 0, 1), (1, 1));
+        // 2 MiB aligned on both sides and at least 512 pages: one 2M page.
+        assert_eq!(f.pgsize(512, 1024, 512), (2, 1));
+        // Unaligned start: 4K pages up to the 2M boundary, then the rest in bigger pages.
+        assert_eq!(f.pgsize(500, 1012, 1100), (1, 12));
+        // IOVA and phys differently offset inside 2M: 4K pages throughout.
+        assert_eq!(f.pgsize(500, 1013, 1100), (1, 1100));
+        // Without superpages: always 4K.
+        assert_eq!(
+            PtFormat::vtd(48, false).unwrap().pgsize(512, 1024, 512),
+            (1, 512)
+        );
+    }
+
     #[test]
     fn map_lookup_unmap_roundtrip() {
-        let mut pt = RadixPgtable::new(4);
+        let mut pt = RadixPgtable::new(vtd4());
         assert_eq!(pt.tables_allocated, 1);
         pt.map(0x12345, 0x777, 3);
-        assert_eq!(pt.lookup(0x12346), Some(0x778));
+        assert_eq!(pt.lookup(0x12346), Some((0x778, 1)));
         assert_eq!(pt.tables_allocated, 4, "root + 3 levels below");
-        let (un, freed) = pt.unmap(0x12345, 3);
+        let u = pt.unmap(0x12345, 3);
         assert_eq!(
-            (un, freed),
+            (u.granules, u.tables_freed),
             (3, 0),
             "a 3-page unmap never covers a whole table"
         );
+        assert_eq!((u.first, u.last, u.leaf_level), (0x12345, 0x12347, 1));
         assert_eq!(pt.lookup(0x12345), None);
     }
 
     #[test]
+    fn superpage_map_is_one_entry_and_walks_stop_early() {
+        let mut pt = RadixPgtable::new(vtd4());
+        assert_eq!(pt.map(512, 2048, 512), 1, "one 2M leaf");
+        assert_eq!(pt.tables_allocated, 3, "no leaf table");
+        let w = pt.walk(512 + 7);
+        assert_eq!((w.phys, w.level), (Some(2048 + 7), 2));
+        // Unmapping one 4K page of it removes the whole 2M page (intel_iommu_unmap widens the range).
+        let u = pt.unmap(600, 1);
+        assert_eq!(
+            (u.granules, u.first, u.last, u.leaf_level),
+            (512, 512, 1023, 2)
+        );
+        assert_eq!(pt.lookup(512), None);
+    }
+
+    #[test]
     fn unmap_covering_a_whole_table_frees_it() {
-        let mut pt = RadixPgtable::new(4);
+        let mut pt = RadixPgtable::new(PtFormat::vtd(48, false).unwrap());
         pt.map(512, 9000, 512); // exactly one leaf table
-        let (un, freed) = pt.unmap(512, 512);
-        assert_eq!(un, 512);
-        assert_eq!(freed, 1);
-        // Mapping again re-allocates the leaf table.
+        let u = pt.unmap(512, 512);
+        assert_eq!((u.granules, u.tables_freed), (512, 1));
+        // Mapping again re-allocates the leaf table, with a new id.
+        let before = pt.walk(512).ptr[2];
         pt.map(512, 1, 1);
         assert_eq!(pt.tables_allocated, 5);
+        assert_ne!(pt.walk(512).ptr[2], before);
+    }
+
+    #[test]
+    fn sixty_four_k_granule_tables() {
+        let f = PtFormat::lpae(64, 48, 1, true).unwrap();
+        let mut pt = RadixPgtable::new(f);
+        pt.map(3, 40, 1);
+        assert_eq!(pt.lookup(3), Some((40, 1)));
+        assert_eq!(pt.tables_allocated, 3, "3 levels");
+        // 8192 granules of 64K = one 512M block.
+        assert_eq!(pt.map(8192, 8192, 8192), 1);
+        assert_eq!(pt.lookup(8192 + 5), Some((8192 + 5, 2)));
     }
 
     #[test]
     fn unmap_of_unmapped_range_is_zero() {
-        let mut pt = RadixPgtable::new(4);
-        assert_eq!(pt.unmap(100, 10), (0, 0));
+        let mut pt = RadixPgtable::new(vtd4());
+        let u = pt.unmap(100, 10);
+        assert_eq!((u.granules, u.tables_freed, u.leaf_level), (0, 0, 0));
     }
 }

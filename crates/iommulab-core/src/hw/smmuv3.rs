@@ -1,11 +1,12 @@
-//! Arm SMMUv3: LPAE page table (4K granule), TLB and walk caches (shared [`Translator`]) and the command
+//! Arm SMMUv3: LPAE page table (4K/16K/64K granule, stage 1 or 2), TLB and walk caches (shared [`Translator`]) and the command
 //! queue as drivers/iommu/arm/arm-smmu-v3/arm-smmu-v3.c drives it: TLBI_NH_VA / TLBI_S2_IPA per granule, or
 //! range commands (TG/SCALE/NUM/TTL) with RIL; TLBI_NH_ASID / TLBI_S12_VMALL for a whole domain; batches of
-//! CMDQ_BATCH_ENTRIES issued without sync and a CMD_SYNC at the end; one queue shared by all CPUs (the
-//! lock-free insertion still serialises on the producer index) or per-CPU ECMDQs.
+//! CMDQ_BATCH_ENTRIES issued without sync and a CMD_SYNC at the end; ATC_INV for ATS devices; CFGI_STE /
+//! CFGI_CD on attach; one queue shared by all CPUs (the lock-free insertion still serialises on the
+//! producer index) or per-CPU ECMDQs.
 
 use super::translator::Translator;
-use super::{DomainId, InvKind, Iommu, IotlbGather, PAGE_SHIFT};
+use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, Smmuv3Profile};
 use crate::sim::{SpinLock, Time};
 
@@ -13,15 +14,13 @@ use crate::sim::{SpinLock, Time};
 pub const CMDQ_BATCH_ENTRIES: usize = 64;
 /// arm-smmu-v3.h CMDQ_TLBI_RANGE_NUM_MAX: the 5-bit NUM field.
 pub const CMDQ_TLBI_RANGE_NUM_MAX: u64 = 31;
-/// log2 of the leaf granule (4 KiB).
-const TG_SHIFT: u32 = 12;
 
 /// One TLBI command by address, with the fields __arm_smmu_tlb_inv_range() fills.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TlbiRange {
     /// First 4 KiB page the command covers.
     pub addr_pfn: u64,
-    /// Pages it covers.
+    /// 4 KiB pages it covers.
     pub pages: u64,
     /// Range fields (0 without RIL): TG = (tg-10)/2, SCALE, NUM (encoded as num-1), TTL (0 = any level).
     pub tg: u32,
@@ -31,64 +30,89 @@ pub struct TlbiRange {
     pub leaf: bool,
 }
 
-/// __arm_smmu_tlb_inv_range(): the TLBI commands for [iova_pfn, iova_pfn + pages) of 4 KiB leaves. With RIL,
-/// one command per 5-bit chunk of the page count; without, one command per granule.
-pub fn tlbi_range_cmds(iova_pfn: u64, pages: u64, leaf: bool, ril: bool) -> Vec<TlbiRange> {
+/// __arm_smmu_tlb_inv_range(): the TLBI commands for [iova_pfn, iova_pfn + pages) of 4 KiB pages, for a
+/// table whose leaf pages are 2^`tg` bytes and an invalidation granule (the gather's page size, or the
+/// leaf size for a walk flush) of 2^`granule` bytes. With RIL, one command per 5-bit chunk of the page
+/// count; without, one command per granule.
+pub fn tlbi_range_cmds(
+    iova_pfn: u64,
+    pages: u64,
+    tg: u32,
+    granule: u32,
+    leaf: bool,
+    ril: bool,
+) -> Vec<TlbiRange> {
     let mut out = Vec::new();
     if pages == 0 {
         return out;
     }
+    let end = iova_pfn + pages;
     if !ril {
-        return (0..pages)
-            .map(|i| TlbiRange {
-                addr_pfn: iova_pfn + i,
-                pages: 1,
+        let step = 1u64 << (granule - 12);
+        let mut addr = iova_pfn;
+        while addr < end {
+            out.push(TlbiRange {
+                addr_pfn: addr,
+                pages: step,
                 tg: 0,
                 scale: 0,
                 num: 0,
                 ttl: 0,
                 leaf,
-            })
-            .collect();
+            });
+            addr += step;
+        }
+        return out;
     }
-    let tg = (TG_SHIFT - 10) / 2;
-    // Leaf: TTL from the granule's level (4 - (ilog2(granule) - 3) / (tg - 3)); non-leaf keeps TTL 0 and avoids
-    // a lone NUM of 1 by rounding up.
-    // The gather's page size: only 4 KiB leaves are mapped in this model.
-    let granule_shift = PAGE_SHIFT;
+    let tg_pages = tg - 12;
+    let mut num_pages = pages >> tg_pages;
+    // Leaf: TTL from the granule's level; non-leaf keeps TTL 0 and avoids a lone NUM of 1 by rounding up.
     let ttl = if leaf {
-        4 - (granule_shift - 3) / (TG_SHIFT - 3)
+        4 - (granule - 3) / (tg - 3)
     } else {
         0
     };
-    let mut num_pages = pages;
     if !leaf && (num_pages & CMDQ_TLBI_RANGE_NUM_MAX) == 1 {
         num_pages += 1;
     }
-    let end = iova_pfn + pages;
     let mut addr = iova_pfn;
     while addr < end && num_pages > 0 {
         let scale = num_pages.trailing_zeros();
         let num = (num_pages >> scale) & CMDQ_TLBI_RANGE_NUM_MAX;
-        let span = num << scale;
+        let span = num << (scale + tg_pages);
         out.push(TlbiRange {
             addr_pfn: addr,
             pages: span,
-            tg,
+            tg: (tg - 10) / 2,
             scale,
             num: num as u32 - 1,
             ttl,
             leaf,
         });
-        num_pages -= span;
+        num_pages -= num << scale;
         addr += span;
     }
     out
 }
 
+/// arm_smmu_atc_inv_to_cmd(): the one ATC_INV covering [pfn, pfn + pages) (4 KiB grain): the smallest
+/// aligned power of two holding it. Returns (aligned base pfn, log2 span).
+pub fn atc_inv_span(pfn: u64, pages: u64) -> (u64, u32) {
+    let (start, end) = (pfn, pfn + pages - 1);
+    let log2_span = 64 - (start ^ end).leading_zeros();
+    let mask = if log2_span >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << log2_span) - 1
+    };
+    (start & !mask, log2_span)
+}
+
 pub struct Smmuv3 {
     cfg: Smmuv3Profile,
     tr: Translator,
+    /// The device's ATS invalidation completion time (a CMD_SYNC after ATC_INV waits for it).
+    ats_inv_ns: u64,
     /// The shared command queue's producer index (cmpxchg-reserved slots): one writer at a time.
     cmdq_prod: SpinLock,
     /// Per-CPU ECMDQs: each CPU inserts into its own queue.
@@ -97,14 +121,23 @@ pub struct Smmuv3 {
     hw: SpinLock,
 }
 
+/// A command for [`Smmuv3::issue`]: what it costs the SMMU.
+#[derive(Clone, Copy)]
+enum Cmd {
+    Tlbi,
+    Cfgi,
+    AtcInv,
+}
+
 impl Smmuv3 {
-    pub fn new(p: &IommuProfile, cpus: usize) -> Self {
+    pub fn new(p: &IommuProfile, tr: Translator, cpus: usize, ats_inv_ns: u64) -> Self {
         Smmuv3 {
             cfg: p
                 .smmuv3
                 .clone()
                 .expect("validated: vendor smmuv3 has [iommu.smmuv3]"),
-            tr: Translator::new(p),
+            tr,
+            ats_inv_ns,
             cmdq_prod: SpinLock::default(),
             ecmdq_prod: vec![SpinLock::default(); cpus.max(1)],
             hw: SpinLock::default(),
@@ -119,9 +152,10 @@ impl Smmuv3 {
         }
     }
 
-    /// arm_smmu_cmdq_issue_cmdlist() for `n` commands, with a CMD_SYNC appended when `sync`. Returns the time
-    /// the CPU is released: after insertion, or after the SMMU has consumed up to its CMD_SYNC.
-    fn issue(&mut self, now: Time, cpu: usize, n: usize, sync: bool) -> Time {
+    /// arm_smmu_cmdq_issue_cmdlist() for `n` commands of one type, with a CMD_SYNC appended when `sync`.
+    /// Returns the time the CPU is released: after insertion, or after the SMMU has consumed up to its
+    /// CMD_SYNC (which completes only once the devices have answered outstanding ATC invalidations).
+    fn issue(&mut self, now: Time, cpu: usize, n: usize, what: Cmd, sync: bool) -> Time {
         let cmds = n as u64 + sync as u64;
         let nq = self.ecmdq_prod.len();
         let prod = if self.cfg.ecmdq {
@@ -130,7 +164,11 @@ impl Smmuv3 {
             &mut self.cmdq_prod
         };
         let (_, written) = prod.acquire(now, cmds * self.cfg.submit_cmd_ns);
-        let work = n as u64 * self.cfg.cmd_ns + if sync { self.cfg.sync_ns } else { 0 };
+        let per_cmd = match what {
+            Cmd::Tlbi | Cmd::Cfgi => self.cfg.cmd_ns,
+            Cmd::AtcInv => self.cfg.cmd_ns + self.ats_inv_ns,
+        };
+        let work = n as u64 * per_cmd + if sync { self.cfg.sync_ns } else { 0 };
         let (_, done) = self.hw.acquire(written, work);
         self.tr.c.submissions += 1;
         if !sync {
@@ -141,29 +179,56 @@ impl Smmuv3 {
         done
     }
 
-    /// arm_smmu_tlb_inv_range_domain(): the range commands in batches, then CMD_SYNC.
+    /// arm_smmu_cmdq_batch_add/submit: `cmds` commands in batches of CMDQ_BATCH_ENTRIES, the last with a
+    /// CMD_SYNC.
+    fn issue_batched(&mut self, now: Time, cpu: usize, cmds: usize, what: Cmd) -> Time {
+        let mut t = now;
+        let mut left = cmds;
+        while left > 0 {
+            let n = left.min(CMDQ_BATCH_ENTRIES);
+            left -= n;
+            t = self.issue(t, cpu, n, what, left == 0);
+        }
+        t
+    }
+
+    /// arm_smmu_atc_inv_domain(): one ATC_INV for the device (all of its ATC when `range` is None), synced.
+    fn atc_inv(&mut self, now: Time, cpu: usize, dom: DomainId, range: Option<(u64, u64)>) -> Time {
+        if !self.tr.has_atc() {
+            return now;
+        }
+        let span = range.map(|(pfn, n)| {
+            let (base, log2) = atc_inv_span(pfn, n);
+            (base, 1u64 << log2.min(63))
+        });
+        self.tr.invalidate_atc(dom, span);
+        self.tr.c.count(InvKind::AtcInv, 1);
+        self.issue(now, cpu, 1, Cmd::AtcInv, true)
+    }
+
+    /// arm_smmu_tlb_inv_range_domain(): the range TLBIs in batches with a CMD_SYNC, then the ATC.
+    /// `range`: (first 4 KiB pfn, pages).
     fn inv_range(
         &mut self,
         now: Time,
         cpu: usize,
         dom: DomainId,
-        pfn: u64,
-        pages: u64,
+        range: (u64, u64),
+        granule: u32,
         leaf: bool,
     ) -> Time {
-        let cmds = tlbi_range_cmds(pfn, pages, leaf, self.cfg.ril);
-        let kind = self.by_va();
-        let mut t = now;
-        for (i, chunk) in cmds.chunks(CMDQ_BATCH_ENTRIES).enumerate() {
-            let last = (i + 1) * CMDQ_BATCH_ENTRIES >= cmds.len();
-            for c in chunk {
-                // Leaf=1 may keep walk-cache entries; a non-leaf TLBI removes them for the range.
-                self.tr.invalidate_range(dom, c.addr_pfn, c.pages, c.leaf);
-            }
-            self.tr.c.count(kind, chunk.len() as u64);
-            t = self.issue(t, cpu, chunk.len(), last);
+        let tg = self.tr.format().granule_shift;
+        let (pfn, pages) = range;
+        let cmds = tlbi_range_cmds(pfn, pages, tg, granule.max(tg), leaf, self.cfg.ril);
+        for c in &cmds {
+            // Leaf=1 may keep walk-cache entries; a non-leaf TLBI removes them for the range.
+            self.tr.invalidate_range(dom, c.addr_pfn, c.pages, c.leaf);
         }
-        t
+        let kind = self.by_va();
+        self.tr.c.count(kind, cmds.len() as u64);
+        let t = self.issue_batched(now, cpu, cmds.len(), Cmd::Tlbi);
+        // "Unfortunately, this can't be leaf-only since we may have zapped an entire table."
+        self.atc_inv(t, cpu, dom, Some((pfn, pages)))
     }
 }
 
@@ -174,9 +239,20 @@ impl Iommu for Smmuv3 {
 
     fn inv_kinds(&self) -> &'static [InvKind] {
         if self.cfg.stage == 2 {
-            &[InvKind::TlbiS2Ipa, InvKind::TlbiS12Vmall, InvKind::AtcInv]
+            &[
+                InvKind::TlbiS2Ipa,
+                InvKind::TlbiS12Vmall,
+                InvKind::AtcInv,
+                InvKind::CfgiSte,
+            ]
         } else {
-            &[InvKind::TlbiNhVa, InvKind::TlbiNhAsid, InvKind::AtcInv]
+            &[
+                InvKind::TlbiNhVa,
+                InvKind::TlbiNhAsid,
+                InvKind::AtcInv,
+                InvKind::CfgiSte,
+                InvKind::CfgiCd,
+            ]
         }
     }
 
@@ -199,11 +275,12 @@ impl Iommu for Smmuv3 {
     ) -> (u64, Time) {
         let before = gather.freed_tables;
         let un = self.tr.unmap(dom, iova_pfn, n, gather);
-        // io-pgtable-arm: a freed table is flushed at once (tlb_flush_walk → non-leaf range invalidation), even
-        // when the unmap itself is queued for a lazy flush. Simplification: one walk flush over the unmapped
-        // range, which covers every freed table's span.
+        // io-pgtable-arm: a freed table is flushed at once (tlb_flush_walk → non-leaf range invalidation at
+        // the leaf granule), even when the unmap itself is queued for a lazy flush. Simplification: one
+        // walk flush over the unmapped range, which covers every freed table's span.
         if gather.freed_tables > before {
-            let t = self.inv_range(now, cpu, dom, iova_pfn, n, false);
+            let tg = self.tr.format().granule_shift;
+            let t = self.inv_range(now, cpu, dom, (iova_pfn, n), tg, false);
             return (un, t);
         }
         (un, now)
@@ -225,12 +302,13 @@ impl Iommu for Smmuv3 {
         if g.is_empty() {
             return now;
         }
-        // arm_smmu_iotlb_sync() → arm_smmu_tlb_inv_range_domain(leaf = true).
-        self.inv_range(now, cpu, dom, g.start, g.pages(), true)
+        // arm_smmu_iotlb_sync() → arm_smmu_tlb_inv_range_domain(granule = gather->pgsize, leaf = true).
+        self.inv_range(now, cpu, dom, (g.start, g.pages()), g.pgsize_shift, true)
     }
 
     fn flush_iotlb_all(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time {
-        // arm_smmu_tlb_inv_context(): TLBI_NH_ASID (stage 1) or TLBI_S12_VMALL (stage 2), with sync.
+        // arm_smmu_tlb_inv_context(): TLBI_NH_ASID (stage 1) or TLBI_S12_VMALL (stage 2) with sync, then
+        // the whole ATC.
         let kind = if self.cfg.stage == 2 {
             InvKind::TlbiS12Vmall
         } else {
@@ -238,7 +316,21 @@ impl Iommu for Smmuv3 {
         };
         self.tr.c.count(kind, 1);
         self.tr.invalidate_domain(dom);
-        self.issue(now, cpu, 1, true)
+        let t = self.issue(now, cpu, 1, Cmd::Tlbi, true);
+        self.atc_inv(t, cpu, dom, None)
+    }
+
+    fn attach_dev(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time {
+        // arm_smmu_attach_dev(): stage 1 writes the context descriptor (CFGI_CD + sync), then the STE
+        // (arm_smmu_write_ste → CFGI_STE + sync); with ATS, arm_smmu_enable_ats() clears the ATC.
+        let mut t = now;
+        if self.cfg.stage == 1 {
+            self.tr.c.count(InvKind::CfgiCd, 1);
+            t = self.issue(t, cpu, 1, Cmd::Cfgi, true);
+        }
+        self.tr.c.count(InvKind::CfgiSte, 1);
+        t = self.issue(t, cpu, 1, Cmd::Cfgi, true);
+        self.atc_inv(t, cpu, dom, None)
     }
 }
 
@@ -251,7 +343,10 @@ pub(crate) mod tests {
             iotlb_entries: 2048,
             iotlb_ways: 4,
             pwc_entries: vec![4, 28, 348],
-            pt_levels: 4,
+            pwc_ways: 0,
+            ias_bits: 48,
+            granule_kb: 4,
+            large_pages: true,
             vtd: None,
             smmuv3: Some(Smmuv3Profile {
                 submit_cmd_ns: 10,
@@ -264,6 +359,17 @@ pub(crate) mod tests {
         }
     }
 
+    /// An SMMUv3 with the profile's format and an ATC of `atc` entries when given.
+    pub(crate) fn smmu_with(p: &IommuProfile, cpus: usize, atc: Option<u32>) -> Smmuv3 {
+        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, p).unwrap();
+        let tr = Translator::new(p, fmt, atc.map(|n| (n, n)));
+        Smmuv3::new(p, tr, cpus, 2000)
+    }
+
+    pub(crate) fn smmu(p: &IommuProfile, cpus: usize) -> Smmuv3 {
+        smmu_with(p, cpus, None)
+    }
+
     fn fields(c: &[TlbiRange]) -> Vec<(u32, u32, u64)> {
         c.iter().map(|c| (c.scale, c.num, c.pages)).collect()
     }
@@ -272,18 +378,18 @@ pub(crate) mod tests {
     fn ril_encodings_for_1_31_32_513_pages() {
         // (SCALE, NUM field = num-1, pages covered)
         assert_eq!(
-            fields(&tlbi_range_cmds(0x100, 1, true, true)),
+            fields(&tlbi_range_cmds(0x100, 1, 12, 12, true, true)),
             vec![(0, 0, 1)]
         );
         assert_eq!(
-            fields(&tlbi_range_cmds(0x100, 31, true, true)),
+            fields(&tlbi_range_cmds(0x100, 31, 12, 12, true, true)),
             vec![(0, 30, 31)]
         );
         assert_eq!(
-            fields(&tlbi_range_cmds(0x100, 32, true, true)),
+            fields(&tlbi_range_cmds(0x100, 32, 12, 12, true, true)),
             vec![(5, 0, 32)]
         );
-        let c = tlbi_range_cmds(0x100, 513, true, true);
+        let c = tlbi_range_cmds(0x100, 513, 12, 12, true, true);
         assert_eq!(fields(&c), vec![(0, 0, 1), (9, 0, 512)]);
         assert_eq!(
             (c[1].addr_pfn, c[0].tg, c[0].ttl),
@@ -291,15 +397,15 @@ pub(crate) mod tests {
             "4K granule: TG=1, leaf TTL=3"
         );
         // Without RIL: one command per granule.
-        assert_eq!(tlbi_range_cmds(0x100, 513, true, false).len(), 513);
+        assert_eq!(tlbi_range_cmds(0x100, 513, 12, 12, true, false).len(), 513);
         // Non-leaf with a lone NUM of 1 rounds up, TTL 0.
-        let c = tlbi_range_cmds(0x200, 1, false, true);
+        let c = tlbi_range_cmds(0x200, 1, 12, 12, false, true);
         assert_eq!((fields(&c), c[0].ttl), (vec![(1, 0, 2)], 0));
     }
 
     #[test]
     fn batches_of_64_with_one_sync() {
-        let mut s = Smmuv3::new(&cfg(false, false), 2);
+        let mut s = smmu(&cfg(false, false), 2);
         s.map_pages(1, 0, 0, 1);
         let mut g = IotlbGather::new();
         g.add_range(0x1000, 130);
@@ -316,7 +422,7 @@ pub(crate) mod tests {
 
     #[test]
     fn flush_all_is_one_asid_command_and_drops_walk_caches() {
-        let mut s = Smmuv3::new(&cfg(true, false), 1);
+        let mut s = smmu(&cfg(true, false), 1);
         s.map_pages(1, 0x40000, 7, 2);
         s.translate(1, 0x40000);
         assert_eq!(s.translate(1, 0x40001).walk_reads, 1);
@@ -327,7 +433,7 @@ pub(crate) mod tests {
 
     #[test]
     fn freeing_a_table_issues_a_non_leaf_invalidation_at_once() {
-        let mut s = Smmuv3::new(&cfg(true, false), 1);
+        let mut s = smmu(&cfg(true, false), 1);
         s.map_pages(1, 512, 9000, 512); // exactly one leaf table
         s.translate(1, 512);
         let mut g = IotlbGather::new();
@@ -349,8 +455,8 @@ pub(crate) mod tests {
 
     #[test]
     fn ecmdq_removes_insertion_contention_between_cpus() {
-        let mut shared = Smmuv3::new(&cfg(true, false), 2);
-        let mut per_cpu = Smmuv3::new(&cfg(true, true), 2);
+        let mut shared = smmu(&cfg(true, false), 2);
+        let mut per_cpu = smmu(&cfg(true, true), 2);
         for s in [&mut shared, &mut per_cpu] {
             s.flush_iotlb_all(0, 0, 1);
             s.flush_iotlb_all(0, 1, 1);
@@ -358,5 +464,87 @@ pub(crate) mod tests {
         assert!(
             shared.cmdq_prod.contended == 1 && per_cpu.ecmdq_prod.iter().all(|l| l.contended == 0)
         );
+    }
+
+    #[test]
+    fn range_fields_for_other_granules_and_block_leaves() {
+        // 16K granule: TG=2; 8 pages of 16K = 32 4K pfns, NUM 8 → SCALE 3, NUM field 0.
+        let c = tlbi_range_cmds(0, 32, 14, 14, true, true);
+        assert_eq!(
+            (c.len(), c[0].tg, c[0].scale, c[0].num, c[0].ttl),
+            (1, 2, 3, 0, 3)
+        );
+        // A 2M block leaf (4K granule): TTL = 4 - (21-3)/(12-3) = 2; without RIL one command per 2M.
+        let c = tlbi_range_cmds(512, 512, 12, 21, true, true);
+        assert_eq!((c.len(), c[0].ttl, c[0].pages), (1, 2, 512));
+        assert_eq!(tlbi_range_cmds(512, 1024, 12, 21, true, false).len(), 2);
+        // A walk flush without RIL goes at leaf granule: 512 commands for one 2M table.
+        assert_eq!(tlbi_range_cmds(512, 512, 12, 12, false, false).len(), 512);
+    }
+
+    #[test]
+    fn atc_inv_covers_the_range_with_one_aligned_power_of_two() {
+        // arm_smmu_atc_inv_to_cmd()'s own examples: [8; 11] → span 4 at 8; [7; 10] → span 16 at 0.
+        assert_eq!(atc_inv_span(8, 4), (8, 2));
+        assert_eq!(atc_inv_span(7, 4), (0, 4));
+        assert_eq!(atc_inv_span(5, 1), (5, 0));
+    }
+
+    #[test]
+    fn ats_adds_an_atc_inv_with_its_own_sync() {
+        let mut s = smmu_with(&cfg(true, false), 1, Some(16));
+        s.map_pages(1, 0x40, 3, 1);
+        s.translate(1, 0x40);
+        let mut g = IotlbGather::new();
+        s.unmap_pages(0, 0, 1, 0x40, 1, &mut g);
+        let t = s.iotlb_sync(0, 0, 1, &g);
+        assert_eq!(
+            (
+                s.tr.c.get(InvKind::TlbiNhVa),
+                s.tr.c.get(InvKind::AtcInv),
+                s.tr.c.syncs
+            ),
+            (1, 1, 2)
+        );
+        assert_eq!(t, (2 * 10 + 50 + 500) + (2 * 10 + 50 + 2000 + 500));
+        assert!(!s.translate(1, 0x40).stale);
+    }
+
+    #[test]
+    fn attach_writes_cd_and_ste_with_cfgi() {
+        let mut s = smmu(&cfg(true, false), 1);
+        s.attach_dev(0, 0, 1);
+        assert_eq!(
+            (
+                s.tr.c.get(InvKind::CfgiCd),
+                s.tr.c.get(InvKind::CfgiSte),
+                s.tr.c.syncs
+            ),
+            (1, 1, 2)
+        );
+        assert_eq!(
+            s.tr.c.invalidations(),
+            0,
+            "configuration commands are not TLB invalidations"
+        );
+        let mut c = cfg(true, false);
+        c.smmuv3.as_mut().unwrap().stage = 2;
+        let mut s = smmu(&c, 1);
+        s.attach_dev(0, 0, 1);
+        assert_eq!(
+            (s.tr.c.get(InvKind::CfgiCd), s.tr.c.get(InvKind::CfgiSte)),
+            (0, 1)
+        );
+    }
+
+    #[test]
+    fn block_unmap_is_one_command_at_the_block_size() {
+        let mut s = smmu(&cfg(false, false), 1);
+        assert_eq!(s.map_pages(1, 1024, 2048, 512), 1, "one 2M block");
+        let mut g = IotlbGather::new();
+        s.unmap_pages(0, 0, 1, 1024, 512, &mut g);
+        assert_eq!(g.pgsize_shift, 21);
+        s.iotlb_sync(0, 0, 1, &g);
+        assert_eq!(s.tr.c.get(InvKind::TlbiNhVa), 1);
     }
 }

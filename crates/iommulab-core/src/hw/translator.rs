@@ -1,19 +1,21 @@
-//! What every IOMMU shares on the translation side: per-domain radix page tables, a set-associative IOTLB
-//! tagged by domain (VT-d domain id, SMMU ASID/VMID), and one paging-structure (walk) cache per non-leaf
-//! level. Vendors put their invalidation interfaces and costs on top.
+//! What every IOMMU shares on the translation side: per-domain page tables in the vendor's format, an IOTLB
+//! tagged by domain (VT-d domain id, SMMU ASID/VMID) and page size, one paging-structure (walk) cache per
+//! non-leaf level, and optionally the device's ATS translation cache. Vendors put their invalidation
+//! interfaces and costs on top. Addresses in this interface are 4 KiB pfns; the tables work in granules.
 
 use super::cache::TagCache;
-use super::pgtable::RadixPgtable;
+use super::pgtable::{PtFormat, RadixPgtable};
 use super::{DomainId, IommuCounters, IotlbGather, Translation};
 use crate::scenario::IommuProfile;
 
-/// Cache tags carry the domain in their top bits.
+/// Cache tags: domain in the top bits, then the level of the cached entry, then the index.
 const DOM_SHIFT: u32 = 52;
-const KEY_MASK: u64 = (1 << DOM_SHIFT) - 1;
+const LEVEL_SHIFT: u32 = 48;
+const INDEX_MASK: u64 = (1 << LEVEL_SHIFT) - 1;
 
 #[inline]
-fn tag(dom: DomainId, key: u64) -> u64 {
-    ((dom as u64) << DOM_SHIFT) | key
+fn tag(dom: DomainId, level: u32, index: u64) -> u64 {
+    ((dom as u64) << DOM_SHIFT) | ((level as u64) << LEVEL_SHIFT) | (index & INDEX_MASK)
 }
 
 #[inline]
@@ -21,28 +23,130 @@ fn tag_dom(t: u64) -> u64 {
     t >> DOM_SHIFT
 }
 
+#[inline]
+fn tag_level(t: u64) -> u32 {
+    ((t >> LEVEL_SHIFT) & 0xf) as u32
+}
+
+/// A TLB of leaf translations of any page size (the IOTLB, or a device's ATC): one entry per page or
+/// block, tagged by its size so an invalidation by address finds the block holding that address.
+pub struct Tlb {
+    c: TagCache,
+    /// Bit L: entries of level L have been filled (only those sizes are probed).
+    sizes: u32,
+}
+
+impl Tlb {
+    pub fn new(entries: usize, ways: usize) -> Self {
+        Tlb {
+            c: TagCache::new(entries, ways),
+            sizes: 0,
+        }
+    }
+
+    /// The cached leaf holding `gpfn`: (its level, the physical granule pfn of `gpfn` through it).
+    fn lookup(&mut self, f: &PtFormat, dom: DomainId, gpfn: u64) -> Option<(u32, u64)> {
+        let mut sizes = self.sizes;
+        while sizes != 0 {
+            let level = sizes.trailing_zeros();
+            sizes &= sizes - 1;
+            let s = f.span_shift(level);
+            if let Some(base) = self.c.lookup(tag(dom, level, gpfn >> s), gpfn >> s) {
+                return Some((level, base + (gpfn & ((1 << s) - 1))));
+            }
+        }
+        None
+    }
+
+    fn insert(&mut self, f: &PtFormat, dom: DomainId, level: u32, gpfn: u64, phys: u64) {
+        let s = f.span_shift(level);
+        let mask = (1u64 << s) - 1;
+        self.sizes |= 1 << level;
+        self.c
+            .insert(tag(dom, level, gpfn >> s), gpfn >> s, phys & !mask);
+    }
+
+    /// Drop entries of `dom` overlapping granules [lo, hi].
+    fn invalidate_range(&mut self, f: &PtFormat, dom: DomainId, lo: u64, hi: u64) {
+        let mut sizes = self.sizes;
+        while sizes != 0 {
+            let level = sizes.trailing_zeros();
+            sizes &= sizes - 1;
+            let s = f.span_shift(level);
+            let (a, b) = (lo >> s, hi >> s);
+            if b - a < self.c.entries() as u64 {
+                for i in a..=b {
+                    self.c.invalidate(tag(dom, level, i), i);
+                }
+            } else {
+                self.c.invalidate_where(|t| {
+                    tag_dom(t) == dom as u64
+                        && tag_level(t) == level
+                        && (a..=b).contains(&(t & INDEX_MASK))
+                });
+            }
+        }
+    }
+
+    fn invalidate_domain(&mut self, dom: DomainId) {
+        self.c.invalidate_where(|t| tag_dom(t) == dom as u64);
+    }
+
+    fn invalidate_all(&mut self) {
+        self.c.invalidate_where(|_| true);
+    }
+}
+
 pub struct Translator {
-    levels: u32,
+    fmt: PtFormat,
     domains: Vec<Option<RadixPgtable>>,
-    iotlb: TagCache,
-    /// pwc[0] caches top-level entries (F&S PTcache-L1); pwc[levels-2] the entries pointing at leaf tables.
+    iotlb: Tlb,
+    /// pwc[i] caches entries of level `levels - i`: pwc[0] the top level (F&S PTcache-L1), the last one the
+    /// entries pointing at leaf tables.
     pwc: Vec<TagCache>,
+    /// The device's address translation cache when it uses ATS (PCIe ATS; VT-d device-TLB).
+    atc: Option<Tlb>,
     pub c: IommuCounters,
 }
 
 impl Translator {
-    pub fn new(p: &IommuProfile) -> Self {
+    /// `atc`: the device's ATS cache as (entries, ways), if it has one.
+    pub fn new(p: &IommuProfile, fmt: PtFormat, atc: Option<(u32, u32)>) -> Self {
         Translator {
-            levels: p.pt_levels,
+            fmt,
             domains: Vec::new(),
-            iotlb: TagCache::new(p.iotlb_entries as usize, p.iotlb_ways as usize),
+            iotlb: Tlb::new(p.iotlb_entries as usize, p.iotlb_ways as usize),
             pwc: p
                 .pwc_entries
                 .iter()
-                .map(|&n| TagCache::new(n.max(1) as usize, n.max(1) as usize))
+                .map(|&n| {
+                    let ways = if p.pwc_ways == 0 { n } else { p.pwc_ways };
+                    TagCache::new(n.max(1) as usize, ways.max(1) as usize)
+                })
                 .collect(),
+            atc: atc.map(|(n, w)| Tlb::new(n as usize, w as usize)),
             c: IommuCounters::default(),
         }
+    }
+
+    pub fn format(&self) -> &PtFormat {
+        &self.fmt
+    }
+
+    /// Whether a device ATS cache sits in front of this IOMMU.
+    pub fn has_atc(&self) -> bool {
+        self.atc.is_some()
+    }
+
+    #[inline]
+    fn gshift(&self) -> u32 {
+        self.fmt.granule_shift - 12
+    }
+
+    /// [pfn, pfn + n) of 4 KiB pages as the granules it touches: (first, last).
+    fn granules(&self, pfn: u64, n: u64) -> (u64, u64) {
+        let g = self.gshift();
+        (pfn >> g, (pfn + n.max(1) - 1) >> g)
     }
 
     fn pt(&mut self, dom: DomainId) -> &mut RadixPgtable {
@@ -50,114 +154,181 @@ impl Translator {
         if self.domains.len() <= i {
             self.domains.resize_with(i + 1, || None);
         }
-        let levels = self.levels;
-        self.domains[i].get_or_insert_with(|| RadixPgtable::new(levels))
+        let fmt = self.fmt;
+        self.domains[i].get_or_insert_with(|| RadixPgtable::new(fmt))
     }
 
-    /// Walk-cache index (0 = top) → shift of the IOVA pfn its entries are tagged by.
-    fn pwc_shift(&self, i: usize) -> u32 {
-        9 * (self.levels - 1 - i as u32)
-    }
-
-    /// Install `n` leaf PTEs; returns PTEs written.
+    /// Map [iova_pfn, iova_pfn + n) of 4 KiB pages to phys (both granule aligned), in the largest page sizes
+    /// the format and alignment allow. Returns leaf entries written.
     pub fn map(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
+        let g = self.gshift();
+        let (lo, hi) = self.granules(iova_pfn, n);
         let pt = self.pt(dom);
         let before = pt.tables_allocated;
-        let w = pt.map(iova_pfn, phys_pfn, n);
+        let w = pt.map(lo, phys_pfn >> g, hi - lo + 1);
         let grown = pt.tables_allocated - before;
         self.c.table_pages_allocated += grown;
         w
     }
 
-    /// Clear `n` leaf PTEs (freeing tables the range covers) into `gather`. Returns pages unmapped.
+    /// Clear the leaves over [iova_pfn, iova_pfn + n) (freeing tables the range covers) into `gather`.
+    /// Returns 4 KiB pages unmapped.
     pub fn unmap(&mut self, dom: DomainId, iova_pfn: u64, n: u64, gather: &mut IotlbGather) -> u64 {
-        let (un, freed) = self.pt(dom).unmap(iova_pfn, n);
-        self.c.table_pages_freed += freed as u64;
-        gather.add_range(iova_pfn, n);
-        gather.freed_tables += freed;
-        un
+        let g = self.gshift();
+        let (lo, hi) = self.granules(iova_pfn, n);
+        let u = self.pt(dom).unmap(lo, hi - lo + 1);
+        self.c.table_pages_freed += u.tables_freed as u64;
+        self.c.ptes_cleared += u.leaves;
+        if u.granules > 0 {
+            gather.add_range(u.first << g, (u.last - u.first + 1) << g);
+            let pgsize = self.fmt.granule_shift + self.fmt.span_shift(u.leaf_level);
+            gather.pgsize_shift = gather.pgsize_shift.max(pgsize);
+        }
+        gather.freed_tables += u.tables_freed;
+        u.granules << g
     }
 
+    /// iova_to_phys(): the 4 KiB pfn mapped at `iova_pfn`.
     pub fn lookup(&self, dom: DomainId, iova_pfn: u64) -> Option<u64> {
-        self.domains
-            .get(dom as usize)
-            .and_then(|p| p.as_ref())
-            .and_then(|p| p.lookup(iova_pfn))
+        let g = self.gshift();
+        let pt = self.domains.get(dom as usize)?.as_ref()?;
+        pt.lookup(iova_pfn >> g)
+            .map(|(p, _)| (p << g) | (iova_pfn & ((1 << g) - 1)))
     }
 
-    /// Device side: IOTLB, then the walk caches lowest level first; each level missed costs one more read.
+    /// Device side: the ATC (with ATS), the IOTLB, then the walk caches deepest level first; each level not
+    /// cached costs one memory read. Translations served from an entry the table no longer holds are stale.
     pub fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
         self.c.translations += 1;
-        let t = tag(dom, iova_pfn);
-        let current = self.lookup(dom, iova_pfn);
-        if let Some(cached) = self.iotlb.lookup(t, iova_pfn) {
-            let stale = current != Some(cached);
+        let g = self.gshift();
+        let gpfn = iova_pfn >> g;
+        let off = iova_pfn & ((1 << g) - 1);
+        let fmt = self.fmt;
+        let to4k = |p: u64| (p << g) | off;
+        let current = || {
+            self.domains
+                .get(dom as usize)
+                .and_then(|p| p.as_ref())
+                .and_then(|p| p.lookup(gpfn))
+                .map(|(p, _)| p)
+        };
+        let mut atc_miss = false;
+        if let Some(atc) = self.atc.as_mut() {
+            if let Some((_, phys)) = atc.lookup(&fmt, dom, gpfn) {
+                self.c.atc_hits += 1;
+                let stale = current() != Some(phys);
+                self.c.stale_hits += stale as u64;
+                return Translation {
+                    atc_hit: true,
+                    phys: Some(to4k(phys)),
+                    stale,
+                    ..Default::default()
+                };
+            }
+            self.c.atc_misses += 1;
+            atc_miss = true;
+        }
+        if let Some((level, phys)) = self.iotlb.lookup(&fmt, dom, gpfn) {
+            let stale = current() != Some(phys);
             self.c.stale_hits += stale as u64;
+            if atc_miss && !stale {
+                self.atc_fill(dom, level, gpfn, phys);
+            }
             return Translation {
                 iotlb_hit: true,
-                walk_reads: 0,
-                phys: Some(cached),
+                ats_request: atc_miss,
+                phys: Some(to4k(phys)),
                 stale,
+                ..Default::default()
             };
         }
         self.c.iotlb_misses += 1;
-        let mut reads = 1; // the leaf PTE
-        let levels = self.pwc.len();
-        let mut i = levels;
-        while i > 0 {
-            let s = self.pwc_shift(i - 1);
-            if self.pwc[i - 1]
-                .lookup(tag(dom, iova_pfn >> s), iova_pfn >> s)
-                .is_some()
-            {
+        let levels = fmt.levels;
+        let w = match self.domains.get(dom as usize).and_then(|p| p.as_ref()) {
+            Some(pt) => pt.walk(gpfn),
+            None => super::pgtable::Walk {
+                phys: None,
+                level: levels,
+                ptr: [0; 8],
+            },
+        };
+        // The walk caches hold non-leaf entries; search deepest first, whatever the table holds now.
+        let mut start = levels;
+        let mut stale_walk = false;
+        for l in 2..=levels {
+            let i = (levels - l) as usize;
+            let s = fmt.span_shift(l);
+            if let Some(id) = self.pwc[i].lookup(tag(dom, l, gpfn >> s), gpfn >> s) {
+                self.c.pwc_hits[i] += 1;
+                // The entry must still point where the table does (ptr[l] is 0 at or below the stop level).
+                stale_walk = id != w.ptr[l as usize];
+                start = l - 1;
                 break;
             }
-            self.c.pwc_misses[i - 1] += 1;
-            reads += 1;
-            i -= 1;
+            self.c.pwc_misses[i] += 1;
         }
-        self.c.walk_reads += reads;
-        let Some(phys) = current else {
+        // A walk-cache entry pointing at a table no longer in the tree: the walk reads that old, cleared
+        // table page (the drivers free it only after the flush): one read, no translation, but counted.
+        if stale_walk {
+            self.c.stale_hits += 1;
+            self.c.walk_reads += 1;
             self.c.faults += 1;
             return Translation {
-                iotlb_hit: false,
-                walk_reads: reads as u32,
-                phys: None,
-                stale: false,
+                walk_reads: 1,
+                ats_request: atc_miss,
+                stale: true,
+                ..Default::default()
+            };
+        }
+        let reads = start - w.level + 1;
+        self.c.walk_reads += reads as u64;
+        for l in w.level + 1..=start {
+            let s = fmt.span_shift(l);
+            self.pwc[(levels - l) as usize].insert(
+                tag(dom, l, gpfn >> s),
+                gpfn >> s,
+                w.ptr[l as usize],
+            );
+        }
+        let Some(phys) = w.phys else {
+            self.c.faults += 1;
+            return Translation {
+                walk_reads: reads,
+                ats_request: atc_miss,
+                ..Default::default()
             };
         };
-        for j in i..levels {
-            let s = self.pwc_shift(j);
-            self.pwc[j].insert(tag(dom, iova_pfn >> s), iova_pfn >> s, 0);
+        self.iotlb.insert(&fmt, dom, w.level, gpfn, phys);
+        if atc_miss {
+            self.atc_fill(dom, w.level, gpfn, phys);
         }
-        self.iotlb.insert(t, iova_pfn, phys);
         Translation {
-            iotlb_hit: false,
-            walk_reads: reads as u32,
-            phys: Some(phys),
-            stale: false,
+            walk_reads: reads,
+            ats_request: atc_miss,
+            phys: Some(to4k(phys)),
+            ..Default::default()
         }
     }
 
-    /// Drop IOTLB entries of `dom` for [pfn, pfn + n); walk-cache entries for the range too unless `leaf_only`
-    /// (VT-d IH=1, SMMUv3 TLBI with Leaf=1).
-    pub fn invalidate_range(&mut self, dom: DomainId, pfn: u64, n: u64, leaf_only: bool) {
-        let end = pfn.saturating_add(n);
-        if n <= self.iotlb.entries() as u64 {
-            for p in pfn..end {
-                self.iotlb.invalidate(tag(dom, p), p);
-            }
-        } else {
-            self.iotlb.invalidate_where(|t| {
-                tag_dom(t) == dom as u64 && (pfn..end).contains(&(t & KEY_MASK))
-            });
+    fn atc_fill(&mut self, dom: DomainId, level: u32, gpfn: u64, phys: u64) {
+        let fmt = self.fmt;
+        if let Some(atc) = self.atc.as_mut() {
+            atc.insert(&fmt, dom, level, gpfn, phys);
         }
+    }
+
+    /// Drop IOTLB entries of `dom` over [pfn, pfn + n) of 4 KiB pages; walk-cache entries for the range too
+    /// unless `leaf_only` (VT-d IH=1, SMMUv3 TLBI with Leaf=1).
+    pub fn invalidate_range(&mut self, dom: DomainId, pfn: u64, n: u64, leaf_only: bool) {
+        let fmt = self.fmt;
+        let (lo, hi) = self.granules(pfn, n);
+        self.iotlb.invalidate_range(&fmt, dom, lo, hi);
         if !leaf_only {
             for i in 0..self.pwc.len() {
-                let s = self.pwc_shift(i);
-                let (lo, hi) = (pfn >> s, (end - 1) >> s);
+                let s = fmt.span_shift(fmt.levels - i as u32);
+                let (a, b) = (lo >> s, hi >> s);
                 self.pwc[i].invalidate_where(|t| {
-                    tag_dom(t) == dom as u64 && (lo..=hi).contains(&(t & KEY_MASK))
+                    tag_dom(t) == dom as u64 && (a..=b).contains(&(t & INDEX_MASK))
                 });
             }
         }
@@ -165,16 +336,118 @@ impl Translator {
 
     /// Drop every IOTLB and walk-cache entry of `dom`.
     pub fn invalidate_domain(&mut self, dom: DomainId) {
-        self.iotlb.invalidate_where(|t| tag_dom(t) == dom as u64);
+        self.iotlb.invalidate_domain(dom);
         for p in &mut self.pwc {
             p.invalidate_where(|t| tag_dom(t) == dom as u64);
         }
     }
 
     pub fn invalidate_all(&mut self) {
-        self.iotlb.invalidate_where(|_| true);
+        self.iotlb.invalidate_all();
         for p in &mut self.pwc {
             p.invalidate_where(|_| true);
+        }
+    }
+
+    /// Device side of an ATS invalidation (VT-d device-TLB descriptor, SMMUv3 CMD_ATC_INV): drop the
+    /// device's cached translations of `dom` over [pfn, pfn + n), or all of them when `n` is None.
+    pub fn invalidate_atc(&mut self, dom: DomainId, range: Option<(u64, u64)>) {
+        let fmt = self.fmt;
+        let span = range.map(|(pfn, n)| self.granules(pfn, n));
+        if let Some(atc) = self.atc.as_mut() {
+            match span {
+                Some((lo, hi)) => atc.invalidate_range(&fmt, dom, lo, hi),
+                None => atc.invalidate_domain(dom),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hw::vtd::tests::cfg;
+
+    fn tr(fmt: PtFormat, atc: Option<(u32, u32)>) -> Translator {
+        Translator::new(&cfg(), fmt, atc)
+    }
+
+    #[test]
+    fn superpage_fills_one_iotlb_entry_tagged_by_size() {
+        let mut t = tr(PtFormat::vtd(48, true).unwrap(), None);
+        t.map(1, 512, 4096, 512); // one 2M page
+        let a = t.translate(1, 512 + 3);
+        assert_eq!(
+            (a.iotlb_hit, a.walk_reads, a.phys),
+            (false, 3, Some(4096 + 3))
+        );
+        // Any 4K page inside hits the same 2M entry.
+        let b = t.translate(1, 512 + 400);
+        assert_eq!((b.iotlb_hit, b.phys), (true, Some(4096 + 400)));
+        assert_eq!(t.c.iotlb_misses, 1);
+        // A 4K-page invalidation inside the block drops the 2M entry.
+        t.invalidate_range(1, 512 + 100, 1, true);
+        assert!(!t.translate(1, 512 + 5).iotlb_hit);
+    }
+
+    #[test]
+    fn stale_walk_cache_entry_to_a_freed_table_is_detected() {
+        let mut t = tr(PtFormat::vtd(48, false).unwrap(), None);
+        t.map(1, 0, 100, 512); // one full leaf table
+        t.translate(1, 0); // caches the entry pointing at that leaf table
+        let mut g = IotlbGather::new();
+        t.unmap(1, 0, 512, &mut g);
+        assert_eq!(g.freed_tables, 1);
+        t.map(1, 7, 900, 1); // a new leaf table for the same 2M region
+        let x = t.translate(1, 7);
+        assert!(
+            x.stale && x.phys.is_none(),
+            "walked through the freed table: {x:?}"
+        );
+        // A non-leaf invalidation of the range (IH=0) drops the walk-cache entry: the walk is right again.
+        t.invalidate_range(1, g.start, g.pages(), false);
+        let y = t.translate(1, 7);
+        assert_eq!((y.stale, y.phys), (false, Some(900)));
+        assert_eq!(t.c.stale_hits, 1);
+    }
+
+    #[test]
+    fn atc_serves_the_device_until_invalidated() {
+        let mut t = tr(PtFormat::vtd(48, true).unwrap(), Some((8, 8)));
+        t.map(1, 10, 55, 1);
+        let a = t.translate(1, 10);
+        assert!(a.ats_request && !a.atc_hit && !a.iotlb_hit);
+        let b = t.translate(1, 10);
+        assert!(b.atc_hit && !b.ats_request);
+        assert_eq!((t.c.atc_hits, t.c.atc_misses), (1, 1));
+        let mut g = IotlbGather::new();
+        t.unmap(1, 10, 1, &mut g);
+        t.invalidate_range(1, 10, 1, true);
+        // The IOTLB is clean but the device still holds the translation: stale until its ATC is invalidated.
+        assert!(t.translate(1, 10).stale);
+        t.invalidate_atc(1, Some((10, 1)));
+        let c = t.translate(1, 10);
+        assert!(!c.stale && c.fault());
+    }
+
+    #[test]
+    fn walk_reads_per_format() {
+        // 64K granule, 48-bit: 3 levels; 4K stage 2 with 40-bit IPA: 3 levels (concatenated start).
+        for fmt in [
+            PtFormat::lpae(64, 48, 1, true).unwrap(),
+            PtFormat::lpae(4, 40, 2, true).unwrap(),
+        ] {
+            let mut t = Translator::new(
+                &IommuProfile {
+                    pwc_entries: vec![4, 4],
+                    ..cfg()
+                },
+                fmt,
+                None,
+            );
+            t.map(1, 0, 0, fmt.granule_pages());
+            assert_eq!(t.translate(1, 0).walk_reads, 3, "{fmt:?}");
+            assert_eq!(t.translate(1, 0).walk_reads, 0);
         }
     }
 }

@@ -1,13 +1,18 @@
 //! Intel VT-d: second-level page table, IOTLB and paging-structure caches (shared [`Translator`]), and queued
-//! invalidation (PSI with address mask, DSI, global, wait descriptor) through one hardware queue that all CPUs
-//! submit to under the queue lock.
+//! invalidation as drivers/iommu/intel/cache.c and dmar.c drive it: PSI with address mask, DSI, global and
+//! device-TLB descriptors gathered into batches of up to 16 (qi_batch) and submitted with a wait descriptor
+//! through one hardware queue, all under the domain's cache_lock; caching mode and RWBF after maps.
 
 use super::translator::Translator;
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, VtdProfile};
 use crate::sim::{SpinLock, Time};
 
-/// One invalidation descriptor (VT-d spec, "IOTLB Invalidate Descriptor": granularity G, DID, ADDR, AM, IH).
+/// intel/iommu.h QI_MAX_BATCHED_DESC_COUNT: descriptors gathered before a qi_submit_sync().
+pub const QI_MAX_BATCHED_DESC_COUNT: usize = 16;
+
+/// One invalidation descriptor (VT-d spec §6.5.2: IOTLB invalidate G/DID/ADDR/AM/IH; device-TLB invalidate;
+/// context-cache invalidate).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InvDesc {
     /// Page-selective-within-domain: 2^am pages at `addr_pfn` (aligned); `ih` keeps paging-structure caches.
@@ -22,6 +27,14 @@ pub enum InvDesc {
         dom: DomainId,
     },
     Global,
+    /// Device-TLB (ATS) invalidation of 2^am pages at `addr_pfn`, or the whole ATC (`am` None).
+    DevTlb {
+        dom: DomainId,
+        addr_pfn: u64,
+        am: Option<u32>,
+    },
+    /// Device-selective context-cache invalidation.
+    ContextCache,
 }
 
 /// drivers/iommu/intel/cache.c calculate_psi_aligned_address(): the smallest naturally aligned power-of-two
@@ -50,21 +63,37 @@ pub fn psi_aligned(start_pfn: u64, pages: u64) -> (u64, u32) {
 pub struct Vtd {
     cfg: VtdProfile,
     tr: Translator,
+    /// The device's ATS invalidation completion time (device-TLB descriptors wait for it).
+    ats_inv_ns: u64,
+    /// dmar_domain->cache_lock per domain: held across a flush's submissions and their waits.
+    cache_lock: Vec<SpinLock>,
+    /// The invalidation queue's tail (qi->q_lock): descriptors are written one CPU at a time.
     q_lock: SpinLock,
     /// The invalidation hardware as a server: busy while it processes descriptors.
     hw: SpinLock,
 }
 
 impl Vtd {
-    pub fn new(p: &IommuProfile) -> Self {
+    pub fn new(p: &IommuProfile, tr: Translator, ats_inv_ns: u64) -> Self {
         Vtd {
             cfg: p
                 .vtd
                 .clone()
                 .expect("validated: vendor vtd has [iommu.vtd]"),
-            tr: Translator::new(p),
+            tr,
+            ats_inv_ns,
+            cache_lock: Vec::new(),
             q_lock: SpinLock::default(),
             hw: SpinLock::default(),
+        }
+    }
+
+    /// Hardware time to process one descriptor.
+    fn desc_ns(&self, d: &InvDesc) -> u64 {
+        match d {
+            // The device must answer the ATS invalidation before the wait descriptor can complete.
+            InvDesc::DevTlb { .. } => self.cfg.inv_desc_ns + self.ats_inv_ns,
+            _ => self.cfg.inv_desc_ns,
         }
     }
 
@@ -89,29 +118,53 @@ impl Vtd {
                 self.tr.c.count(InvKind::Global, 1);
                 self.tr.invalidate_all();
             }
+            InvDesc::DevTlb { dom, addr_pfn, am } => {
+                self.tr.c.count(InvKind::DevTlb, 1);
+                let range = am.map(|am| (addr_pfn, 1u64 << am.min(63)));
+                self.tr.invalidate_atc(dom, range);
+            }
+            InvDesc::ContextCache => self.tr.c.count(InvKind::ContextCache, 1),
         }
     }
 
     /// dmar.c qi_submit_sync(): write the descriptors and a wait descriptor under q_lock, ring the tail, then
-    /// spin (lock dropped) until the hardware has processed the wait descriptor. Returns the release time.
+    /// spin (q_lock dropped) until the hardware has processed the wait descriptor. Returns the release time.
     pub fn qi_submit_sync(&mut self, now: Time, descs: &[InvDesc]) -> Time {
         let n = descs.len() as u64 + 1;
         let (_, written) = self.q_lock.acquire(now, n * self.cfg.submit_desc_ns);
         // The hardware drains the queue in order, one descriptor after another.
-        let (_, done) = self.hw.acquire(
-            written,
-            descs.len() as u64 * self.cfg.inv_desc_ns + self.cfg.inv_wait_ns,
-        );
+        let work: u64 = descs.iter().map(|d| self.desc_ns(d)).sum::<u64>() + self.cfg.inv_wait_ns;
+        let (_, done) = self.hw.acquire(written, work);
         for &d in descs {
             self.apply(d);
         }
         self.tr.c.syncs += 1;
         self.tr.c.submissions += 1;
-        self.tr.c.inv_wait_ns += done - now;
         done
     }
 
-    /// cache.c cache_tag_flush_range(): PSI for the aligned block, or DSI when the mask exceeds MAMV.
+    /// A cache_tag flush as cache.c does it: under the domain's cache_lock, the descriptors in batches of
+    /// QI_MAX_BATCHED_DESC_COUNT (qi_batch_add_* → qi_batch_flush_descs), each batch submitted and waited for.
+    fn flush_locked(&mut self, now: Time, dom: DomainId, descs: &[InvDesc]) -> Time {
+        if descs.is_empty() {
+            return now;
+        }
+        let i = dom as usize;
+        if self.cache_lock.len() <= i {
+            self.cache_lock.resize_with(i + 1, SpinLock::default);
+        }
+        let (start, _) = self.cache_lock[i].acquire(now, 0);
+        let mut t = start;
+        for batch in descs.chunks(QI_MAX_BATCHED_DESC_COUNT) {
+            t = self.qi_submit_sync(t, batch);
+        }
+        self.cache_lock[i].extend(start, t);
+        self.tr.c.inv_wait_ns += t - now;
+        t
+    }
+
+    /// cache_tag_flush_range(): the IOTLB tag's PSI for the aligned block (DSI when the mask exceeds MAMV),
+    /// then the device-TLB tag's descriptor for the same block.
     fn flush_range(
         &mut self,
         now: Time,
@@ -119,9 +172,11 @@ impl Vtd {
         start_pfn: u64,
         pages: u64,
         ih: bool,
+        devtlb: bool,
     ) -> Time {
         let (base, am) = psi_aligned(start_pfn, pages);
-        let d = if am > self.cfg.mamv {
+        let mut descs = Vec::with_capacity(2);
+        descs.push(if am > self.cfg.mamv {
             InvDesc::Dsi { dom }
         } else {
             InvDesc::Psi {
@@ -130,8 +185,15 @@ impl Vtd {
                 am,
                 ih,
             }
-        };
-        self.qi_submit_sync(now, &[d])
+        });
+        if devtlb && self.tr.has_atc() {
+            descs.push(InvDesc::DevTlb {
+                dom,
+                addr_pfn: base,
+                am: (am < 64).then_some(am),
+            });
+        }
+        self.flush_locked(now, dom, &descs)
     }
 }
 
@@ -141,7 +203,14 @@ impl Iommu for Vtd {
     }
 
     fn inv_kinds(&self) -> &'static [InvKind] {
-        &[InvKind::Psi, InvKind::Dsi, InvKind::Global, InvKind::DevTlb]
+        &[
+            InvKind::Psi,
+            InvKind::Dsi,
+            InvKind::Global,
+            InvKind::DevTlb,
+            InvKind::ContextCache,
+            InvKind::Wbf,
+        ]
     }
 
     fn translator(&self) -> &Translator {
@@ -173,9 +242,15 @@ impl Iommu for Vtd {
         iova_pfn: u64,
         n: u64,
     ) -> Time {
-        // intel_iommu_iotlb_sync_map → cache_tag_flush_range_np(): a PSI only in caching mode.
+        // intel_iommu_iotlb_sync_map → cache_tag_flush_range_np(): a PSI (no device-TLB) in caching mode,
+        // else iommu_flush_write_buffer(), a no-op unless CAP.RWBF.
         if self.cfg.caching_mode {
-            self.flush_range(now, dom, iova_pfn, n, false)
+            self.flush_range(now, dom, iova_pfn, n, false, false)
+        } else if self.cfg.rwbf {
+            self.tr.c.count(InvKind::Wbf, 1);
+            let (_, done) = self.hw.acquire(now, self.cfg.wbf_ns);
+            self.tr.c.inv_wait_ns += done - now;
+            done
         } else {
             now
         }
@@ -186,12 +261,34 @@ impl Iommu for Vtd {
             return now;
         }
         // intel_iommu_tlb_sync(): IH only when no page-table pages were freed.
-        self.flush_range(now, dom, g.start, g.pages(), g.freed_tables == 0)
+        self.flush_range(now, dom, g.start, g.pages(), g.freed_tables == 0, true)
     }
 
     fn flush_iotlb_all(&mut self, now: Time, _cpu: usize, dom: DomainId) -> Time {
-        // cache_tag_flush_all(): DSI.
-        self.qi_submit_sync(now, &[InvDesc::Dsi { dom }])
+        // cache_tag_flush_all(): DSI, and the whole device TLB.
+        let mut descs = vec![InvDesc::Dsi { dom }];
+        if self.tr.has_atc() {
+            descs.push(InvDesc::DevTlb {
+                dom,
+                addr_pfn: 0,
+                am: None,
+            });
+        }
+        self.flush_locked(now, dom, &descs)
+    }
+
+    fn attach_dev(&mut self, now: Time, _cpu: usize, dom: DomainId) -> Time {
+        // domain_context_mapping_one(): with caching mode the context entry change is invalidated
+        // (device-selective context cache, then DSI); otherwise only the write buffer may need a flush.
+        if self.cfg.caching_mode {
+            let t = self.qi_submit_sync(now, &[InvDesc::ContextCache]);
+            self.qi_submit_sync(t, &[InvDesc::Dsi { dom }])
+        } else if self.cfg.rwbf {
+            self.tr.c.count(InvKind::Wbf, 1);
+            self.hw.acquire(now, self.cfg.wbf_ns).1
+        } else {
+            now
+        }
     }
 }
 
@@ -205,16 +302,32 @@ pub(crate) mod tests {
             iotlb_entries: 64,
             iotlb_ways: 4,
             pwc_entries: vec![16, 16, 16],
-            pt_levels: 4,
+            pwc_ways: 0,
+            ias_bits: 48,
+            granule_kb: 4,
+            large_pages: true,
             vtd: Some(VtdProfile {
                 inv_desc_ns: 400,
                 inv_wait_ns: 200,
                 submit_desc_ns: 40,
                 mamv: 9,
                 caching_mode: false,
+                rwbf: false,
+                wbf_ns: 300,
             }),
             smmuv3: None,
         }
+    }
+
+    /// A VT-d with the profile's format, and an ATC of `atc` entries when given.
+    pub(crate) fn vtd_with(p: &IommuProfile, atc: Option<u32>) -> Vtd {
+        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, p).unwrap();
+        let tr = Translator::new(p, fmt, atc.map(|n| (n, n)));
+        Vtd::new(p, tr, 1000)
+    }
+
+    pub(crate) fn vtd(p: &IommuProfile) -> Vtd {
+        vtd_with(p, None)
     }
 
     #[test]
@@ -228,7 +341,7 @@ pub(crate) mod tests {
 
     #[test]
     fn mask_above_mamv_falls_back_to_dsi() {
-        let mut v = Vtd::new(&cfg());
+        let mut v = vtd(&cfg());
         let mut g = IotlbGather::new();
         v.map_pages(1, 0, 100, 1024);
         v.unmap_pages(0, 0, 1, 0, 1024, &mut g); // 1024 pages: AM 10 > MAMV 9
@@ -245,7 +358,7 @@ pub(crate) mod tests {
 
     #[test]
     fn walk_caches_cut_reads_and_psi_without_ih_drops_them() {
-        let mut v = Vtd::new(&cfg());
+        let mut v = vtd(&cfg());
         v.map_pages(1, 0x40000, 7, 4);
         let t = v.translate(1, 0x40000);
         assert_eq!((t.iotlb_hit, t.walk_reads), (false, 4));
@@ -277,7 +390,7 @@ pub(crate) mod tests {
 
     #[test]
     fn stale_iotlb_entry_hits_until_invalidated() {
-        let mut v = Vtd::new(&cfg());
+        let mut v = vtd(&cfg());
         v.map_pages(1, 10, 99, 1);
         v.translate(1, 10);
         let mut g = IotlbGather::new();
@@ -295,23 +408,101 @@ pub(crate) mod tests {
 
     #[test]
     fn shared_queue_serialises_cpus() {
-        let mut v = Vtd::new(&cfg());
+        // Different domains: no common cache_lock, but one queue and one invalidation engine.
+        let mut v = vtd(&cfg());
         let a = v.flush_iotlb_all(0, 0, 1);
-        let b = v.flush_iotlb_all(0, 0, 1);
+        let b = v.flush_iotlb_all(0, 1, 2);
         assert_eq!(a, 80 + 400 + 200);
-        assert!(b >= a + 600, "second submitter waits behind the first: {b}");
+        assert_eq!(
+            b,
+            a + 600,
+            "descriptors written while the first batch runs; processed after it"
+        );
     }
 
     #[test]
     fn caching_mode_invalidates_on_map() {
         let mut c = cfg();
         c.vtd.as_mut().unwrap().caching_mode = true;
-        let mut v = Vtd::new(&c);
+        let mut v = vtd(&c);
         v.map_pages(1, 5, 5, 1);
         v.iotlb_sync_map(0, 0, 1, 5, 1);
         assert_eq!(v.tr.c.get(InvKind::Psi), 1);
-        let mut v = Vtd::new(&cfg());
+        let mut v = vtd(&cfg());
         v.iotlb_sync_map(0, 0, 1, 5, 1);
         assert_eq!(v.tr.c.get(InvKind::Psi), 0);
+    }
+
+    #[test]
+    fn descriptors_go_in_batches_of_16_each_with_a_wait() {
+        let mut v = vtd(&cfg());
+        let descs: Vec<InvDesc> = (0..20)
+            .map(|i| InvDesc::Psi {
+                dom: 1,
+                addr_pfn: i,
+                am: 0,
+                ih: true,
+            })
+            .collect();
+        v.flush_locked(0, 1, &descs);
+        assert_eq!((v.tr.c.submissions, v.tr.c.syncs), (2, 2));
+        assert_eq!(v.tr.c.get(InvKind::Psi), 20);
+    }
+
+    #[test]
+    fn ats_device_gets_a_device_tlb_descriptor_in_the_same_batch() {
+        let mut v = vtd_with(&cfg(), Some(16));
+        v.map_pages(1, 0x40, 9, 1);
+        v.translate(1, 0x40);
+        let mut g = IotlbGather::new();
+        v.unmap_pages(0, 0, 1, 0x40, 1, &mut g);
+        let t = v.iotlb_sync(0, 0, 1, &g);
+        assert_eq!(
+            (v.tr.c.get(InvKind::Psi), v.tr.c.get(InvKind::DevTlb)),
+            (1, 1)
+        );
+        assert_eq!(v.tr.c.syncs, 1, "PSI + device-TLB + one wait descriptor");
+        assert_eq!(
+            t,
+            3 * 40 + 400 + (400 + 1000) + 200,
+            "the wait completes after the device answers"
+        );
+        assert!(!v.translate(1, 0x40).stale);
+        // flush_iotlb_all clears the whole device TLB too.
+        v.flush_iotlb_all(t, 0, 1);
+        assert_eq!(v.tr.c.get(InvKind::DevTlb), 2);
+    }
+
+    #[test]
+    fn rwbf_flushes_the_write_buffer_after_maps_and_caching_mode_invalidates_on_attach() {
+        let mut c = cfg();
+        c.vtd.as_mut().unwrap().rwbf = true;
+        let mut v = vtd(&c);
+        assert_eq!(v.iotlb_sync_map(0, 0, 1, 5, 1), 300);
+        assert_eq!((v.tr.c.get(InvKind::Wbf), v.tr.c.invalidations()), (1, 0));
+        let mut c = cfg();
+        c.vtd.as_mut().unwrap().caching_mode = true;
+        let mut v = vtd(&c);
+        v.attach_dev(0, 0, 1);
+        assert_eq!(
+            (v.tr.c.get(InvKind::ContextCache), v.tr.c.get(InvKind::Dsi)),
+            (1, 1)
+        );
+        let mut v = vtd(&cfg());
+        assert_eq!(
+            v.attach_dev(0, 0, 1),
+            0,
+            "real hardware: nothing to invalidate"
+        );
+    }
+
+    #[test]
+    fn cache_lock_is_held_across_the_wait() {
+        // Two CPUs flush the same domain at once: the second cannot even write its descriptor before the
+        // first has its completion (cache.c holds domain->cache_lock around qi_submit_sync).
+        let mut v = vtd(&cfg());
+        let a = v.flush_iotlb_all(0, 0, 1);
+        let b = v.flush_iotlb_all(0, 1, 1);
+        assert_eq!(b, a + 80 + 400 + 200);
     }
 }

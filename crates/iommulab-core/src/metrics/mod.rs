@@ -55,6 +55,20 @@ pub struct Drops {
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct HitMiss {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// Lookups of each translation cache: the IOTLB, each walk cache top level first, the device ATC.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Caches {
+    pub iotlb: HitMiss,
+    pub pwc: Vec<HitMiss>,
+    pub atc: HitMiss,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct FlushQueueFlushes {
     pub full: u64,
     pub timer: u64,
@@ -88,6 +102,9 @@ pub struct RunResult {
     pub iotlb_misses_per_page: f64,
     pub walk_reads_per_page: f64,
     pub pwc_misses_per_page: Vec<f64>,
+    pub caches: Caches,
+    /// Translations served from a cached entry the page table no longer held (IOTLB, walk cache or ATC).
+    pub stale_translations: u64,
     pub dma_faults: u64,
     pub drops: Drops,
     /// Share of wire time the senders were held back by closed receive windows.
@@ -121,7 +138,8 @@ pub struct RunInfo<'a> {
     pub iommu: &'a str,
     pub inv_kinds: &'a [InvKind],
     pub seed: u64,
-    pub pt_levels: u32,
+    /// Walk caches (non-leaf levels) of the IOMMU's table format.
+    pub pwc_levels: u32,
     pub line_rate_gbps: f64,
 }
 
@@ -146,7 +164,7 @@ impl RunResult {
             .map(|(x, y)| x - y)
             .sum();
         let ncpu = b.cpu_busy_ns.len().max(1) as u64;
-        let npwc = info.pt_levels.saturating_sub(1) as usize;
+        let npwc = info.pwc_levels as usize;
         let rc_hits = b.iova.rcache_hits - a.iova.rcache_hits;
         let rc_total = rc_hits + b.iova.rbtree_allocs - a.iova.rbtree_allocs;
         RunResult {
@@ -179,6 +197,23 @@ impl RunResult {
                     ))
                 })
                 .collect(),
+            caches: Caches {
+                iotlb: HitMiss {
+                    hits: io(|c| c.translations - c.atc_hits - c.iotlb_misses),
+                    misses: io(|c| c.iotlb_misses),
+                },
+                pwc: (0..npwc)
+                    .map(|i| HitMiss {
+                        hits: b.iommu.pwc_hits[i] - a.iommu.pwc_hits[i],
+                        misses: b.iommu.pwc_misses[i] - a.iommu.pwc_misses[i],
+                    })
+                    .collect(),
+                atc: HitMiss {
+                    hits: io(|c| c.atc_hits),
+                    misses: io(|c| c.atc_misses),
+                },
+            },
+            stale_translations: io(|c| c.stale_hits),
             dma_faults: wl(|w| w.dma_faults),
             drops: Drops {
                 ring: wl(|w| w.drops_ring),

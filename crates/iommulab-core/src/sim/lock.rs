@@ -73,6 +73,28 @@ impl SpinLock {
         (start, start + hold)
     }
 
+    /// Keep the resource busy over [s, e) as well (a holder that learns its release time only after
+    /// acquiring, e.g. a lock held across a wait), merging with every booking it touches or overlaps.
+    pub fn extend(&mut self, mut s: Time, mut e: Time) {
+        if e <= s {
+            return;
+        }
+        let overlapping: Vec<(Time, Time)> = self
+            .busy
+            .range(..=e)
+            .rev()
+            .take_while(|&(_, &be)| be >= s)
+            .map(|(&bs, &be)| (bs, be))
+            .collect();
+        for (bs, be) in overlapping {
+            self.busy.remove(&bs);
+            s = s.min(bs);
+            e = e.max(be);
+        }
+        self.busy.insert(s, e);
+        self.latest = self.latest.max(s);
+    }
+
     /// Insert [s, e), merging with neighbours that touch it.
     fn book(&mut self, mut s: Time, mut e: Time) {
         if let Some((&ps, &pe)) = self.busy.range(..=s).next_back() {
@@ -110,6 +132,16 @@ mod tests {
         // Asking at 950 for 100 ns overlaps [1000,1100): it goes after.
         assert_eq!(l.acquire(950, 100), (1100, 1200));
         assert_eq!(l.contended, 1);
+    }
+    #[test]
+    fn extend_merges_overlapping_bookings() {
+        let mut l = SpinLock::default();
+        l.acquire(100, 50);
+        l.acquire(300, 50);
+        l.extend(140, 320);
+        assert_eq!(l.busy.len(), 1);
+        assert_eq!(l.acquire(0, 10), (0, 10));
+        assert_eq!(l.acquire(200, 10), (350, 360));
     }
     #[test]
     fn adjacent_bookings_merge() {

@@ -191,8 +191,6 @@ impl NicRxWorkload {
 
     /// The packets of the next WIRE_CHUNK_NS of wire time, each at its own arrival time.
     fn wire(&mut self, host: &mut Host) {
-        let dma_base = host.platform.pcie.dma_base_ns;
-        let walk_ns = host.platform.memory.walk_read_ns;
         let chunk_end_ps = self.next_arrival_ps + WIRE_CHUNK_NS * 1000;
         while self.next_arrival_ps < chunk_end_ps {
             let t = self.next_arrival_ps / 1000;
@@ -227,13 +225,8 @@ impl NicRxWorkload {
             for j in 0..k {
                 let (_, b) = rq.ring.pop_front().expect("checked above");
                 let bytes = (self.frame_bytes - j as u64 * PAGE).min(PAGE);
-                let lat = match host.dma.translate(b.dma) {
-                    None => dma_base,
-                    Some(tr) => {
-                        self.stats.dma_faults += tr.fault() as u64;
-                        dma_base + tr.walk_reads as u64 * walk_ns
-                    }
-                };
+                let (lat, fault) = host.dma_page(b.dma);
+                self.stats.dma_faults += fault as u64;
                 done = self.engine.issue(t, lat, bytes);
                 self.stats.dma_pages += 1;
                 rq.cq_pages.push_back(b);
