@@ -101,6 +101,8 @@ pub struct Translation {
     pub iotlb_hit: bool,
     /// Page-walk memory reads needed (0 on an IOTLB hit).
     pub walk_reads: u32,
+    /// Which levels those reads were at: bit L set = an entry of level L was read (level 1 = leaf PTEs).
+    pub walk_levels: u8,
     /// The physical pfn the DMA reaches (None: it faults).
     pub phys: Option<u64>,
     /// The translation came from a cached entry the page table no longer holds (unmapped or remapped

@@ -275,12 +275,15 @@ impl Translator {
             self.c.faults += 1;
             return Translation {
                 walk_reads: 1,
+                walk_levels: 1 << start,
                 ats_request: atc_miss,
                 stale: true,
                 ..Default::default()
             };
         }
         let reads = start - w.level + 1;
+        // Levels start down to w.level, one entry each.
+        let walk_levels = (((1u32 << (start + 1)) - 1) & !((1u32 << w.level) - 1)) as u8;
         self.c.walk_reads += reads as u64;
         for l in w.level + 1..=start {
             let s = fmt.span_shift(l);
@@ -294,6 +297,7 @@ impl Translator {
             self.c.faults += 1;
             return Translation {
                 walk_reads: reads,
+                walk_levels,
                 ats_request: atc_miss,
                 ..Default::default()
             };
@@ -304,6 +308,7 @@ impl Translator {
         }
         Translation {
             walk_reads: reads,
+            walk_levels,
             ats_request: atc_miss,
             phys: Some(to4k(phys)),
             ..Default::default()

@@ -364,7 +364,11 @@ pub(crate) mod tests {
         assert_eq!((t.iotlb_hit, t.walk_reads), (false, 4));
         assert!(v.translate(1, 0x40000).iotlb_hit);
         let t = v.translate(1, 0x40001); // same leaf table: PDE cached
-        assert_eq!(t.walk_reads, 1);
+        assert_eq!(
+            (t.walk_reads, t.walk_levels),
+            (1, 0b10),
+            "only the leaf PTE is read"
+        );
         // IH=1 keeps the walk caches, IH=0 drops them.
         v.qi_submit_sync(
             0,
