@@ -2,28 +2,31 @@
 //! Each entry holds a tag and the value it caches (a physical pfn, a table pointer), so a cached entry that
 //! outlived its mapping returns the old value, as hardware would.
 
-/// A set-associative cache of 64-bit tags with a 64-bit value each (a fully associative cache is one set).
+/// A set-associative cache of 64-bit tags with a value each (a fully associative cache is one set).
 #[derive(Debug, Clone)]
-pub struct TagCache {
+pub struct TagCache<V = u64> {
     sets: usize,
+    /// sets - 1 when sets is a power of two (a mask instead of a division on every lookup).
+    set_mask: Option<u64>,
     ways: usize,
     tags: Vec<u64>,
-    vals: Vec<u64>,
+    vals: Vec<V>,
     stamp: Vec<u64>,
     clock: u64,
 }
 
 const EMPTY: u64 = u64::MAX;
 
-impl TagCache {
+impl<V: Copy + Default> TagCache<V> {
     pub fn new(entries: usize, ways: usize) -> Self {
         let ways = ways.max(1).min(entries.max(1));
         let sets = (entries / ways).max(1);
         TagCache {
             sets,
+            set_mask: sets.is_power_of_two().then_some(sets as u64 - 1),
             ways,
             tags: vec![EMPTY; sets * ways],
-            vals: vec![0; sets * ways],
+            vals: vec![V::default(); sets * ways],
             stamp: vec![0; sets * ways],
             clock: 0,
         }
@@ -36,13 +39,17 @@ impl TagCache {
     #[inline]
     fn set_of(&self, tag: u64, index: u64) -> usize {
         let _ = tag;
-        (index % self.sets as u64) as usize * self.ways
+        let set = match self.set_mask {
+            Some(m) => index & m,
+            None => index % self.sets as u64,
+        };
+        set as usize * self.ways
     }
 
     /// Look up `tag` in the set chosen by `index`; on a miss insert it with `val` (evicting the LRU way).
     /// Returns whether it hit.
     #[inline]
-    pub fn access(&mut self, tag: u64, index: u64, val: u64) -> bool {
+    pub fn access(&mut self, tag: u64, index: u64, val: V) -> bool {
         if self.lookup(tag, index).is_some() {
             return true;
         }
@@ -52,7 +59,7 @@ impl TagCache {
 
     /// Look up `tag`, refreshing its LRU position on a hit; returns the cached value.
     #[inline]
-    pub fn lookup(&mut self, tag: u64, index: u64) -> Option<u64> {
+    pub fn lookup(&mut self, tag: u64, index: u64) -> Option<V> {
         self.clock += 1;
         let base = self.set_of(tag, index);
         let w = self.tags[base..base + self.ways]
@@ -64,7 +71,7 @@ impl TagCache {
 
     /// Insert `tag` → `val` (not present), evicting the least recently used way of its set.
     #[inline]
-    pub fn insert(&mut self, tag: u64, index: u64, val: u64) {
+    pub fn insert(&mut self, tag: u64, index: u64, val: V) {
         self.clock += 1;
         let base = self.set_of(tag, index);
         let set = &mut self.tags[base..base + self.ways];

@@ -184,6 +184,8 @@ pub struct RadixPgtable {
     next_id: u64,
     pub tables_allocated: u64,
     pub tables_freed: u64,
+    /// Present leaves a map overwrote (callers map only unmapped ranges, so normally 0).
+    pub leaves_replaced: u64,
 }
 
 impl RadixPgtable {
@@ -196,6 +198,7 @@ impl RadixPgtable {
             next_id: 1,
             tables_allocated: 0,
             tables_freed: 0,
+            leaves_replaced: 0,
         };
         pt.root = pt.alloc_table(fmt.levels);
         pt
@@ -244,6 +247,7 @@ impl RadixPgtable {
                 let idx = self.fmt.index(va, l);
                 let e = self.tables[t as usize].e[idx];
                 t = if e == 0 || e & LEAF != 0 {
+                    self.leaves_replaced += (e != 0) as u64;
                     let child = self.alloc_table(l - 1);
                     let tab = &mut self.tables[t as usize];
                     tab.live += (e == 0) as u32;
@@ -253,9 +257,11 @@ impl RadixPgtable {
                     (e - 1) as u32
                 };
             }
-            let tab = &mut self.tables[t as usize];
             let idx = self.fmt.index(va, level);
-            tab.live += (tab.e[idx] == 0) as u32;
+            let old = self.tables[t as usize].e[idx];
+            self.leaves_replaced += (old != 0) as u64;
+            let tab = &mut self.tables[t as usize];
+            tab.live += (old == 0) as u32;
             tab.e[idx] = LEAF | (phys + k * step + 1);
         }
         count
@@ -368,10 +374,23 @@ impl RadixPgtable {
         w
     }
 
-    /// The physical granule pfn mapped at `gpfn` and the level of its leaf.
+    /// The physical granule pfn mapped at `gpfn` and the level of its leaf (the walk without its record;
+    /// it runs on every cache hit to detect stale entries).
+    #[inline]
     pub fn lookup(&self, gpfn: u64) -> Option<(u64, u32)> {
-        let w = self.walk(gpfn);
-        w.phys.map(|p| (p, w.level))
+        let mut t = self.root;
+        for level in (1..=self.fmt.levels).rev() {
+            let e = self.tables[t as usize].e[self.fmt.index(gpfn, level)];
+            if e == 0 {
+                return None;
+            }
+            if e & LEAF != 0 {
+                let mask = (1u64 << self.fmt.span_shift(level)) - 1;
+                return Some((((e & !LEAF) - 1) + (gpfn & mask), level));
+            }
+            t = (e - 1) as u32;
+        }
+        None
     }
 }
 

@@ -31,7 +31,8 @@ fn tag_level(t: u64) -> u32 {
 /// A TLB of leaf translations of any page size (the IOTLB, or a device's ATC): one entry per page or
 /// block, tagged by its size so an invalidation by address finds the block holding that address.
 pub struct Tlb {
-    c: TagCache,
+    /// Value: (physical granule pfn of the page, the translator's unmap epoch when it was filled).
+    c: TagCache<(u64, u64)>,
     /// Bit L: entries of level L have been filled (only those sizes are probed).
     sizes: u32,
 }
@@ -44,26 +45,35 @@ impl Tlb {
         }
     }
 
-    /// The cached leaf holding `gpfn`: (its level, the physical granule pfn of `gpfn` through it).
-    fn lookup(&mut self, f: &PtFormat, dom: DomainId, gpfn: u64) -> Option<(u32, u64)> {
+    /// The cached leaf holding `gpfn`: (its level, the physical granule pfn of `gpfn` through it, the
+    /// epoch it was filled at).
+    fn lookup(&mut self, f: &PtFormat, dom: DomainId, gpfn: u64) -> Option<(u32, u64, u64)> {
         let mut sizes = self.sizes;
         while sizes != 0 {
             let level = sizes.trailing_zeros();
             sizes &= sizes - 1;
             let s = f.span_shift(level);
-            if let Some(base) = self.c.lookup(tag(dom, level, gpfn >> s), gpfn >> s) {
-                return Some((level, base + (gpfn & ((1 << s) - 1))));
+            if let Some((base, epoch)) = self.c.lookup(tag(dom, level, gpfn >> s), gpfn >> s) {
+                return Some((level, base + (gpfn & ((1 << s) - 1)), epoch));
             }
         }
         None
     }
 
-    fn insert(&mut self, f: &PtFormat, dom: DomainId, level: u32, gpfn: u64, phys: u64) {
+    fn insert(
+        &mut self,
+        f: &PtFormat,
+        dom: DomainId,
+        level: u32,
+        gpfn: u64,
+        phys: u64,
+        epoch: u64,
+    ) {
         let s = f.span_shift(level);
         let mask = (1u64 << s) - 1;
         self.sizes |= 1 << level;
         self.c
-            .insert(tag(dom, level, gpfn >> s), gpfn >> s, phys & !mask);
+            .insert(tag(dom, level, gpfn >> s), gpfn >> s, (phys & !mask, epoch));
     }
 
     /// Drop entries of `dom` overlapping granules [lo, hi].
@@ -106,6 +116,9 @@ pub struct Translator {
     pwc: Vec<TagCache>,
     /// The device's address translation cache when it uses ATS (PCIe ATS; VT-d device-TLB).
     atc: Option<Tlb>,
+    /// Bumped whenever a leaf is cleared or replaced: a TLB entry filled at the current epoch cannot be
+    /// stale, so its hit needs no table walk to check (a simulator shortcut, not hardware).
+    epoch: u64,
     pub c: IommuCounters,
 }
 
@@ -125,6 +138,7 @@ impl Translator {
                 })
                 .collect(),
             atc: atc.map(|(n, w)| Tlb::new(n as usize, w as usize)),
+            epoch: 0,
             c: IommuCounters::default(),
         }
     }
@@ -164,9 +178,12 @@ impl Translator {
         let g = self.gshift();
         let (lo, hi) = self.granules(iova_pfn, n);
         let pt = self.pt(dom);
-        let before = pt.tables_allocated;
+        let (before, replaced) = (pt.tables_allocated, pt.leaves_replaced);
         let w = pt.map(lo, phys_pfn >> g, hi - lo + 1);
         let grown = pt.tables_allocated - before;
+        if pt.leaves_replaced != replaced {
+            self.epoch += 1;
+        }
         self.c.table_pages_allocated += grown;
         w
     }
@@ -180,6 +197,7 @@ impl Translator {
         self.c.table_pages_freed += u.tables_freed as u64;
         self.c.ptes_cleared += u.leaves;
         if u.granules > 0 {
+            self.epoch += 1;
             gather.add_range(u.first << g, (u.last - u.first + 1) << g);
             let pgsize = self.fmt.granule_shift + self.fmt.span_shift(u.leaf_level);
             gather.pgsize_shift = gather.pgsize_shift.max(pgsize);
@@ -212,11 +230,12 @@ impl Translator {
                 .and_then(|p| p.lookup(gpfn))
                 .map(|(p, _)| p)
         };
+        let epoch = self.epoch;
         let mut atc_miss = false;
         if let Some(atc) = self.atc.as_mut() {
-            if let Some((_, phys)) = atc.lookup(&fmt, dom, gpfn) {
+            if let Some((_, phys, filled)) = atc.lookup(&fmt, dom, gpfn) {
                 self.c.atc_hits += 1;
-                let stale = current() != Some(phys);
+                let stale = filled != epoch && current() != Some(phys);
                 self.c.stale_hits += stale as u64;
                 return Translation {
                     atc_hit: true,
@@ -228,8 +247,8 @@ impl Translator {
             self.c.atc_misses += 1;
             atc_miss = true;
         }
-        if let Some((level, phys)) = self.iotlb.lookup(&fmt, dom, gpfn) {
-            let stale = current() != Some(phys);
+        if let Some((level, phys, filled)) = self.iotlb.lookup(&fmt, dom, gpfn) {
+            let stale = filled != epoch && current() != Some(phys);
             self.c.stale_hits += stale as u64;
             if atc_miss && !stale {
                 self.atc_fill(dom, level, gpfn, phys);
@@ -302,7 +321,7 @@ impl Translator {
                 ..Default::default()
             };
         };
-        self.iotlb.insert(&fmt, dom, w.level, gpfn, phys);
+        self.iotlb.insert(&fmt, dom, w.level, gpfn, phys, epoch);
         if atc_miss {
             self.atc_fill(dom, w.level, gpfn, phys);
         }
@@ -316,9 +335,9 @@ impl Translator {
     }
 
     fn atc_fill(&mut self, dom: DomainId, level: u32, gpfn: u64, phys: u64) {
-        let fmt = self.fmt;
+        let (fmt, epoch) = (self.fmt, self.epoch);
         if let Some(atc) = self.atc.as_mut() {
-            atc.insert(&fmt, dom, level, gpfn, phys);
+            atc.insert(&fmt, dom, level, gpfn, phys, epoch);
         }
     }
 
