@@ -8,6 +8,7 @@ import sys
 
 from . import __version__, _core
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
+from .replay import format_replay, replay
 from .report import format_table
 
 
@@ -46,6 +47,23 @@ def build_parser() -> argparse.ArgumentParser:
                        description="List built-in scenarios; with a NAME, print its TOML (a starting point for your own).")
     s.add_argument("name", nargs="?", help="built-in scenario to print")
 
+    rp = sub.add_parser("replay", help="replay a real kernel's DMA trace and count what reached the IOMMU per phase",
+                        description="Replay ftrace text with iommu:map / iommu:unmap events (as "
+                        "/sys/kernel/tracing/trace prints them; .xz/.gz/.bz2 or - for stdin) through the DMA layer "
+                        "and an IOMMU model, and count per phase (TB_BEGIN/TB_END trace markers) the invalidations, "
+                        "wait descriptors and requests that reached the IOMMU.")
+    rp.add_argument("trace", metavar="TRACE", help="ftrace text file, or - for standard input")
+    rp.add_argument("--iommu", choices=["vtd", "smmuv3"], default="vtd", help="IOMMU model (default vtd)")
+    rp.add_argument("--caching-mode", choices=["on", "off"], default="off",
+                    help="VT-d caching mode (a virtual IOMMU; default off)")
+    rp.add_argument("--ats", action="store_true", help="the device uses ATS (device-TLB invalidations)")
+    rp.add_argument("--kernel", default="6.12", metavar="V", help="traced kernel version, MAJOR.MINOR (default 6.12)")
+    g = rp.add_mutually_exclusive_group()
+    g.add_argument("--cmdline", default="", help="traced kernel's command line (decides the default domain)")
+    g.add_argument("--mode", choices=["strict", "lazy", "passthrough"], help="the DMA domain's mode, outright")
+    rp.add_argument("--hz", type=int, default=250, help="traced kernel's CONFIG_HZ (default 250, as Debian's)")
+    rp.add_argument("--json", action="store_true", help='print {"phases": {NAME: {"counts": {...}}}, ...}')
+
     f = sub.add_parser("profiles", help="list the built-in platform profiles, or print one",
                        description="List built-in platform profiles; with a NAME, print it with the source of every number.")
     f.add_argument("name", nargs="?", help="built-in profile to print")
@@ -62,6 +80,17 @@ def _cmd_run(a: argparse.Namespace) -> int:
     else:
         sc = json.loads(variants[0].scenario_json())
         sys.stdout.write(format_table(sc, results))
+    return 0
+
+
+def _cmd_replay(a: argparse.Namespace) -> int:
+    res = replay(a.trace, iommu=a.iommu, caching_mode=a.caching_mode == "on", ats=a.ats, kernel=a.kernel,
+                 cmdline=a.cmdline, mode=a.mode, hz=a.hz)
+    if a.json:
+        json.dump(res, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_replay(res))
     return 0
 
 
@@ -87,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(a)
         if a.cmd == "scenarios":
             return _cmd_list("scenario", _core.builtin_scenarios(), a.name)
+        if a.cmd == "replay":
+            return _cmd_replay(a)
         if a.cmd == "profiles":
             return _cmd_list("profile", _core.builtin_profiles(), a.name)
         parser.print_help()

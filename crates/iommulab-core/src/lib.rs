@@ -17,6 +17,7 @@ pub mod host;
 pub mod hw;
 pub mod input;
 pub mod metrics;
+pub mod replay;
 pub mod run;
 pub mod scenario;
 pub mod sim;

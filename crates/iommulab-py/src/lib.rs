@@ -1,7 +1,7 @@
 //! Thin PyO3 bindings: load scenarios, step simulations, hand results back as JSON text.
 //! Everything of substance lives in iommulab-core; everything user-facing lives in the Python package.
 
-use iommulab_core::{run, scenario};
+use iommulab_core::{replay, run, scenario};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -105,6 +105,83 @@ fn load(
     Ok(vs.into_iter().map(|inner| Variant { inner }).collect())
 }
 
+/// A trace replay fed in chunks of bytes (decompression and file handling stay in Python).
+#[pyclass(module = "iommulab._core")]
+struct Replay {
+    inner: Option<replay::ReplaySession>,
+}
+
+#[pymethods]
+impl Replay {
+    #[new]
+    #[pyo3(signature = (name, vendor, caching_mode, ats, kernel, cmdline, mode, hz, jiffy_phase_ns = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        name: &str,
+        vendor: &str,
+        caching_mode: bool,
+        ats: bool,
+        kernel: &str,
+        cmdline: &str,
+        mode: Option<&str>,
+        hz: u32,
+        jiffy_phase_ns: u64,
+    ) -> PyResult<Self> {
+        let vendor = match vendor {
+            "vtd" => scenario::Vendor::Vtd,
+            "smmuv3" => scenario::Vendor::Smmuv3,
+            other => {
+                return Err(ScenarioError::new_err(format!(
+                    "--iommu {other}: expected vtd or smmuv3"
+                )))
+            }
+        };
+        let mode = match mode {
+            None => None,
+            Some("strict") => Some(scenario::PolicyName::Strict),
+            Some("lazy") => Some(scenario::PolicyName::Lazy),
+            Some("passthrough") => Some(scenario::PolicyName::Passthrough),
+            Some(other) => {
+                return Err(ScenarioError::new_err(format!(
+                    "--mode {other}: expected strict, lazy or passthrough"
+                )))
+            }
+        };
+        let opts = replay::ReplayOptions {
+            vendor,
+            caching_mode,
+            ats,
+            kernel: kernel.to_string(),
+            cmdline: cmdline.to_string(),
+            mode,
+            hz,
+            jiffy_phase_ns,
+        };
+        let s = replay::ReplaySession::new(name, &opts).map_err(err)?;
+        Ok(Replay { inner: Some(s) })
+    }
+
+    /// Feed the next chunk of trace bytes (the GIL is released meanwhile).
+    fn feed(&mut self, py: Python<'_>, chunk: &[u8]) -> PyResult<()> {
+        let s = self
+            .inner
+            .as_mut()
+            .ok_or_else(|| PyValueError::new_err("replay already finished"))?;
+        py.allow_threads(|| s.feed(chunk));
+        Ok(())
+    }
+
+    /// End of the trace: the result as JSON text.
+    fn finish(&mut self) -> PyResult<String> {
+        let s = self
+            .inner
+            .take()
+            .ok_or_else(|| PyValueError::new_err("replay already finished"))?;
+        let r = s.finish().map_err(err)?;
+        Ok(serde_json::to_string(&r).expect("result serialises"))
+    }
+}
+
 #[pyfunction]
 fn builtin_scenarios() -> Vec<(String, String)> {
     scenario::BUILTIN_SCENARIOS
@@ -127,6 +204,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ScenarioError", m.py().get_type::<ScenarioError>())?;
     m.add_class::<Variant>()?;
     m.add_class::<Simulation>()?;
+    m.add_class::<Replay>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_scenarios, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_profiles, m)?)?;

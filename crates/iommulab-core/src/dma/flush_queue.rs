@@ -25,6 +25,8 @@ pub struct FlushQueue {
     flush_finish_cnt: u64,
     timer_on: bool,
     jiffy_ns: u64,
+    /// Where the scheduler tick falls on the clock `now` is measured by: ticks at `jiffy_phase_ns + k·jiffy`.
+    jiffy_phase_ns: u64,
 }
 
 impl FlushQueue {
@@ -35,7 +37,15 @@ impl FlushQueue {
             flush_finish_cnt: 0,
             timer_on: false,
             jiffy_ns: 1_000_000_000 / hz.max(1) as u64,
+            jiffy_phase_ns: 0,
         }
+    }
+
+    /// Put the scheduler tick at `phase_ns` (mod one jiffy) on the caller's clock (a replayed trace's
+    /// clock need not tick at multiples of the jiffy).
+    pub fn with_jiffy_phase(mut self, phase_ns: u64) -> Self {
+        self.jiffy_phase_ns = phase_ns % self.jiffy_ns;
+        self
     }
 
     /// fq_flush_iotlb(): start count, flush_iotlb_all, finish count.
@@ -60,10 +70,14 @@ impl FlushQueue {
         t
     }
 
-    /// msecs_to_jiffies() then mod_timer(jiffies + n): expiry falls on a jiffy boundary.
-    fn expiry(&self, now: Time) -> Time {
+    /// mod_timer(jiffies + msecs_to_jiffies(10)): the timer wheel files it one jiffy later still
+    /// (kernel/time/timer.c calc_index(): "Round up with level granularity" so it never fires early), and
+    /// it runs on that tick.
+    pub fn expiry(&self, now: Time) -> Time {
         let n = (IOVA_DEFAULT_FQ_TIMEOUT_MS * NS_PER_MS).div_ceil(self.jiffy_ns);
-        (now / self.jiffy_ns + n) * self.jiffy_ns
+        let since = now + self.jiffy_ns - self.jiffy_phase_ns;
+        let jiffies = since / self.jiffy_ns;
+        (jiffies + n + 1) * self.jiffy_ns + self.jiffy_phase_ns - self.jiffy_ns
     }
 
     /// Entries waiting on `cpu`'s ring.
@@ -87,7 +101,10 @@ impl DmaPolicy for FlushQueue {
     ) -> Time {
         // The gather is queued: io-pgtable and intel skip range gathering and no sync is issued here.
         let (_g, t) = core.unmap_ptes(now, cpu, iova_pfn, pages);
-        // queue_iova(): this CPU's ring under its lock.
+        // queue_iova(): this CPU's ring under its lock (rings for CPUs beyond the first ones on demand).
+        if cpu >= self.rings.len() {
+            self.rings.resize_with(cpu + 1, VecDeque::new);
+        }
         let mut t = t + core.costs.lock_ns;
         t = self.ring_free(core, t, cpu, cpu);
         if self.rings[cpu].len() >= IOVA_DEFAULT_FQ_SIZE - 1 {
@@ -158,7 +175,24 @@ mod tests {
         let (iova, _) = c.iommu_map(0, 0, 5, 1).unwrap();
         fq.unmap(&mut c, 5_000_000, 0, iova, 1);
         let (exp, cpu) = c.timer_request.take().unwrap();
-        assert_eq!((exp, cpu), (16_000_000, 0), "jiffy 1 (4 ms) + 3 jiffies");
+        assert_eq!(
+            (exp, cpu),
+            (20_000_000, 0),
+            "jiffy 1 (4 ms) + 3 jiffies + the wheel's round-up"
+        );
+        // With the tick at 1 ms past each 4 ms: armed at 5 ms in jiffy [5, 9) → tick 5 + 4·4 = 21 ms.
+        assert_eq!(
+            FlushQueue::new(1, 250)
+                .with_jiffy_phase(1_000_000)
+                .expiry(5_000_000),
+            21_000_000
+        );
+        assert_eq!(
+            FlushQueue::new(1, 250)
+                .with_jiffy_phase(1_000_000)
+                .expiry(4_999_999),
+            17_000_000
+        );
         let (iova2, _) = c.iommu_map(0, 1, 6, 1).unwrap();
         fq.unmap(&mut c, 6_000_000, 1, iova2, 1);
         assert!(

@@ -43,6 +43,9 @@ pub struct DmaCore {
     pci_32bit_workaround: bool,
     /// A timer the policy armed, for the engine to schedule: (expiry, CPU that armed it).
     pub timer_request: Option<(Time, usize)>,
+    /// IOVAs come from a replayed trace (the traced kernel's allocator), not from `iovad`: freeing them is
+    /// not this allocator's business.
+    pub iova_from_trace: bool,
 }
 
 /// 4 GiB in 4 KiB pages: the first try for PCI devices (iommu_dma_alloc_iova, DMA_BIT_MASK(32)).
@@ -66,6 +69,7 @@ impl DmaCore {
             granule: fmt.granule_pages(),
             pci_32bit_workaround: true,
             timer_request: None,
+            iova_from_trace: false,
         }
     }
 
@@ -94,6 +98,9 @@ impl DmaCore {
 
     /// iommu_dma_free_iova() → free_iova_fast() for a range handed out by [`DmaCore::iommu_map`].
     pub fn free_iova(&mut self, now: Time, cpu: usize, iova_pfn: u64, pages: u64) -> Time {
+        if self.iova_from_trace {
+            return now;
+        }
         let (base, _, n) = self.granules(iova_pfn, pages);
         self.iovad.free_fast(now, cpu, base / self.granule, n)
     }

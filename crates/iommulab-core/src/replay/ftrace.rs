@@ -1,0 +1,279 @@
+//! Streaming reader of Linux ftrace text as `trace` / `trace_pipe` print it:
+//!
+//! ```text
+//!      kworker/0:1-10      [000] b..1.     3.579441: map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096
+//!      kworker/0:1-10      [000] ..s2.     3.580036: unmap: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 size=4096 unmapped_size=4096
+//!            init-1       [000] .....     4.491812: tracing_mark_write: TB_BEGIN idle
+//! ```
+//!
+//! The prefix is `TASK-PID [CPU] FLAGS TIMESTAMP:` (task names may hold spaces and dashes; the tgid column
+//! `(  123)` and the flags column are optional, as trace_options allow). Event bodies follow
+//! include/trace/events/iommu.h (`map`: iova range, paddr, size; `unmap`: iova range, size, unmapped_size;
+//! kernels before 5.x printed `iova=… paddr=… size=…` without the range end, which is accepted too). One line
+//! at a time; a line that cannot be read is returned as [`Record::Bad`], never an error.
+
+/// What one line of the trace holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Record {
+    Map {
+        ev: EventHead,
+        iova: u64,
+        paddr: u64,
+        size: u64,
+    },
+    Unmap {
+        ev: EventHead,
+        iova: u64,
+        size: u64,
+        unmapped: u64,
+    },
+    /// A `tracing_mark_write:` line: its text.
+    Marker { ev: EventHead, text: String },
+    /// Another event, a header or comment line, or an empty line.
+    Other,
+    /// A line that could not be read (cut by a buffer overrun, garbled): its number and why.
+    Bad { line: u64, why: &'static str },
+}
+
+/// The context an event ran in, from the irq-info flags column (its third character: `h`/`H` hardirq,
+/// `s` softirq, `z`/`Z` NMI; `.` or no flags column: task context).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ctx {
+    Task,
+    Softirq,
+    Hardirq,
+    Nmi,
+}
+
+/// The common prefix of an event line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EventHead {
+    pub pid: u32,
+    pub cpu: u32,
+    pub ctx: Ctx,
+    /// Trace clock in ns.
+    pub ts_ns: u64,
+    pub line: u64,
+}
+
+/// Parse one line (without its line ending).
+pub fn parse_line(s: &str, line: u64) -> Record {
+    let t = s.trim_start();
+    if t.is_empty() || t.starts_with('#') {
+        return Record::Other;
+    }
+    // "CPU:3 [LOST 120 EVENTS]" and similar overrun notes.
+    if t.starts_with("CPU:") || t.starts_with("##### CPU") {
+        return Record::Other;
+    }
+    let Some((head, rest)) = split_head(t, line) else {
+        // Not an event line we can read; it may still be one of ours, cut short.
+        return if s.contains(" map: IOMMU")
+            || s.contains(" unmap: IOMMU")
+            || s.contains("tracing_mark_write")
+        {
+            Record::Bad {
+                line,
+                why: "an iommu or marker event without a readable TASK-PID [CPU] TIMESTAMP: prefix",
+            }
+        } else {
+            Record::Other
+        };
+    };
+    let (event, body) = match rest.split_once(": ") {
+        Some((e, b)) => (e.trim(), b),
+        None => (rest.trim_end_matches(':').trim(), ""),
+    };
+    match event {
+        "map" | "iommu:map" => parse_map(head, body),
+        "unmap" | "iommu:unmap" => parse_unmap(head, body),
+        "tracing_mark_write" | "print" => Record::Marker {
+            ev: head,
+            text: body.trim().to_string(),
+        },
+        _ => Record::Other,
+    }
+}
+
+/// `TASK-PID [CPU] FLAGS TIMESTAMP: ` → (head, the rest after the timestamp's colon).
+fn split_head(t: &str, line: u64) -> Option<(EventHead, &str)> {
+    // The CPU field "[NNN]" is the first bracketed number after the task-pid.
+    let open = t.find(" [").or_else(|| t.find('['))?;
+    let close = open + t[open..].find(']')?;
+    let cpu: u32 = t[open..close]
+        .trim_start_matches([' ', '['])
+        .trim()
+        .parse()
+        .ok()?;
+    let taskpid = t[..open].trim_end();
+    // Optional "(tgid)" column before the CPU.
+    let taskpid = match taskpid.rfind('(') {
+        Some(p) if taskpid.ends_with(')') => taskpid[..p].trim_end(),
+        _ => taskpid,
+    };
+    let dash = taskpid.rfind('-')?;
+    let pid: u32 = taskpid[dash + 1..].parse().ok()?;
+    let after = &t[close + 1..];
+    // FLAGS (optional) then TIMESTAMP followed by ':'.
+    let colon = after.find(": ")?;
+    let before = after[..colon].trim();
+    let mut words = before.split_whitespace();
+    let ts = words.next_back()?;
+    let ts_ns = parse_ts(ts)?;
+    let ctx = match words.next_back().and_then(|f| f.as_bytes().get(2)) {
+        Some(b'h' | b'H') => Ctx::Hardirq,
+        Some(b's') => Ctx::Softirq,
+        Some(b'z' | b'Z') => Ctx::Nmi,
+        _ => Ctx::Task,
+    };
+    Some((
+        EventHead {
+            pid,
+            cpu,
+            ctx,
+            ts_ns,
+            line,
+        },
+        &after[colon + 2..],
+    ))
+}
+
+/// "123.456789" seconds (any number of decimals) → ns.
+fn parse_ts(s: &str) -> Option<u64> {
+    let (sec, frac) = s.split_once('.').unwrap_or((s, ""));
+    let sec: u64 = sec.parse().ok()?;
+    if frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let frac_ns: u64 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse::<u64>().ok()? * 10u64.pow(9 - frac.len() as u32)
+    };
+    sec.checked_mul(1_000_000_000)?.checked_add(frac_ns)
+}
+
+/// The value of `key=` in a body of space-separated fields.
+fn field<'a>(body: &'a str, key: &str) -> Option<&'a str> {
+    body.split_whitespace()
+        .find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+}
+
+fn num(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+fn parse_map(ev: EventHead, body: &str) -> Record {
+    let line = ev.line;
+    let bad = |why| Record::Bad { line, why };
+    let (Some(iova), Some(paddr), Some(size)) = (
+        field(body, "iova").and_then(num),
+        field(body, "paddr").and_then(num),
+        field(body, "size").and_then(num),
+    ) else {
+        return bad("a map event without iova=, paddr= and size=");
+    };
+    Record::Map {
+        ev,
+        iova,
+        paddr,
+        size,
+    }
+}
+
+fn parse_unmap(ev: EventHead, body: &str) -> Record {
+    let line = ev.line;
+    let (Some(iova), Some(size)) = (
+        field(body, "iova").and_then(num),
+        field(body, "size").and_then(num),
+    ) else {
+        return Record::Bad {
+            line,
+            why: "an unmap event without iova= and size=",
+        };
+    };
+    let unmapped = field(body, "unmapped_size").and_then(num).unwrap_or(size);
+    Record::Unmap {
+        ev,
+        iova,
+        size,
+        unmapped,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAP: &str = "     kworker/0:1-10      [000] b..1.     3.579441: map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096";
+    const UNMAP: &str = "          <idle>-0       [000] d.H1.    14.017936: unmap: IOMMU: iova=0x00000000ffec0000 - 0x00000000ffee0000 size=131072 unmapped_size=131072";
+
+    #[test]
+    fn reads_the_kernels_map_unmap_and_marker_lines() {
+        let Record::Map {
+            ev,
+            iova,
+            paddr,
+            size,
+        } = parse_line(MAP, 1)
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (ev.pid, ev.cpu, ev.ts_ns, ev.ctx),
+            (10, 0, 3_579_441_000, Ctx::Task)
+        );
+        assert_eq!((iova, paddr, size), (0xffebc000, 0x2f1d000, 4096));
+        let Record::Unmap {
+            ev,
+            iova,
+            size,
+            unmapped,
+        } = parse_line(UNMAP, 2)
+        else {
+            panic!()
+        };
+        assert_eq!(ev.ctx, Ctx::Hardirq, "flags d.H1.");
+        assert_eq!((iova, size, unmapped), (0xffec0000, 131072, 131072));
+        let m = parse_line(
+            "            init-1       [000] .....     4.491812: tracing_mark_write: TB_BEGIN idle",
+            3,
+        );
+        assert!(matches!(m, Record::Marker { ref text, .. } if text == "TB_BEGIN idle"));
+    }
+
+    #[test]
+    fn tolerates_other_formats_and_noise() {
+        // tgid column, no flags column, a task name with spaces, nanosecond timestamps.
+        let l = "   my task-1234  (  1200) [003]   12.000000001: map: IOMMU: iova=0x1000 paddr=0x2000 size=8192";
+        let Record::Map { ev, iova, size, .. } = parse_line(l, 1) else {
+            panic!("{:?}", parse_line(l, 1))
+        };
+        assert_eq!(
+            (ev.pid, ev.cpu, ev.ts_ns, iova, size),
+            (1234, 3, 12_000_000_001, 0x1000, 8192)
+        );
+        for other in [
+            "# tracer: nop",
+            "",
+            "CPU:0 [LOST 1234 EVENTS]",
+            "  sshd-100 [001] ..... 5.000000: sched_switch: prev_comm=sshd",
+        ] {
+            assert_eq!(parse_line(other, 1), Record::Other, "{other}");
+        }
+        // A line cut by an overrun.
+        let cut = &MAP[..MAP.len() - 30];
+        assert!(
+            matches!(parse_line(cut, 9), Record::Bad { line: 9, .. }),
+            "{:?}",
+            parse_line(cut, 9)
+        );
+        assert!(matches!(
+            parse_line("ffebc000 paddr=0x2f1d000 size=4096 map: IOMMU", 4),
+            Record::Bad { .. }
+        ));
+    }
+}

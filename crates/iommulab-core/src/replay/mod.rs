@@ -1,0 +1,820 @@
+//! Replay of a real kernel's DMA-mapping trace: the `iommu:map` / `iommu:unmap` events a Linux host recorded
+//! drive the DMA layer's policy and the IOMMU model at the trace's own addresses and times, and what reached
+//! the IOMMU is counted per phase (phases are bracketed by `TB_BEGIN name` / `TB_END name` trace markers).
+//!
+//! What the trace gives and what is inferred:
+//! - Addresses: the kernel's own IOVAs and physical addresses are mapped and unmapped as traced (the
+//!   simulated allocator is not used). An unmap of a range mapped before tracing began (a device's rings
+//!   set up at probe) is honoured: its PTEs are reconstructed from the unmap event before they are cleared.
+//! - `iotlb_sync_map` grouping: `iommu_map_sg()` traces one `map` per physically contiguous segment but
+//!   calls `iotlb_sync_map` once, over IOVA it allocated in one piece, in a loop on one CPU in one context;
+//!   and `dma_unmap_sg()` unmaps that whole IOVA range with one `unmap`. So `map` events of the same pid, CPU
+//!   and context (interrupts may cut in) whose IOVA continues the previous one are a candidate group; the
+//!   unmaps then settle it: each unmap covering some of its segments shows that those were one mapping call
+//!   (one `iotlb_sync_map`). Contiguity alone is not enough: an IOVA freed by an interrupt is often handed
+//!   out right above the previous mapping. Groups never unmapped count as one call each. The sync is issued
+//!   when the group is settled and counted in the phase its maps were in.
+//! - Time: the trace clock drives the flush queue's timer; the phase of the scheduler tick against that clock
+//!   is not in the trace and is set by [`ReplayOptions::jiffy_phase_ns`].
+//! - Devices: the trace does not say which device an event belongs to; all events go to one DMA domain.
+
+pub mod ftrace;
+
+use crate::dma::flush_queue::FlushQueue;
+use crate::dma::{default_domain, DmaCore, DmaLayer};
+use crate::hw::{self, InvKind, IommuCounters, PAGE_SHIFT};
+use crate::input::InputError;
+use crate::scenario::{load, Arch, PolicyName, Source, Vendor};
+use crate::sim::Time;
+use ftrace::{Ctx, EventHead, Record};
+use serde::ser::SerializeMap;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::BufRead;
+
+/// What the replayed host was.
+#[derive(Debug, Clone)]
+pub struct ReplayOptions {
+    pub vendor: Vendor,
+    pub caching_mode: bool,
+    pub ats: bool,
+    /// `MAJOR.MINOR`.
+    pub kernel: String,
+    /// The kernel command line (default-domain rules), unless `mode` says the policy outright.
+    pub cmdline: String,
+    pub mode: Option<PolicyName>,
+    /// CONFIG_HZ of the traced kernel.
+    pub hz: u32,
+    /// Where the traced kernel's scheduler tick fell on the trace clock, in ns mod one jiffy.
+    pub jiffy_phase_ns: u64,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            vendor: Vendor::Vtd,
+            caching_mode: false,
+            ats: false,
+            kernel: "6.12".into(),
+            cmdline: String::new(),
+            mode: None,
+            // Debian's x86-64 and arm64 kernels: CONFIG_HZ_250.
+            hz: 250,
+            jiffy_phase_ns: 0,
+        }
+    }
+}
+
+/// What reached the IOMMU in one phase. VT-d names; on SMMUv3 `iotlb_psi` counts TLBI by address
+/// (NH_VA / S2_IPA), `iotlb_dsi` TLBI by ASID / VMID, `wait` CMD_SYNCs and `devtlb` ATC_INVs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Counts {
+    pub map_events: u64,
+    pub unmap_events: u64,
+    /// `iotlb_sync_map` calls (map groups).
+    pub map_syncs: u64,
+    pub iotlb_psi: u64,
+    pub iotlb_dsi: u64,
+    pub iotlb_global: u64,
+    pub wait: u64,
+    pub devtlb: u64,
+    pub virtio_map: u64,
+    pub virtio_unmap: u64,
+}
+
+/// Running totals the per-phase counts are differences of.
+#[derive(Debug, Clone, Default)]
+struct Totals {
+    map_events: u64,
+    unmap_events: u64,
+    map_syncs: u64,
+    iommu: IommuCounters,
+}
+
+impl Totals {
+    fn counts_since(&self, a: &Totals) -> Counts {
+        let inv = |ks: &[InvKind]| -> u64 {
+            ks.iter().map(|&k| self.iommu.get(k) - a.iommu.get(k)).sum()
+        };
+        Counts {
+            map_events: self.map_events - a.map_events,
+            unmap_events: self.unmap_events - a.unmap_events,
+            map_syncs: self.map_syncs - a.map_syncs,
+            iotlb_psi: inv(&[InvKind::Psi, InvKind::TlbiNhVa, InvKind::TlbiS2Ipa]),
+            iotlb_dsi: inv(&[InvKind::Dsi, InvKind::TlbiNhAsid, InvKind::TlbiS12Vmall]),
+            iotlb_global: inv(&[InvKind::Global]),
+            wait: self.iommu.syncs - a.iommu.syncs,
+            devtlb: inv(&[InvKind::DevTlb, InvKind::AtcInv]),
+            virtio_map: 0,
+            virtio_unmap: 0,
+        }
+    }
+}
+
+impl std::ops::AddAssign<&Counts> for Counts {
+    fn add_assign(&mut self, o: &Counts) {
+        self.map_events += o.map_events;
+        self.unmap_events += o.unmap_events;
+        self.map_syncs += o.map_syncs;
+        self.iotlb_psi += o.iotlb_psi;
+        self.iotlb_dsi += o.iotlb_dsi;
+        self.iotlb_global += o.iotlb_global;
+        self.wait += o.wait;
+        self.devtlb += o.devtlb;
+        self.virtio_map += o.virtio_map;
+        self.virtio_unmap += o.virtio_unmap;
+    }
+}
+
+/// One phase's result.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Phase {
+    pub counts: Counts,
+}
+
+/// Phases in the order they first appeared, serialised as a JSON object.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Phases(pub Vec<(String, Phase)>);
+
+impl Phases {
+    pub fn get(&self, name: &str) -> Option<&Phase> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, p)| p)
+    }
+    fn entry(&mut self, name: &str) -> &mut Phase {
+        let i = match self.0.iter().position(|(n, _)| n == name) {
+            Some(i) => i,
+            None => {
+                self.0.push((name.to_string(), Phase::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[i].1
+    }
+}
+
+impl Serialize for Phases {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+/// Lines the reader saw.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Lines {
+    pub total: u64,
+    pub events: u64,
+    pub bad: u64,
+    /// The first few bad lines: "LINE: why".
+    pub bad_examples: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ReplayResult {
+    pub iommu: String,
+    pub kernel: String,
+    pub policy: String,
+    pub policy_reason: String,
+    pub hz: u32,
+    pub lines: Lines,
+    pub phases: Phases,
+}
+
+/// The phase events outside every marker pair belong to.
+pub const OUTSIDE: &str = "_outside";
+const BAD_EXAMPLES: usize = 5;
+
+/// `map` events that may be one mapping call (one `iotlb_sync_map`), until their unmaps tell.
+#[derive(Debug, Clone)]
+struct Candidate {
+    /// Segments (IOVA bytes, size), contiguous and ascending.
+    segs: Vec<(u64, u64)>,
+    phase: Option<String>,
+    cpu: u32,
+    ts: Time,
+}
+
+impl Candidate {
+    fn start(&self) -> u64 {
+        self.segs[0].0
+    }
+    fn end(&self) -> u64 {
+        let (a, n) = *self.segs.last().expect("non-empty");
+        a + n
+    }
+}
+
+/// Who is mapping: a candidate continues only in the same task, CPU and context.
+type Mapper = (u32, u32, Ctx);
+
+struct Replayer {
+    dma: DmaLayer,
+    totals: Totals,
+    /// Totals when the current phase began.
+    mark: Totals,
+    phase: Option<String>,
+    phases: Phases,
+    /// Candidates still being extended, by who is mapping.
+    open: Vec<(Mapper, Candidate)>,
+    /// Closed candidates waiting for their unmaps, by start IOVA.
+    pending: BTreeMap<u64, Candidate>,
+    /// Armed flush-queue timers: (expiry, sequence) → CPU.
+    timers: BTreeMap<(Time, u64), usize>,
+    seq: u64,
+}
+
+/// Split `c` around [a, b): (the part before, the segments overlapping it), and the part after.
+fn split(c: Candidate, a: u64, b: u64) -> (Vec<Candidate>, Option<Candidate>) {
+    let part = |segs: Vec<(u64, u64)>| {
+        (!segs.is_empty()).then(|| Candidate {
+            segs,
+            phase: c.phase.clone(),
+            cpu: c.cpu,
+            ts: c.ts,
+        })
+    };
+    let before: Vec<_> = c
+        .segs
+        .iter()
+        .copied()
+        .filter(|&(s, n)| s + n <= a)
+        .collect();
+    let inside: Vec<_> = c
+        .segs
+        .iter()
+        .copied()
+        .filter(|&(s, n)| s < b && s + n > a)
+        .collect();
+    let after: Vec<_> = c.segs.iter().copied().filter(|&(s, _)| s >= b).collect();
+    (
+        part(before).into_iter().chain(part(inside)).collect(),
+        part(after),
+    )
+}
+
+fn pfn(bytes: u64) -> u64 {
+    bytes >> PAGE_SHIFT
+}
+
+fn pages(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << PAGE_SHIFT)
+}
+
+impl Replayer {
+    fn counters(&self) -> Totals {
+        Totals {
+            iommu: self.dma.core.iommu.counters().clone(),
+            ..self.totals.clone()
+        }
+    }
+
+    /// Add what happened since the phase began to it.
+    fn commit(&mut self) {
+        let now = self.counters();
+        let c = now.counts_since(&self.mark);
+        let name = self.phase.clone().unwrap_or_else(|| OUTSIDE.to_string());
+        self.phases.entry(&name).counts += &c;
+        self.mark = now;
+    }
+
+    fn take_timer(&mut self) {
+        if let Some((exp, cpu)) = self.dma.core.timer_request.take() {
+            self.seq += 1;
+            self.timers.insert((exp, self.seq), cpu);
+        }
+    }
+
+    /// Fire the timers due by `t` (they run before anything traced at or after their expiry).
+    fn fire_timers(&mut self, t: Time) {
+        while let Some((&(exp, seq), &cpu)) = self.timers.first_key_value() {
+            if exp > t {
+                break;
+            }
+            self.timers.remove(&(exp, seq));
+            self.dma.timer(exp, cpu);
+            self.take_timer();
+        }
+    }
+
+    /// Run `f` and count what it did in `phase` (not the current one).
+    fn attributed(&mut self, phase: Option<String>, f: impl FnOnce(&mut Self)) {
+        self.commit();
+        let cur = std::mem::replace(&mut self.phase, phase);
+        f(self);
+        self.commit();
+        self.phase = cur;
+    }
+
+    /// A settled group: one iotlb_sync_map over its range, counted where it was mapped.
+    fn sync_map(&mut self, c: &Candidate) {
+        let (start, end) = (c.start(), c.end());
+        let (cpu, ts) = (c.cpu as usize, c.ts);
+        self.attributed(c.phase.clone(), |r| {
+            r.totals.map_syncs += 1;
+            let core = &mut r.dma.core;
+            core.iommu
+                .iotlb_sync_map(ts, cpu, core.dom, pfn(start), pages(end - start));
+        });
+    }
+
+    /// Stop extending `who`'s candidate (it waits for its unmaps).
+    fn close(&mut self, who: Mapper) {
+        if let Some(i) = self.open.iter().position(|(k, _)| *k == who) {
+            let (_, c) = self.open.swap_remove(i);
+            self.pending.insert(c.start(), c);
+        }
+    }
+
+    /// Settle candidates with the unmap of [a, b): the segments it covers were one mapping call; what is left
+    /// either side stays a candidate.
+    fn settle(&mut self, a: u64, b: u64) {
+        let mut hits: Vec<Candidate> = Vec::new();
+        let first = self
+            .pending
+            .range(..=a)
+            .next_back()
+            .filter(|(_, c)| c.end() > a)
+            .map(|(&k, _)| k);
+        let keys: Vec<u64> = first
+            .into_iter()
+            .chain(self.pending.range(a..b).map(|(&k, _)| k))
+            .collect();
+        for k in keys {
+            if let Some(c) = self.pending.remove(&k) {
+                hits.push(c);
+            }
+        }
+        let mut i = 0;
+        while i < self.open.len() {
+            let c = &self.open[i].1;
+            if c.start() < b && c.end() > a {
+                // The mapping loop may still be running (an interrupt unmapped under it): its tail stays open.
+                let (who, c) = self.open.swap_remove(i);
+                let (done, tail) = split(c, a, b);
+                hits.extend(done);
+                if let Some(t) = tail {
+                    self.open.push((who, t));
+                }
+            } else {
+                i += 1;
+            }
+        }
+        for c in hits {
+            let (parts, right) = split(c, a, b);
+            for p in parts {
+                if p.segs.iter().any(|&(s, n)| s < b && s + n > a) {
+                    self.sync_map(&p);
+                } else {
+                    self.pending.insert(p.start(), p);
+                }
+            }
+            if let Some(r) = right {
+                self.pending.insert(r.start(), r);
+            }
+        }
+    }
+
+    fn map(&mut self, ev: &EventHead, iova: u64, paddr: u64, size: u64) {
+        self.totals.map_events += 1;
+        if !self.dma.policy.translated() {
+            return;
+        }
+        let c = &mut self.dma.core;
+        c.iommu.map_pages(c.dom, pfn(iova), pfn(paddr), pages(size));
+        c.stats.maps += 1;
+        c.stats.pages_mapped += pages(size);
+        let who = (ev.pid, ev.cpu, ev.ctx);
+        if let Some((_, c)) = self.open.iter_mut().find(|(k, _)| *k == who) {
+            if c.end() == iova {
+                c.segs.push((iova, size));
+                c.ts = ev.ts_ns;
+                return;
+            }
+        }
+        self.close(who);
+        self.open.push((
+            who,
+            Candidate {
+                segs: vec![(iova, size)],
+                phase: self.phase.clone(),
+                cpu: ev.cpu,
+                ts: ev.ts_ns,
+            },
+        ));
+    }
+
+    fn unmap(&mut self, ev: &EventHead, iova: u64, size: u64, unmapped: u64) {
+        self.totals.unmap_events += 1;
+        if !self.dma.policy.translated() {
+            return;
+        }
+        // An unmap in the mapping task's own context ends its mapping loop.
+        self.close((ev.pid, ev.cpu, ev.ctx));
+        let bytes = if unmapped > 0 { unmapped } else { size };
+        self.settle(iova, iova + bytes);
+        let (first, n) = (pfn(iova), pages(bytes));
+        // PTEs set before tracing began: reconstruct them (identity-mapped placeholders) so the unmap clears
+        // what the kernel cleared.
+        if unmapped > 0 {
+            let c = &mut self.dma.core;
+            let mut p = first;
+            while p < first + n {
+                if c.iommu.iova_to_phys(c.dom, p).is_some() {
+                    p += 1;
+                    continue;
+                }
+                let run = (p..first + n)
+                    .take_while(|&q| c.iommu.iova_to_phys(c.dom, q).is_none())
+                    .count() as u64;
+                c.iommu.map_pages(c.dom, p, p, run);
+                p += run;
+            }
+        }
+        self.dma.unmap(ev.ts_ns, ev.cpu as usize, first, n);
+        self.take_timer();
+    }
+
+    fn marker(&mut self, text: &str) {
+        let mut w = text.split_whitespace();
+        let (Some(kind), Some(name)) = (w.next(), w.next()) else {
+            return;
+        };
+        match kind {
+            "TB_BEGIN" => {
+                self.commit();
+                self.phase = Some(name.to_string());
+            }
+            "TB_END" if self.phase.as_deref() == Some(name) => {
+                self.commit();
+                self.phase = None;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A replay fed line by line (or in arbitrary chunks of bytes), in constant memory.
+pub struct ReplaySession {
+    name: String,
+    r: Replayer,
+    lines: Lines,
+    iommu: String,
+    kernel: String,
+    policy: PolicyName,
+    policy_reason: String,
+    hz: u32,
+    /// Bytes of a line not yet terminated (chunked input).
+    partial: Vec<u8>,
+}
+
+impl ReplaySession {
+    /// Set up the DMA layer and IOMMU for `opts`. `name` labels errors (the trace's file name).
+    pub fn new(name: &str, opts: &ReplayOptions) -> Result<Self, InputError> {
+        let (profile, arch) = match opts.vendor {
+            Vendor::Vtd => ("vtd-server", "x86_64"),
+            Vendor::Smmuv3 => ("smmuv3-server", "arm64"),
+        };
+        let mut ov: Vec<(String, String)> = vec![
+            ("platform.profile".into(), profile.into()),
+            ("platform.pcie.ats".into(), opts.ats.to_string()),
+            ("os.kernel".into(), format!("{:?}", opts.kernel)),
+            ("os.arch".into(), arch.into()),
+            ("os.hz".into(), opts.hz.to_string()),
+            ("workload.nic_rx.page_pool".into(), "false".into()),
+            ("os.policy".into(), "strict".into()),
+        ];
+        if opts.vendor == Vendor::Vtd {
+            ov.push((
+                "platform.iommu.vtd.caching_mode".into(),
+                opts.caching_mode.to_string(),
+            ));
+        }
+        let v = load(Source::Builtin("default"), &ov)?;
+        let sc = &v[0].scenario;
+        let arch = if opts.vendor == Vendor::Vtd {
+            Arch::X86_64
+        } else {
+            Arch::Arm64
+        };
+        let (policy, policy_reason) = match opts.mode {
+            Some(m) => (m, format!("set by --mode {}", m.as_str())),
+            None => {
+                let r = default_domain::resolve(arch, &opts.cmdline, opts.caching_mode);
+                (r.policy, r.reason)
+            }
+        };
+        let iommu = hw::build(&sc.platform, 1);
+        let iommu_name = iommu.name().to_string();
+        let mut core = DmaCore::new(iommu, 1, &sc.platform.cpu);
+        core.iova_from_trace = true;
+        let mut dma = DmaLayer::new(core, policy, 1, opts.hz);
+        if policy == PolicyName::Lazy {
+            dma.policy =
+                Box::new(FlushQueue::new(1, opts.hz).with_jiffy_phase(opts.jiffy_phase_ns));
+        }
+        let mut r = Replayer {
+            dma,
+            totals: Totals::default(),
+            mark: Totals::default(),
+            phase: None,
+            phases: Phases::default(),
+            open: Vec::new(),
+            pending: BTreeMap::new(),
+            timers: BTreeMap::new(),
+            seq: 0,
+        };
+        r.mark = r.counters();
+        Ok(ReplaySession {
+            name: name.to_string(),
+            r,
+            lines: Lines::default(),
+            iommu: iommu_name,
+            kernel: opts.kernel.clone(),
+            policy,
+            policy_reason,
+            hz: opts.hz,
+            partial: Vec::new(),
+        })
+    }
+
+    /// One line of the trace (without its line ending; a trailing CR is dropped).
+    pub fn line(&mut self, text: &str) {
+        self.lines.total += 1;
+        let rec = ftrace::parse_line(text.trim_end_matches(['\n', '\r']), self.lines.total);
+        let ev = match &rec {
+            Record::Map { ev, .. } | Record::Unmap { ev, .. } | Record::Marker { ev, .. } => ev,
+            Record::Other => return,
+            Record::Bad { line, why } => {
+                self.lines.bad += 1;
+                if self.lines.bad_examples.len() < BAD_EXAMPLES {
+                    self.lines.bad_examples.push(format!("{line}: {why}"));
+                }
+                return;
+            }
+        };
+        self.lines.events += 1;
+        let r = &mut self.r;
+        r.fire_timers(ev.ts_ns);
+        match &rec {
+            Record::Map {
+                ev,
+                iova,
+                paddr,
+                size,
+            } => r.map(ev, *iova, *paddr, *size),
+            Record::Unmap {
+                ev,
+                iova,
+                size,
+                unmapped,
+            } => r.unmap(ev, *iova, *size, *unmapped),
+            Record::Marker { text, .. } => r.marker(text),
+            _ => unreachable!("handled above"),
+        }
+    }
+
+    /// A chunk of trace bytes, cut anywhere (a line split across chunks is joined).
+    pub fn feed(&mut self, mut bytes: &[u8]) {
+        while let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
+            let (head, rest) = bytes.split_at(nl);
+            bytes = &rest[1..];
+            if self.partial.is_empty() {
+                let text = String::from_utf8_lossy(head);
+                self.line(&text);
+            } else {
+                let mut l = std::mem::take(&mut self.partial);
+                l.extend_from_slice(head);
+                let text = String::from_utf8_lossy(&l).into_owned();
+                self.line(&text);
+            }
+        }
+        self.partial.extend_from_slice(bytes);
+    }
+
+    /// End of the trace: close the last map group, run the timers still armed, and report. A trace in which
+    /// nothing could be read is an error.
+    pub fn finish(mut self) -> Result<ReplayResult, InputError> {
+        if !self.partial.is_empty() {
+            let l = std::mem::take(&mut self.partial);
+            self.line(&String::from_utf8_lossy(&l));
+        }
+        let lines = self.lines;
+        if lines.events == 0 {
+            return Err(InputError::new(
+                &self.name,
+                format!(
+                    "no iommu:map, iommu:unmap or trace-marker events in {} lines ({} unreadable{}); expected ftrace text with the iommu events enabled",
+                    lines.total,
+                    lines.bad,
+                    lines
+                        .bad_examples
+                        .first()
+                        .map(|e| format!(", first at line {e}"))
+                        .unwrap_or_default()
+                ),
+            ));
+        }
+        let mut r = self.r;
+        // Groups never unmapped: one mapping call each.
+        let left: Vec<Candidate> = r
+            .open
+            .drain(..)
+            .map(|(_, c)| c)
+            .chain(std::mem::take(&mut r.pending).into_values())
+            .collect();
+        for c in left {
+            r.sync_map(&c);
+        }
+        r.fire_timers(Time::MAX);
+        r.commit();
+        Ok(ReplayResult {
+            iommu: self.iommu,
+            kernel: self.kernel,
+            policy: self.policy.as_str().to_string(),
+            policy_reason: self.policy_reason,
+            hz: self.hz,
+            lines,
+            phases: r.phases,
+        })
+    }
+}
+
+/// Replay a whole trace from a reader.
+pub fn replay<R: BufRead>(
+    mut input: R,
+    name: &str,
+    opts: &ReplayOptions,
+) -> Result<ReplayResult, InputError> {
+    let mut s = ReplaySession::new(name, opts)?;
+    let mut buf = Vec::with_capacity(256);
+    loop {
+        buf.clear();
+        let n = input
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| InputError::new(name, format!("cannot read: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        s.line(&String::from_utf8_lossy(&buf));
+    }
+    s.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(ts_us: u64, body: &str) -> String {
+        format!(
+            "  dd-212 [000] ..... {}.{:06}: {body}\n",
+            ts_us / 1_000_000,
+            ts_us % 1_000_000
+        )
+    }
+    fn map(ts: u64, iova: u64, pa: u64, size: u64) -> String {
+        line(
+            ts,
+            &format!(
+                "map: IOMMU: iova=0x{iova:016x} - 0x{:016x} paddr=0x{pa:016x} size={size}",
+                iova + size
+            ),
+        )
+    }
+    fn unmap(ts: u64, iova: u64, size: u64) -> String {
+        line(
+            ts,
+            &format!(
+                "unmap: IOMMU: iova=0x{iova:016x} - 0x{:016x} size={size} unmapped_size={size}",
+                iova + size
+            ),
+        )
+    }
+    fn mark(ts: u64, t: &str) -> String {
+        line(ts, &format!("tracing_mark_write: {t}"))
+    }
+
+    fn run(text: &str, opts: &ReplayOptions) -> ReplayResult {
+        replay(text.as_bytes(), "t", opts).unwrap()
+    }
+
+    #[test]
+    fn strict_unmap_is_one_psi_and_wait_and_map_sg_is_one_sync_map() {
+        // A map_sg of three contiguous segments, one separate map, both unmapped.
+        let t = [
+            mark(1_000_000, "TB_BEGIN io"),
+            map(1_000_010, 0xfff0_0000, 0x10_0000, 4096),
+            map(1_000_011, 0xfff0_1000, 0x20_0000, 8192),
+            map(1_000_012, 0xfff0_3000, 0x30_0000, 4096),
+            map(1_000_020, 0xffe0_0000, 0x40_0000, 4096),
+            unmap(1_000_030, 0xfff0_0000, 16384),
+            unmap(1_000_040, 0xffe0_0000, 4096),
+            mark(1_000_050, "TB_END io"),
+        ]
+        .concat();
+        let strict = ReplayOptions {
+            mode: Some(PolicyName::Strict),
+            ..Default::default()
+        };
+        let r = run(&t, &strict);
+        let c = &r.phases.get("io").unwrap().counts;
+        assert_eq!((c.map_events, c.unmap_events, c.map_syncs), (4, 2, 2));
+        assert_eq!((c.iotlb_psi, c.iotlb_dsi, c.wait), (2, 0, 2));
+        // Caching mode: the two map groups are invalidated too.
+        let cm = ReplayOptions {
+            caching_mode: true,
+            ..strict.clone()
+        };
+        let c = run(&t, &cm).phases.get("io").unwrap().counts.clone();
+        assert_eq!((c.iotlb_psi, c.wait), (4, 4));
+        // Unmaps of ranges mapped before tracing still invalidate.
+        let c = run(&unmap(5, 0x1000, 4096), &strict)
+            .phases
+            .get(OUTSIDE)
+            .unwrap()
+            .counts
+            .clone();
+        assert_eq!(c.iotlb_psi, 1);
+    }
+
+    #[test]
+    fn lazy_flushes_on_a_full_ring_and_on_the_timer() {
+        // 300 separate maps (top-down IOVAs, as the allocator hands them out), then 300 unmaps 10 us apart
+        // and silence: one flush at the 256th unmap (255 queued), one by the timer.
+        let mut t = mark(0, "TB_BEGIN net");
+        let iova = |i: u64| 0x1000_0000 - i * 4096;
+        for i in 0..300u64 {
+            t += &map(1000 + i * 10, iova(i), i * 4096, 4096);
+        }
+        for i in 0..300u64 {
+            t += &unmap(5000 + i * 10, iova(i), 4096);
+        }
+        t += &mark(1_000_000, "TB_END net");
+        let lazy = ReplayOptions {
+            cmdline: "iommu.strict=0".into(),
+            ..Default::default()
+        };
+        let r = run(&t, &lazy);
+        assert_eq!(r.policy, "lazy");
+        let c = &r.phases.get("net").unwrap().counts;
+        assert_eq!((c.iotlb_psi, c.iotlb_dsi, c.wait), (0, 2, 2));
+        // Caching mode forces strict whatever the command line says.
+        let r = run(
+            &t,
+            &ReplayOptions {
+                caching_mode: true,
+                ..lazy
+            },
+        );
+        assert_eq!(r.policy, "strict");
+        assert_eq!(r.phases.get("net").unwrap().counts.iotlb_psi, 300 + 300);
+    }
+
+    #[test]
+    fn chunks_cut_anywhere_and_crlf_give_the_same_result() {
+        let t = [
+            mark(1, "TB_BEGIN a"),
+            map(10, 0x1000, 0x1000, 4096),
+            unmap(20, 0x1000, 4096),
+            mark(30, "TB_END a"),
+        ]
+        .concat()
+        .replace('\n', "\r\n");
+        let whole = run(&t, &ReplayOptions::default());
+        for cut in [1, 7, 64] {
+            let mut s = ReplaySession::new("t", &ReplayOptions::default()).unwrap();
+            for chunk in t.as_bytes().chunks(cut) {
+                s.feed(chunk);
+            }
+            assert_eq!(s.finish().unwrap(), whole, "chunks of {cut}");
+        }
+        // x86 defaults to lazy: the unmap waits for the timer, which fires after the phase ended.
+        assert_eq!(whole.policy, "lazy");
+        assert_eq!(whole.phases.get("a").unwrap().counts.unmap_events, 1);
+        assert_eq!(whole.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 1);
+    }
+
+    #[test]
+    fn noise_is_counted_and_an_empty_trace_is_an_error() {
+        let t = [
+            "# tracer: nop\r\n".to_string(),
+            map(10, 0x1000, 0x1000, 4096),
+            "  x-1 [000] ..... 1.0: map: IOMMU: iova=0x\n".into(),
+            "garbage unmap: IOMMU\n".into(),
+            unmap(20, 0x1000, 4096),
+        ]
+        .concat();
+        let r = run(&t, &ReplayOptions::default());
+        assert_eq!((r.lines.total, r.lines.events, r.lines.bad), (5, 2, 2));
+        assert!(r.lines.bad_examples[0].starts_with("3: "));
+        let e = replay(
+            "# tracer: nop\nhello\n".as_bytes(),
+            "x.txt",
+            &ReplayOptions::default(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().starts_with("x.txt: no iommu:map"), "{e}");
+    }
+}
