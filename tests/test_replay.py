@@ -108,3 +108,35 @@ def test_replay_bad_input_gets_one_line(tmp_path, args, what):
     assert p.returncode == 2, (p.stdout, p.stderr)
     err = p.stderr.strip()
     assert "\n" not in err and "Traceback" not in p.stderr and what in err, err
+
+
+@pytest.mark.parametrize("args, device_types", [
+    (["--cmdline", "quiet iommu.strict=0"], ("DMA-FQ", "DMA")),
+    (["--cmdline", "iommu.strict=0", "--caching-mode", "on"], ("DMA", "DMA")),
+    (["--cmdline", "iommu=pt"], ("identity", "DMA")),
+    (["--arch", "arm64"], ("DMA", "DMA")),
+    (["--arch", "arm64", "--cmdline", "iommu.strict=0"], ("DMA-FQ", "DMA")),
+    (["--iommu", "virtio", "--kernel", "6.1"], ("DMA", "DMA")),
+    (["--iommu", "virtio", "--kernel", "6.8"], ("DMA-FQ", "DMA")),
+])
+def test_explain_resolves_like_the_kernel(args, device_types):
+    doc = json.loads(cli("explain", "--json", *args, check_rc=0).stdout)
+    assert tuple(d["sysfs"] for d in doc["devices"]) == device_types, doc
+    assert doc["kernel_log"][0].startswith("iommu: Default domain type:")
+    text = cli("explain", *args, check_rc=0).stdout
+    assert "untrusted PCI device" in text and doc["kernel_log"][0] in text
+
+
+def test_explain_matches_the_captured_kernels_log():
+    """The captured guests' dmesg holds the same lines explain predicts from their command lines."""
+    for cap in CAPTURES:
+        opts = host_options(cap)
+        args = ["--json", "--kernel", opts["kernel"], "--cmdline", opts["cmdline"],
+                "--caching-mode", "on" if opts["caching_mode"] else "off"]
+        doc = json.loads(cli("explain", *args, check_rc=0).stdout)
+        groups = json.loads((cap / "results.json").read_text())["iommu-groups.txt"]
+        # The mode the guest's sysfs reported for its devices, and its kernel log.
+        assert f"type={doc['devices'][0]['sysfs']} " in groups, cap.name
+        text = (cap / "dmesg.txt").read_text()
+        for line in doc["kernel_log"]:
+            assert line in text, (cap.name, line)

@@ -64,6 +64,18 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--hz", type=int, default=250, help="traced kernel's CONFIG_HZ (default 250, as Debian's)")
     rp.add_argument("--json", action="store_true", help='print {"phases": {NAME: {"counts": {...}}}, ...}')
 
+    e = sub.add_parser("explain", help="which DMA domain a kernel gives its devices, and why",
+                       description="Resolve the default DMA domain as the kernel does (arch Kconfig default, "
+                       "iommu.passthrough=, iommu=pt, iommu.strict=, caching mode, untrusted devices, driver "
+                       "capabilities) and print it per device type with the kernel's own log lines.")
+    e.add_argument("--arch", choices=["x86_64", "arm64"], default="x86_64", help="default x86_64")
+    e.add_argument("--kernel", default="6.12", metavar="V", help="kernel version, MAJOR.MINOR (default 6.12)")
+    e.add_argument("--cmdline", default="", help="kernel command line")
+    e.add_argument("--caching-mode", choices=["on", "off"], default="off", help="VT-d caching mode (a vIOMMU)")
+    e.add_argument("--iommu", choices=["vtd", "smmuv3", "virtio"],
+                   help="IOMMU driver (default: vtd on x86_64, smmuv3 on arm64)")
+    e.add_argument("--json", action="store_true", help='print {"kernel_log": [...], "devices": [...]}')
+
     f = sub.add_parser("profiles", help="list the built-in platform profiles, or print one",
                        description="List built-in platform profiles; with a NAME, print it with the source of every number.")
     f.add_argument("name", nargs="?", help="built-in profile to print")
@@ -94,6 +106,24 @@ def _cmd_replay(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_explain(a: argparse.Namespace) -> int:
+    iommu = a.iommu or ("vtd" if a.arch == "x86_64" else "smmuv3")
+    res = json.loads(_core.explain(a.arch, a.kernel, a.cmdline, a.caching_mode == "on", iommu))
+    if a.json:
+        json.dump(res, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(f"Linux {a.kernel} on {a.arch} with {iommu}" + (" (caching mode)" if a.caching_mode == "on" else "")
+          + (f", command line: {a.cmdline}" if a.cmdline else ""))
+    for line in res["kernel_log"]:
+        print(f"  {line}")
+    print()
+    print(f"{'device':<22} {'type':<9} {'mode':<12} why")
+    for d in res["devices"]:
+        print(f"{d['device']:<22} {d['sysfs']:<9} {d['policy']:<12} {d['why']}")
+    return 0
+
+
 def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None) -> int:
     if name is None:
         for n, text in items:
@@ -116,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(a)
         if a.cmd == "scenarios":
             return _cmd_list("scenario", _core.builtin_scenarios(), a.name)
+        if a.cmd == "explain":
+            return _cmd_explain(a)
         if a.cmd == "replay":
             return _cmd_replay(a)
         if a.cmd == "profiles":

@@ -182,6 +182,41 @@ impl Replay {
     }
 }
 
+/// The default domain a kernel gives its devices: JSON {"kernel_log": [...], "devices": [...]}.
+#[pyfunction]
+fn explain(
+    arch: &str,
+    kernel: &str,
+    cmdline: &str,
+    caching_mode: bool,
+    iommu: &str,
+) -> PyResult<String> {
+    use iommulab_core::dma::default_domain::{self, Driver};
+    let arch = match arch {
+        "x86_64" | "x86" | "amd64" => scenario::Arch::X86_64,
+        "arm64" | "aarch64" => scenario::Arch::Arm64,
+        other => {
+            return Err(ScenarioError::new_err(format!(
+                "--arch {other}: expected x86_64 or arm64"
+            )))
+        }
+    };
+    let driver = match iommu {
+        "vtd" => Driver::Vtd,
+        "smmuv3" => Driver::Smmuv3,
+        "virtio" => Driver::Virtio,
+        other => {
+            return Err(ScenarioError::new_err(format!(
+                "--iommu {other}: expected vtd, smmuv3 or virtio"
+            )))
+        }
+    };
+    let kernel = scenario::parse_kernel(kernel)
+        .map_err(|m| ScenarioError::new_err(format!("--kernel: {m}")))?;
+    let e = default_domain::explain(arch, kernel, cmdline, caching_mode, driver);
+    Ok(serde_json::to_string(&e).expect("serialises"))
+}
+
 #[pyfunction]
 fn builtin_scenarios() -> Vec<(String, String)> {
     scenario::BUILTIN_SCENARIOS
@@ -207,6 +242,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Replay>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_scenarios, m)?)?;
+    m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_profiles, m)?)?;
     Ok(())
 }

@@ -1,14 +1,43 @@
-//! Default-domain resolution as drivers/iommu/iommu.c iommu_subsys_init() does it: the arch's Kconfig default,
-//! then `iommu.passthrough=`, `iommu=pt|nopt` (x86) and `iommu.strict=` on the command line, then caching mode
-//! forcing strict (intel/iommu.c: "IOMMU batching disallowed due to virtualization").
+//! Default-domain resolution as the kernel does it: drivers/iommu/iommu.c iommu_subsys_init() takes the
+//! arch's Kconfig default, then `iommu.passthrough=`, `iommu=pt|nopt` (x86) and `iommu.strict=` from the
+//! command line; the VT-d driver forces strict under caching mode (intel/iommu.c: "IOMMU batching disallowed
+//! due to virtualization"); iommu_get_default_domain_type() gives untrusted PCI devices a strict DMA domain
+//! whatever was asked; and iommu_dma_init_domain() falls back from DMA-FQ to DMA when the driver lacks
+//! IOMMU_CAP_DEFERRED_FLUSH (virtio-iommu before 6.8).
 
 use crate::scenario::{Arch, PolicyName};
+use serde::Serialize;
 
 /// The resolved policy and the kernel-log-style reason.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
     pub policy: PolicyName,
     pub reason: String,
+}
+
+/// The IOMMU driver in charge (its capabilities change the outcome).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Driver {
+    Vtd,
+    Smmuv3,
+    Virtio,
+}
+
+/// What a kind of device ends up with.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceMode {
+    pub device: &'static str,
+    /// /sys/kernel/iommu_groups/*/type: identity, DMA or DMA-FQ.
+    pub sysfs: &'static str,
+    pub policy: &'static str,
+    pub why: String,
+}
+
+/// The kernel's own log lines about the choice, and the outcome per kind of device.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Explained {
+    pub kernel_log: Vec<String>,
+    pub devices: Vec<DeviceMode>,
 }
 
 /// kstrtobool(): 1/y/Y/on → true, 0/n/N/off → false.
@@ -20,31 +49,45 @@ fn kstrtobool(v: &str) -> Option<bool> {
     }
 }
 
-pub fn resolve(arch: Arch, cmdline: &str, caching_mode: bool) -> Resolved {
-    // CONFIG_IOMMU_DEFAULT_DMA_LAZY on X86 and S390, STRICT elsewhere (drivers/iommu/Kconfig).
+fn sysfs(p: PolicyName) -> &'static str {
+    match p {
+        PolicyName::Passthrough => "identity",
+        PolicyName::Strict => "DMA",
+        PolicyName::Lazy | PolicyName::Auto => "DMA-FQ",
+    }
+}
+
+/// Resolve the default domain of a trusted and an untrusted PCI device. `kernel` is (major, minor).
+pub fn explain(
+    arch: Arch,
+    kernel: (u32, u32),
+    cmdline: &str,
+    caching_mode: bool,
+    driver: Driver,
+) -> Explained {
+    // CONFIG_IOMMU_DEFAULT_DMA_LAZY on X86 (and S390), STRICT elsewhere (drivers/iommu/Kconfig).
     let mut strict = arch != Arch::X86_64;
     let mut passthrough = false;
-    let mut type_src = "(set via Kconfig default)";
-    let mut strict_src = "";
+    let mut type_cmdline = false;
+    let mut strict_cmdline = false;
+    let mut log = Vec::new();
+    let mut iommu_off = false;
     for tok in cmdline.split_whitespace() {
         let (k, v) = tok.split_once('=').unwrap_or((tok, ""));
         match k {
             "iommu.passthrough" => {
                 if let Some(b) = kstrtobool(v) {
                     passthrough = b;
-                    type_src = "(set via kernel command line)";
+                    type_cmdline = true;
                 }
             }
+            // arch/x86/kernel/pci-dma.c iommu_setup(): iommu=pt / iommu=nopt.
             "iommu" if arch == Arch::X86_64 => {
                 for opt in v.split(',') {
                     match opt {
-                        "pt" => {
-                            passthrough = true;
-                            type_src = "(set via kernel command line)";
-                        }
-                        "nopt" => {
-                            passthrough = false;
-                            type_src = "(set via kernel command line)";
+                        "pt" | "nopt" => {
+                            passthrough = opt == "pt";
+                            type_cmdline = true;
                         }
                         _ => {}
                     }
@@ -53,28 +96,123 @@ pub fn resolve(arch: Arch, cmdline: &str, caching_mode: bool) -> Resolved {
             "iommu.strict" => {
                 if let Some(b) = kstrtobool(v) {
                     strict = b;
-                    strict_src = " (set via kernel command line)";
+                    strict_cmdline = true;
+                }
+            }
+            // intel/iommu.c intel_iommu_setup(): "strict" is deprecated but still sets strict; "off".
+            "intel_iommu" if driver == Driver::Vtd => {
+                for opt in v.split(',') {
+                    match opt {
+                        "strict" => {
+                            log.push("DMAR: intel_iommu=strict deprecated; use iommu.strict=1".into());
+                            strict = true;
+                        }
+                        "off" => iommu_off = true,
+                        _ => {}
+                    }
                 }
             }
             _ => {}
         }
     }
-    if passthrough {
-        return Resolved {
-            policy: PolicyName::Passthrough,
-            reason: format!("Default domain type: Passthrough {type_src}"),
+    if iommu_off {
+        log.push("DMAR: IOMMU disabled".into());
+        let why = "intel_iommu=off: no IOMMU, DMA goes through dma-direct untranslated".to_string();
+        return Explained {
+            kernel_log: log,
+            devices: vec![
+                DeviceMode {
+                    device: "PCI device",
+                    sysfs: "none",
+                    policy: "passthrough",
+                    why: why.clone(),
+                },
+                DeviceMode {
+                    device: "untrusted PCI device",
+                    sysfs: "none",
+                    policy: "passthrough",
+                    why,
+                },
+            ],
         };
     }
-    if caching_mode && !strict {
-        return Resolved {
-            policy: PolicyName::Strict,
-            reason: "IOMMU batching disallowed due to virtualization; DMA domain TLB invalidation policy: strict mode".into(),
-        };
+    let cl = |set: bool| if set { " (set via kernel command line)" } else { "" };
+    let default = if passthrough {
+        PolicyName::Passthrough
+    } else if strict {
+        PolicyName::Strict
+    } else {
+        PolicyName::Lazy
+    };
+    log.push(format!(
+        "iommu: Default domain type: {}{}",
+        if passthrough { "Passthrough" } else { "Translated" },
+        cl(type_cmdline)
+    ));
+    if !passthrough {
+        log.push(format!(
+            "iommu: DMA domain TLB invalidation policy: {} mode{}",
+            if strict { "strict" } else { "lazy" },
+            cl(strict_cmdline)
+        ));
     }
-    let mode = if strict { "strict" } else { "lazy" };
+    // intel_iommu_init(): a caching-mode IOMMU makes every DMA domain strict (after the lines above).
+    let mut trusted = default;
+    let mut why = log.last().cloned().unwrap_or_default();
+    if driver == Driver::Vtd && caching_mode {
+        log.push("DMAR: IOMMU batching disallowed due to virtualization".into());
+        if trusted == PolicyName::Lazy {
+            trusted = PolicyName::Strict;
+            why = "caching mode (a virtual VT-d): IOMMU batching disallowed due to virtualization".into();
+        }
+    }
+    // iommu_dma_init_domain(): DMA-FQ needs IOMMU_CAP_DEFERRED_FLUSH; virtio-iommu has it from 6.8.
+    if trusted == PolicyName::Lazy && driver == Driver::Virtio && kernel < (6, 8) {
+        trusted = PolicyName::Strict;
+        why = "virtio-iommu before 6.8 lacks IOMMU_CAP_DEFERRED_FLUSH: the DMA-FQ domain falls back to DMA (strict)".into();
+    }
+    let untrusted = PolicyName::Strict;
+    Explained {
+        kernel_log: log,
+        devices: vec![
+            DeviceMode {
+                device: "PCI device",
+                sysfs: sysfs(trusted),
+                policy: trusted.as_str(),
+                why,
+            },
+            DeviceMode {
+                device: "untrusted PCI device",
+                sysfs: sysfs(untrusted),
+                policy: untrusted.as_str(),
+                why: "untrusted (external-facing) PCI devices always get a strict DMA domain (iommu_get_default_domain_type)".into(),
+            },
+        ],
+    }
+}
+
+/// The policy of an ordinary (trusted) PCI device behind the platform's IOMMU, with the kernel log's words.
+pub fn resolve(arch: Arch, cmdline: &str, caching_mode: bool) -> Resolved {
+    let driver = if arch == Arch::X86_64 {
+        Driver::Vtd
+    } else {
+        Driver::Smmuv3
+    };
+    let e = explain(arch, (6, 12), cmdline, caching_mode, driver);
+    let d = &e.devices[0];
+    let policy = match d.policy {
+        "passthrough" => PolicyName::Passthrough,
+        "strict" => PolicyName::Strict,
+        _ => PolicyName::Lazy,
+    };
     Resolved {
-        policy: if strict { PolicyName::Strict } else { PolicyName::Lazy },
-        reason: format!("Default domain type: Translated {type_src}; DMA domain TLB invalidation policy: {mode} mode{strict_src}"),
+        policy,
+        reason: e
+            .kernel_log
+            .iter()
+            .map(|l| l.split_once(": ").map_or(l.as_str(), |(_, m)| m))
+            .collect::<Vec<_>>()
+            .join("; "),
     }
 }
 
@@ -105,5 +243,38 @@ mod tests {
         let r = resolve(Arch::X86_64, "iommu.strict=0", true);
         assert_eq!(r.policy, PolicyName::Strict);
         assert!(r.reason.contains("virtualization"));
+        assert_eq!(
+            resolve(Arch::X86_64, "intel_iommu=on,strict", false).policy,
+            PolicyName::Strict
+        );
+    }
+
+    #[test]
+    fn kernel_log_lines_match_the_kernels_words() {
+        // The testbed's 6.12 guest with iommu.strict=0 logged exactly these two lines.
+        let e = explain(Arch::X86_64, (6, 12), "quiet iommu.strict=0", false, Driver::Vtd);
+        assert_eq!(
+            e.kernel_log,
+            vec![
+                "iommu: Default domain type: Translated",
+                "iommu: DMA domain TLB invalidation policy: lazy mode (set via kernel command line)"
+            ]
+        );
+        assert_eq!((e.devices[0].sysfs, e.devices[1].sysfs), ("DMA-FQ", "DMA"));
+        let e = explain(Arch::X86_64, (6, 12), "iommu.passthrough=1", false, Driver::Vtd);
+        assert_eq!(
+            e.kernel_log,
+            vec!["iommu: Default domain type: Passthrough (set via kernel command line)"]
+        );
+        assert_eq!((e.devices[0].sysfs, e.devices[1].sysfs), ("identity", "DMA"));
+    }
+
+    #[test]
+    fn virtio_iommu_gets_deferred_flush_in_6_8() {
+        let old = explain(Arch::X86_64, (6, 1), "", false, Driver::Virtio);
+        let new = explain(Arch::X86_64, (6, 8), "", false, Driver::Virtio);
+        assert_eq!((old.devices[0].sysfs, new.devices[0].sysfs), ("DMA", "DMA-FQ"));
+        // Caching mode is a VT-d matter only.
+        assert_eq!(explain(Arch::X86_64, (6, 12), "", true, Driver::Smmuv3).devices[0].sysfs, "DMA-FQ");
     }
 }

@@ -502,8 +502,19 @@ impl ReplaySession {
         let (policy, policy_reason) = match opts.mode {
             Some(m) => (m, format!("set by --mode {}", m.as_str())),
             None => {
-                let r = default_domain::resolve(arch, &opts.cmdline, opts.caching_mode);
-                (r.policy, r.reason)
+                let driver = match opts.vendor {
+                    Vendor::Vtd => default_domain::Driver::Vtd,
+                    Vendor::Smmuv3 => default_domain::Driver::Smmuv3,
+                };
+                let kernel = crate::scenario::parse_kernel(&opts.kernel).expect("validated by load");
+                let e = default_domain::explain(arch, kernel, &opts.cmdline, opts.caching_mode, driver);
+                let d = &e.devices[0];
+                let policy = match d.policy {
+                    "passthrough" => PolicyName::Passthrough,
+                    "strict" => PolicyName::Strict,
+                    _ => PolicyName::Lazy,
+                };
+                (policy, format!("{} ({})", d.sysfs, d.why))
             }
         };
         let iommu = hw::build(&sc.platform, 1);
