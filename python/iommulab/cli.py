@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "and an IOMMU model, and count per phase (TB_BEGIN/TB_END trace markers) the invalidations, "
                         "wait descriptors and requests that reached the IOMMU.")
     rp.add_argument("trace", metavar="TRACE", help="ftrace text file, or - for standard input")
-    rp.add_argument("--iommu", choices=["vtd", "smmuv3"], default="vtd", help="IOMMU model (default vtd)")
+    rp.add_argument("--iommu", choices=["vtd", "smmuv3", "virtio"], default="vtd", help="IOMMU model (default vtd)")
     rp.add_argument("--caching-mode", choices=["on", "off"], default="off",
                     help="VT-d caching mode (a virtual IOMMU; default off)")
     rp.add_argument("--ats", action="store_true", help="the device uses ATS (device-TLB invalidations)")

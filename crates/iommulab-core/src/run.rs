@@ -31,19 +31,22 @@ impl Simulation {
     pub fn new(v: &Variant) -> Self {
         let sc = &v.scenario;
         let p = &sc.platform;
+        let kernel = crate::scenario::parse_kernel(&sc.os.kernel).expect("validated");
         let (policy, policy_reason) = match sc.os.policy {
             PolicyName::Auto => {
                 let r = default_domain::resolve(
                     sc.os.arch,
+                    kernel,
                     &sc.os.cmdline,
                     p.iommu.vtd.as_ref().is_some_and(|v| v.caching_mode),
+                    default_domain::Driver::of(p.vendor),
                 );
                 (r.policy, r.reason)
             }
             other => (other, "set by os.policy".to_string()),
         };
         let cpus = p.cpu.cores as usize;
-        let mut iommu = crate::hw::build(p, cpus);
+        let mut iommu = crate::hw::build(p, cpus, kernel);
         // The device is attached to its DMA domain at probe, before any traffic.
         iommu.attach_dev(0, 0, 1);
         let core = DmaCore::new(iommu, cpus, &p.cpu);

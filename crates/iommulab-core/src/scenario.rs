@@ -20,6 +20,10 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
         "smmuv3-server",
         include_str!("../data/profiles/smmuv3-server.toml"),
     ),
+    (
+        "virtio-guest",
+        include_str!("../data/profiles/virtio-guest.toml"),
+    ),
 ];
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -63,6 +67,8 @@ pub enum Vendor {
     Vtd,
     /// Arm SMMUv3: LPAE page table, command queue (TLBI by VA or range, by ASID/VMID, CMD_SYNC).
     Smmuv3,
+    /// virtio-iommu: MAP/UNMAP requests on a virtqueue to the host (a paravirtual IOMMU in a guest).
+    Virtio,
 }
 
 /// A hardware platform: the IOMMU, memory, PCIe path and CPU costs. Loaded from a profile file.
@@ -103,6 +109,23 @@ pub struct IommuProfile {
     pub vtd: Option<VtdProfile>,
     /// Arm SMMUv3 command queue (required when `vendor = "smmuv3"`).
     pub smmuv3: Option<Smmuv3Profile>,
+    /// virtio-iommu request queue (required when `vendor = "virtio"`).
+    #[serde(default)]
+    pub virtio: Option<VirtioProfile>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VirtioProfile {
+    /// Guest CPU time to add one request to the request virtqueue (under viommu->request_lock).
+    pub add_req_ns: u64,
+    /// Notification of the host (the kick: a VM exit and the host thread's wake-up).
+    pub kick_ns: u64,
+    /// Host time to process one MAP or UNMAP request (and write its status).
+    pub req_ns: u64,
+    /// Smallest page in the device's page_size_mask, in KiB; every larger power of two is supported too
+    /// (QEMU's default mask, ~(target page - 1)).
+    pub min_page_kb: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -379,6 +402,20 @@ impl Scenario {
                     v.mamv <= 63,
                     "platform.iommu.vtd.mamv",
                     "expected an address-mask limit of 0..=63",
+                )?;
+            }
+            Vendor::Virtio => {
+                let Some(v) = &io.virtio else {
+                    return check(
+                        false,
+                        "platform.iommu.virtio",
+                        "expected an [iommu.virtio] section for vendor \"virtio\"",
+                    );
+                };
+                check(
+                    v.min_page_kb.is_power_of_two() && v.min_page_kb >= 4,
+                    "platform.iommu.virtio.min_page_kb",
+                    "expected a power of two of at least 4 KiB",
                 )?;
             }
             Vendor::Smmuv3 => {

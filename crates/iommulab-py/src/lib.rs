@@ -130,9 +130,10 @@ impl Replay {
         let vendor = match vendor {
             "vtd" => scenario::Vendor::Vtd,
             "smmuv3" => scenario::Vendor::Smmuv3,
+            "virtio" => scenario::Vendor::Virtio,
             other => {
                 return Err(ScenarioError::new_err(format!(
-                    "--iommu {other}: expected vtd or smmuv3"
+                    "--iommu {other}: expected vtd, smmuv3 or virtio"
                 )))
             }
         };

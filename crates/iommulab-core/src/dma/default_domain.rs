@@ -5,7 +5,7 @@
 //! whatever was asked; and iommu_dma_init_domain() falls back from DMA-FQ to DMA when the driver lacks
 //! IOMMU_CAP_DEFERRED_FLUSH (virtio-iommu before 6.8).
 
-use crate::scenario::{Arch, PolicyName};
+use crate::scenario::{Arch, PolicyName, Vendor};
 use serde::Serialize;
 
 /// The resolved policy and the kernel-log-style reason.
@@ -21,6 +21,16 @@ pub enum Driver {
     Vtd,
     Smmuv3,
     Virtio,
+}
+
+impl Driver {
+    pub fn of(v: Vendor) -> Self {
+        match v {
+            Vendor::Vtd => Driver::Vtd,
+            Vendor::Smmuv3 => Driver::Smmuv3,
+            Vendor::Virtio => Driver::Virtio,
+        }
+    }
 }
 
 /// What a kind of device ends up with.
@@ -104,7 +114,9 @@ pub fn explain(
                 for opt in v.split(',') {
                     match opt {
                         "strict" => {
-                            log.push("DMAR: intel_iommu=strict deprecated; use iommu.strict=1".into());
+                            log.push(
+                                "DMAR: intel_iommu=strict deprecated; use iommu.strict=1".into(),
+                            );
                             strict = true;
                         }
                         "off" => iommu_off = true,
@@ -136,7 +148,13 @@ pub fn explain(
             ],
         };
     }
-    let cl = |set: bool| if set { " (set via kernel command line)" } else { "" };
+    let cl = |set: bool| {
+        if set {
+            " (set via kernel command line)"
+        } else {
+            ""
+        }
+    };
     let default = if passthrough {
         PolicyName::Passthrough
     } else if strict {
@@ -146,7 +164,11 @@ pub fn explain(
     };
     log.push(format!(
         "iommu: Default domain type: {}{}",
-        if passthrough { "Passthrough" } else { "Translated" },
+        if passthrough {
+            "Passthrough"
+        } else {
+            "Translated"
+        },
         cl(type_cmdline)
     ));
     if !passthrough {
@@ -158,12 +180,16 @@ pub fn explain(
     }
     // intel_iommu_init(): a caching-mode IOMMU makes every DMA domain strict (after the lines above).
     let mut trusted = default;
-    let mut why = log.last().cloned().unwrap_or_default();
+    let mut why = log
+        .last()
+        .map(|l| l.trim_start_matches("iommu: ").to_string())
+        .unwrap_or_default();
     if driver == Driver::Vtd && caching_mode {
         log.push("DMAR: IOMMU batching disallowed due to virtualization".into());
         if trusted == PolicyName::Lazy {
             trusted = PolicyName::Strict;
-            why = "caching mode (a virtual VT-d): IOMMU batching disallowed due to virtualization".into();
+            why = "caching mode (a virtual VT-d): IOMMU batching disallowed due to virtualization"
+                .into();
         }
     }
     // iommu_dma_init_domain(): DMA-FQ needs IOMMU_CAP_DEFERRED_FLUSH; virtio-iommu has it from 6.8.
@@ -192,13 +218,14 @@ pub fn explain(
 }
 
 /// The policy of an ordinary (trusted) PCI device behind the platform's IOMMU, with the kernel log's words.
-pub fn resolve(arch: Arch, cmdline: &str, caching_mode: bool) -> Resolved {
-    let driver = if arch == Arch::X86_64 {
-        Driver::Vtd
-    } else {
-        Driver::Smmuv3
-    };
-    let e = explain(arch, (6, 12), cmdline, caching_mode, driver);
+pub fn resolve(
+    arch: Arch,
+    kernel: (u32, u32),
+    cmdline: &str,
+    caching_mode: bool,
+    driver: Driver,
+) -> Resolved {
+    let e = explain(arch, kernel, cmdline, caching_mode, driver);
     let d = &e.devices[0];
     let policy = match d.policy {
         "passthrough" => PolicyName::Passthrough,
@@ -221,30 +248,57 @@ mod tests {
     use super::*;
     #[test]
     fn arch_defaults_and_cmdline() {
-        assert_eq!(resolve(Arch::X86_64, "", false).policy, PolicyName::Lazy);
-        assert_eq!(resolve(Arch::Arm64, "", false).policy, PolicyName::Strict);
         assert_eq!(
-            resolve(Arch::Arm64, "quiet iommu.strict=0", false).policy,
+            resolve(Arch::X86_64, (6, 12), "", false, Driver::Vtd).policy,
             PolicyName::Lazy
         );
         assert_eq!(
-            resolve(Arch::X86_64, "iommu=pt", false).policy,
+            resolve(Arch::Arm64, (6, 12), "", false, Driver::Smmuv3).policy,
+            PolicyName::Strict
+        );
+        assert_eq!(
+            resolve(
+                Arch::Arm64,
+                (6, 12),
+                "quiet iommu.strict=0",
+                false,
+                Driver::Smmuv3
+            )
+            .policy,
+            PolicyName::Lazy
+        );
+        assert_eq!(
+            resolve(Arch::X86_64, (6, 12), "iommu=pt", false, Driver::Vtd).policy,
             PolicyName::Passthrough
         );
         assert_eq!(
-            resolve(Arch::Arm64, "iommu=pt", false).policy,
+            resolve(Arch::Arm64, (6, 12), "iommu=pt", false, Driver::Smmuv3).policy,
             PolicyName::Strict,
             "iommu=pt is x86 only"
         );
         assert_eq!(
-            resolve(Arch::Arm64, "iommu.strict=0 iommu.passthrough=1", false).policy,
+            resolve(
+                Arch::Arm64,
+                (6, 12),
+                "iommu.strict=0 iommu.passthrough=1",
+                false,
+                Driver::Smmuv3
+            )
+            .policy,
             PolicyName::Passthrough
         );
-        let r = resolve(Arch::X86_64, "iommu.strict=0", true);
+        let r = resolve(Arch::X86_64, (6, 12), "iommu.strict=0", true, Driver::Vtd);
         assert_eq!(r.policy, PolicyName::Strict);
         assert!(r.reason.contains("virtualization"));
         assert_eq!(
-            resolve(Arch::X86_64, "intel_iommu=on,strict", false).policy,
+            resolve(
+                Arch::X86_64,
+                (6, 12),
+                "intel_iommu=on,strict",
+                false,
+                Driver::Vtd
+            )
+            .policy,
             PolicyName::Strict
         );
     }
@@ -252,7 +306,13 @@ mod tests {
     #[test]
     fn kernel_log_lines_match_the_kernels_words() {
         // The testbed's 6.12 guest with iommu.strict=0 logged exactly these two lines.
-        let e = explain(Arch::X86_64, (6, 12), "quiet iommu.strict=0", false, Driver::Vtd);
+        let e = explain(
+            Arch::X86_64,
+            (6, 12),
+            "quiet iommu.strict=0",
+            false,
+            Driver::Vtd,
+        );
         assert_eq!(
             e.kernel_log,
             vec![
@@ -261,20 +321,35 @@ mod tests {
             ]
         );
         assert_eq!((e.devices[0].sysfs, e.devices[1].sysfs), ("DMA-FQ", "DMA"));
-        let e = explain(Arch::X86_64, (6, 12), "iommu.passthrough=1", false, Driver::Vtd);
+        let e = explain(
+            Arch::X86_64,
+            (6, 12),
+            "iommu.passthrough=1",
+            false,
+            Driver::Vtd,
+        );
         assert_eq!(
             e.kernel_log,
             vec!["iommu: Default domain type: Passthrough (set via kernel command line)"]
         );
-        assert_eq!((e.devices[0].sysfs, e.devices[1].sysfs), ("identity", "DMA"));
+        assert_eq!(
+            (e.devices[0].sysfs, e.devices[1].sysfs),
+            ("identity", "DMA")
+        );
     }
 
     #[test]
     fn virtio_iommu_gets_deferred_flush_in_6_8() {
         let old = explain(Arch::X86_64, (6, 1), "", false, Driver::Virtio);
         let new = explain(Arch::X86_64, (6, 8), "", false, Driver::Virtio);
-        assert_eq!((old.devices[0].sysfs, new.devices[0].sysfs), ("DMA", "DMA-FQ"));
+        assert_eq!(
+            (old.devices[0].sysfs, new.devices[0].sysfs),
+            ("DMA", "DMA-FQ")
+        );
         // Caching mode is a VT-d matter only.
-        assert_eq!(explain(Arch::X86_64, (6, 12), "", true, Driver::Smmuv3).devices[0].sysfs, "DMA-FQ");
+        assert_eq!(
+            explain(Arch::X86_64, (6, 12), "", true, Driver::Smmuv3).devices[0].sysfs,
+            "DMA-FQ"
+        );
     }
 }

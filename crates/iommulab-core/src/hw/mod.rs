@@ -8,6 +8,7 @@ pub mod cache;
 pub mod pgtable;
 pub mod smmuv3;
 pub mod translator;
+pub mod virtio;
 pub mod vtd;
 
 use crate::scenario::{IommuProfile, Platform, Vendor};
@@ -15,6 +16,45 @@ use crate::sim::Time;
 pub use pgtable::PtFormat;
 
 pub type DomainId = u16;
+
+/// iommu.c iommu_pgsize(): for [iova, iova + size) mapped to paddr (all in pages of 2^0), the page size to
+/// use (as a shift, bit k of `pgsize_bitmap` = pages of 2^k are supported) and how many pages of it before a
+/// larger supported size could take over.
+pub fn iommu_pgsize(pgsize_bitmap: u64, iova: u64, paddr: u64, size: u64) -> (u32, u64) {
+    let addr_merge = iova | paddr;
+    // Page sizes supported and small enough for `size`, then no larger than the alignment allows.
+    let mut pgsizes = pgsize_bitmap & low_bits(63 - size.leading_zeros());
+    if addr_merge != 0 {
+        pgsizes &= low_bits(addr_merge.trailing_zeros());
+    }
+    assert!(
+        pgsizes != 0,
+        "no page size fits: the smallest must divide every address"
+    );
+    let idx = 63 - pgsizes.leading_zeros();
+    let mut size = size;
+    // The next larger supported size, if iova and paddr sit alike inside it.
+    let larger = pgsize_bitmap & !low_bits(idx);
+    if larger != 0 {
+        let next = 1u64 << larger.trailing_zeros();
+        if (iova ^ paddr) & (next - 1) == 0 {
+            let offset = next - (addr_merge & (next - 1));
+            if offset + next <= size {
+                size = offset;
+            }
+        }
+    }
+    (idx, size >> idx)
+}
+
+/// GENMASK(n, 0).
+fn low_bits(n: u32) -> u64 {
+    if n >= 63 {
+        u64::MAX
+    } else {
+        (1u64 << (n + 1)) - 1
+    }
+}
 
 /// The page-table format a vendor's DMA domains use, from the profile. Errors name the profile key.
 pub fn pt_format(vendor: Vendor, p: &IommuProfile) -> Result<PtFormat, (&'static str, String)> {
@@ -25,6 +65,8 @@ pub fn pt_format(vendor: Vendor, p: &IommuProfile) -> Result<PtFormat, (&'static
             }
             PtFormat::vtd(p.ias_bits, p.large_pages).map_err(|m| ("ias_bits", m))
         }
+        // The host keeps the guest's mappings; a 4 KiB radix table stands for its translation state.
+        Vendor::Virtio => PtFormat::vtd(p.ias_bits, false).map_err(|m| ("ias_bits", m)),
         Vendor::Smmuv3 => {
             let stage = p.smmuv3.as_ref().map_or(1, |s| s.stage);
             match p.granule_kb {
@@ -37,14 +79,25 @@ pub fn pt_format(vendor: Vendor, p: &IommuProfile) -> Result<PtFormat, (&'static
     }
 }
 
-/// Build the platform's IOMMU (the scenario was validated, so the format is valid).
-pub fn build(p: &Platform, cpus: usize) -> Box<dyn Iommu> {
+/// virtio-iommu queues MAP requests and syncs in iotlb_sync_map / flush_iotlb_all from Linux 6.8 ("iommu/virtio:
+/// Add ops->flush_iotlb_all and enable deferred flush"); before, every MAP was a synchronous round trip.
+pub fn deferred_flush(kernel: (u32, u32)) -> bool {
+    kernel >= (6, 8)
+}
+
+/// Build the platform's IOMMU for a kernel (MAJOR, MINOR); the scenario was validated, so the format is valid.
+pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
     let fmt = pt_format(p.vendor, &p.iommu).expect("validated platform");
     let atc = p.pcie.ats.then_some((p.pcie.atc_entries, p.pcie.atc_ways));
     let tr = translator::Translator::new(&p.iommu, fmt, atc);
     match p.vendor {
         Vendor::Vtd => Box::new(vtd::Vtd::new(&p.iommu, tr, p.pcie.ats_inv_ns)),
         Vendor::Smmuv3 => Box::new(smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns)),
+        Vendor::Virtio => Box::new(virtio::VirtioIommu::new(
+            &p.iommu,
+            tr,
+            deferred_flush(kernel),
+        )),
     }
 }
 
@@ -146,9 +199,15 @@ pub enum InvKind {
     CfgiSte,
     /// SMMUv3 CMD_CFGI_CD (a context descriptor changed).
     CfgiCd,
+    /// virtio-iommu VIRTIO_IOMMU_T_MAP request.
+    VirtioMap,
+    /// virtio-iommu VIRTIO_IOMMU_T_UNMAP request (the device drops the range: its invalidation).
+    VirtioUnmap,
+    /// virtio-iommu VIRTIO_IOMMU_T_ATTACH request.
+    VirtioAttach,
 }
 
-pub const INV_KINDS: usize = 13;
+pub const INV_KINDS: usize = 16;
 
 impl InvKind {
     pub const ALL: [InvKind; INV_KINDS] = [
@@ -165,6 +224,9 @@ impl InvKind {
         InvKind::Wbf,
         InvKind::CfgiSte,
         InvKind::CfgiCd,
+        InvKind::VirtioMap,
+        InvKind::VirtioUnmap,
+        InvKind::VirtioAttach,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -181,6 +243,9 @@ impl InvKind {
             InvKind::Wbf => "wbf",
             InvKind::CfgiSte => "cfgi_ste",
             InvKind::CfgiCd => "cfgi_cd",
+            InvKind::VirtioMap => "map",
+            InvKind::VirtioUnmap => "unmap",
+            InvKind::VirtioAttach => "attach",
         }
     }
     /// IOMMU TLB invalidations (counted in `invalidations.total`); device-side ATC/device-TLB ones and
@@ -195,6 +260,7 @@ impl InvKind {
                 | InvKind::TlbiS2Ipa
                 | InvKind::TlbiNhAsid
                 | InvKind::TlbiS12Vmall
+                | InvKind::VirtioUnmap
         )
     }
 }

@@ -118,30 +118,14 @@ impl PtFormat {
         ((gpfn >> self.span_shift(level)) & mask) as usize
     }
 
-    /// iommu.c iommu_pgsize(): the leaf level to map [iova, iova + size) of granule pfns with, and how many
-    /// pages of it before a larger page size could take over.
+    /// iommu.c iommu_pgsize() over the format's page sizes: the leaf level to map [iova, iova + size) of
+    /// granule pfns with, and how many pages of it before a larger page size could take over.
     pub fn pgsize(&self, iova: u64, phys: u64, size: u64) -> (u32, u64) {
-        let addr_merge = iova | phys;
-        let fits = |l: u32| {
-            let s = self.span_shift(l);
-            (1u64 << s) <= size && (addr_merge == 0 || addr_merge.trailing_zeros() >= s)
-        };
-        let level = (1..=self.levels)
-            .rev()
-            .find(|&l| self.leaf_levels & (1 << l) != 0 && fits(l))
-            .unwrap_or(1);
-        let shift = self.span_shift(level);
-        let mut size = size;
-        if let Some(next) = (level + 1..=self.levels).find(|&l| self.leaf_levels & (1 << l) != 0) {
-            let span_next = 1u64 << self.span_shift(next);
-            if (iova ^ phys) & (span_next - 1) == 0 {
-                let offset = span_next - (addr_merge & (span_next - 1));
-                if offset + span_next <= size {
-                    size = offset;
-                }
-            }
-        }
-        (level, size >> shift)
+        let bitmap = (1..=self.levels)
+            .filter(|&l| self.leaf_levels & (1 << l) != 0)
+            .fold(0u64, |m, l| m | 1 << self.span_shift(l));
+        let (shift, count) = super::iommu_pgsize(bitmap, iova, phys, size);
+        (shift / self.bits + 1, count)
     }
 }
 

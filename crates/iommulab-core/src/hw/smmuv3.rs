@@ -356,6 +356,7 @@ pub(crate) mod tests {
                 ecmdq,
                 stage: 1,
             }),
+            virtio: None,
         }
     }
 

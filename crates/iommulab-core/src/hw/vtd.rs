@@ -316,6 +316,7 @@ pub(crate) mod tests {
                 wbf_ns: 300,
             }),
             smmuv3: None,
+            virtio: None,
         }
     }
 

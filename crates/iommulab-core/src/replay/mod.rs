@@ -85,6 +85,7 @@ pub struct Counts {
 /// Running totals the per-phase counts are differences of.
 #[derive(Debug, Clone, Default)]
 struct Totals {
+    virtio: bool,
     map_events: u64,
     unmap_events: u64,
     map_syncs: u64,
@@ -103,10 +104,15 @@ impl Totals {
             iotlb_psi: inv(&[InvKind::Psi, InvKind::TlbiNhVa, InvKind::TlbiS2Ipa]),
             iotlb_dsi: inv(&[InvKind::Dsi, InvKind::TlbiNhAsid, InvKind::TlbiS12Vmall]),
             iotlb_global: inv(&[InvKind::Global]),
-            wait: self.iommu.syncs - a.iommu.syncs,
+            // virtio-iommu has no wait descriptor: its syncs are kicks, not IOMMU requests.
+            wait: if self.virtio {
+                0
+            } else {
+                self.iommu.syncs - a.iommu.syncs
+            },
             devtlb: inv(&[InvKind::DevTlb, InvKind::AtcInv]),
-            virtio_map: 0,
-            virtio_unmap: 0,
+            virtio_map: inv(&[InvKind::VirtioMap]),
+            virtio_unmap: inv(&[InvKind::VirtioUnmap]),
         }
     }
 }
@@ -476,6 +482,7 @@ impl ReplaySession {
         let (profile, arch) = match opts.vendor {
             Vendor::Vtd => ("vtd-server", "x86_64"),
             Vendor::Smmuv3 => ("smmuv3-server", "arm64"),
+            Vendor::Virtio => ("virtio-guest", "x86_64"),
         };
         let mut ov: Vec<(String, String)> = vec![
             ("platform.profile".into(), profile.into()),
@@ -494,30 +501,26 @@ impl ReplaySession {
         }
         let v = load(Source::Builtin("default"), &ov)?;
         let sc = &v[0].scenario;
-        let arch = if opts.vendor == Vendor::Vtd {
-            Arch::X86_64
-        } else {
+        let arch = if opts.vendor == Vendor::Smmuv3 {
             Arch::Arm64
+        } else {
+            Arch::X86_64
         };
+        let kernel = crate::scenario::parse_kernel(&opts.kernel).expect("validated by load");
         let (policy, policy_reason) = match opts.mode {
             Some(m) => (m, format!("set by --mode {}", m.as_str())),
             None => {
-                let driver = match opts.vendor {
-                    Vendor::Vtd => default_domain::Driver::Vtd,
-                    Vendor::Smmuv3 => default_domain::Driver::Smmuv3,
-                };
-                let kernel = crate::scenario::parse_kernel(&opts.kernel).expect("validated by load");
-                let e = default_domain::explain(arch, kernel, &opts.cmdline, opts.caching_mode, driver);
-                let d = &e.devices[0];
-                let policy = match d.policy {
-                    "passthrough" => PolicyName::Passthrough,
-                    "strict" => PolicyName::Strict,
-                    _ => PolicyName::Lazy,
-                };
-                (policy, format!("{} ({})", d.sysfs, d.why))
+                let r = default_domain::resolve(
+                    arch,
+                    kernel,
+                    &opts.cmdline,
+                    opts.caching_mode,
+                    default_domain::Driver::of(opts.vendor),
+                );
+                (r.policy, r.reason)
             }
         };
-        let iommu = hw::build(&sc.platform, 1);
+        let iommu = hw::build(&sc.platform, 1, kernel);
         let iommu_name = iommu.name().to_string();
         let mut core = DmaCore::new(iommu, 1, &sc.platform.cpu);
         core.iova_from_trace = true;
@@ -537,6 +540,7 @@ impl ReplaySession {
             timers: BTreeMap::new(),
             seq: 0,
         };
+        r.totals.virtio = opts.vendor == Vendor::Virtio;
         r.mark = r.counters();
         Ok(ReplaySession {
             name: name.to_string(),
@@ -805,6 +809,42 @@ mod tests {
         assert_eq!(whole.policy, "lazy");
         assert_eq!(whole.phases.get("a").unwrap().counts.unmap_events, 1);
         assert_eq!(whole.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 1);
+    }
+
+    #[test]
+    fn virtio_sends_a_request_per_map_chunk_and_one_unmap_per_sg() {
+        // A map_sg of 32 4K segments over an aligned 128K, then a 3-page buffer at a 16K-aligned IOVA.
+        let mut t = mark(0, "TB_BEGIN io");
+        for i in 0..32u64 {
+            t += &map(10 + i, 0xfffa_0000 + i * 4096, 0x10_0000 + i * 0x3000, 4096);
+        }
+        t += &map(100, 0xffe0_0000, 0x40_0000, 12288);
+        t += &unmap(200, 0xfffa_0000, 131072);
+        t += &unmap(210, 0xffe0_0000, 12288);
+        t += &mark(300, "TB_END io");
+        let v = ReplayOptions {
+            vendor: Vendor::Virtio,
+            mode: Some(PolicyName::Strict),
+            ..Default::default()
+        };
+        let r = run(&t, &v);
+        assert_eq!(r.iommu, "virtio");
+        let c = &r.phases.get("io").unwrap().counts;
+        assert_eq!((c.map_events, c.map_syncs), (33, 2));
+        // 32 + 2 MAPs (8K then 4K), 1 + 2 UNMAPs; no wait descriptors, no IOTLB invalidations.
+        assert_eq!((c.virtio_map, c.virtio_unmap), (34, 3));
+        assert_eq!((c.wait, c.iotlb_psi, c.iotlb_dsi), (0, 0, 0));
+        // Before 6.8 virtio-iommu cannot defer: lazy on the command line still gives strict.
+        let r = run(
+            &t,
+            &ReplayOptions {
+                mode: None,
+                cmdline: "iommu.strict=0".into(),
+                kernel: "6.6".into(),
+                ..v
+            },
+        );
+        assert_eq!(r.policy, "strict");
     }
 
     #[test]

@@ -1,0 +1,297 @@
+//! virtio-iommu as drivers/iommu/virtio-iommu.c drives it: the guest keeps its mappings in an interval tree
+//! and sends the host one VIRTIO_IOMMU_T_MAP request per `map_pages` call and one VIRTIO_IOMMU_T_UNMAP per
+//! `unmap_pages` call; requests wait in the virtqueue until a sync kicks the host and spins until all are
+//! done (`__viommu_sync_req`). There is no invalidation request: an UNMAP is the invalidation, effective
+//! when the host processes it. From 6.8 MAPs are queued too and synced in `iotlb_sync_map`, `iotlb_sync` and
+//! `flush_iotlb_all` (deferred flush: lazy domains possible); before, each MAP was sent synchronously.
+
+use super::translator::Translator;
+use super::{iommu_pgsize, DomainId, InvKind, Iommu, IotlbGather};
+use crate::scenario::{IommuProfile, VirtioProfile};
+use crate::sim::{SpinLock, Time};
+use std::collections::BTreeMap;
+
+pub struct VirtioIommu {
+    cfg: VirtioProfile,
+    tr: Translator,
+    /// 6.8+: MAP requests queued and synced later (IOMMU_CAP_DEFERRED_FLUSH).
+    deferred: bool,
+    /// The guest's view (viommu_domain->mappings): (domain, first pfn) → end pfn (exclusive), one per MAP.
+    mappings: BTreeMap<(DomainId, u64), u64>,
+    /// Page sizes the device takes (page_size_mask), as a bitmap over 4 KiB pages.
+    pgsize_bitmap: u64,
+    /// Requests added but not yet kicked, and the UNMAPs among them (applied when the host processes them).
+    queued: u64,
+    queued_unmaps: Vec<(DomainId, u64, u64)>,
+    /// MAP requests written since the last iotlb_sync_map (before 6.8 each one was a synchronous round trip).
+    unsynced_maps: u64,
+    /// viommu->request_lock: adding requests and syncing are serialised.
+    request_lock: SpinLock,
+    /// The host processing the request queue.
+    host: SpinLock,
+}
+
+impl VirtioIommu {
+    pub fn new(p: &IommuProfile, tr: Translator, deferred: bool) -> Self {
+        let cfg = p
+            .virtio
+            .clone()
+            .expect("validated: vendor virtio has [iommu.virtio]");
+        let min = (cfg.min_page_kb / 4).max(1).trailing_zeros();
+        VirtioIommu {
+            pgsize_bitmap: !0u64 << min,
+            cfg,
+            tr,
+            deferred,
+            mappings: BTreeMap::new(),
+            queued: 0,
+            queued_unmaps: Vec::new(),
+            unsynced_maps: 0,
+            request_lock: SpinLock::default(),
+            host: SpinLock::default(),
+        }
+    }
+
+    /// viommu_add_req(): one request into the virtqueue (no kick).
+    fn add_req(&mut self, now: Time) -> Time {
+        self.queued += 1;
+        self.request_lock.acquire(now, self.cfg.add_req_ns).1
+    }
+
+    /// __viommu_sync_req(): kick the host and spin until every queued request is done; queued UNMAPs take
+    /// effect on the device.
+    fn sync_req(&mut self, now: Time) -> Time {
+        let n = std::mem::take(&mut self.queued);
+        let (_, kicked) = self.request_lock.acquire(now, self.cfg.kick_ns);
+        let (_, done) = self.host.acquire(kicked, n * self.cfg.req_ns);
+        for (dom, pfn, pages) in std::mem::take(&mut self.queued_unmaps) {
+            self.tr.invalidate_range(dom, pfn, pages, false);
+        }
+        self.tr.c.syncs += 1;
+        self.tr.c.submissions += 1;
+        self.tr.c.inv_wait_ns += done - now;
+        done
+    }
+
+    /// viommu_del_mappings(): remove every mapping overlapping [first, last]; returns pages removed.
+    fn del_mappings(&mut self, dom: DomainId, first: u64, last: u64) -> u64 {
+        let lo = self
+            .mappings
+            .range(..=(dom, first))
+            .next_back()
+            .filter(|(&(d, _), &end)| d == dom && end > first)
+            .map(|(&k, _)| k);
+        let keys: Vec<(DomainId, u64)> = lo
+            .into_iter()
+            .chain(
+                self.mappings
+                    .range((dom, first)..=(dom, last))
+                    .map(|(&k, _)| k),
+            )
+            .collect();
+        let mut removed = 0;
+        for k in keys {
+            if let Some(end) = self.mappings.remove(&k) {
+                removed += end - k.1;
+            }
+        }
+        removed
+    }
+}
+
+impl Iommu for VirtioIommu {
+    fn name(&self) -> &'static str {
+        "virtio"
+    }
+
+    fn inv_kinds(&self) -> &'static [InvKind] {
+        &[
+            InvKind::VirtioMap,
+            InvKind::VirtioUnmap,
+            InvKind::VirtioAttach,
+        ]
+    }
+
+    fn translator(&self) -> &Translator {
+        &self.tr
+    }
+
+    fn translator_mut(&mut self) -> &mut Translator {
+        &mut self.tr
+    }
+
+    /// __iommu_map(): one viommu_map_pages() — one MAP request — per iommu_pgsize() chunk.
+    fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
+        let (mut va, mut pa, mut left) = (iova_pfn, phys_pfn, n);
+        while left > 0 {
+            let (shift, count) = iommu_pgsize(self.pgsize_bitmap, va, pa, left);
+            let pages = count << shift;
+            self.mappings.insert((dom, va), va + pages);
+            self.tr.c.count(InvKind::VirtioMap, 1);
+            self.queued += 1;
+            self.unsynced_maps += 1;
+            va += pages;
+            pa += pages;
+            left -= pages;
+        }
+        self.tr.map(dom, iova_pfn, phys_pfn, n)
+    }
+
+    /// __iommu_unmap(): per iommu_pgsize() chunk (by IOVA alone), viommu_unmap_pages() removes the mappings
+    /// it overlaps and queues one UNMAP for them; it stops when a chunk removes less than it covers.
+    fn unmap_pages(
+        &mut self,
+        now: Time,
+        _cpu: usize,
+        dom: DomainId,
+        iova_pfn: u64,
+        n: u64,
+        gather: &mut IotlbGather,
+    ) -> (u64, Time) {
+        let mut t = now;
+        let (mut va, mut done) = (iova_pfn, 0);
+        while done < n {
+            let (shift, count) = iommu_pgsize(self.pgsize_bitmap, va, va, n - done);
+            let size = count << shift;
+            let removed = self.del_mappings(dom, va, va + size - 1);
+            if removed < size {
+                break;
+            }
+            self.tr.c.count(InvKind::VirtioUnmap, 1);
+            t = self.add_req(t);
+            self.queued_unmaps.push((dom, va, removed));
+            va += removed;
+            done += removed;
+        }
+        // The guest's own record of the PTEs (the host's translation goes when it processes the UNMAP).
+        let mut g = IotlbGather::new();
+        let un = self.tr.unmap(dom, iova_pfn, n, &mut g);
+        if done > 0 {
+            gather.add_range(iova_pfn, done);
+        }
+        (un, t)
+    }
+
+    fn iotlb_sync_map(
+        &mut self,
+        now: Time,
+        _cpu: usize,
+        _dom: DomainId,
+        _iova_pfn: u64,
+        _n: u64,
+    ) -> Time {
+        let maps = std::mem::take(&mut self.unsynced_maps);
+        if maps == 0 {
+            return now;
+        }
+        // The MAP requests were added to the virtqueue by map_pages (which has no clock): charge it here.
+        let t = self.request_lock.acquire(now, maps * self.cfg.add_req_ns).1;
+        if self.deferred {
+            // viommu_iotlb_sync_map(): one sync for the whole map call.
+            return self.sync_req(t);
+        }
+        // Before 6.8: viommu_map_pages() sent each MAP with viommu_send_req_sync(): a round trip each.
+        let mut t = t;
+        for _ in 0..maps {
+            self.queued = self.queued.max(1);
+            t = self.sync_req(t);
+        }
+        t
+    }
+
+    fn iotlb_sync(&mut self, now: Time, _cpu: usize, _dom: DomainId, g: &IotlbGather) -> Time {
+        if g.is_empty() && self.queued == 0 {
+            return now;
+        }
+        // viommu_iotlb_sync(): kick and wait for the queued UNMAPs.
+        self.sync_req(now)
+    }
+
+    fn flush_iotlb_all(&mut self, now: Time, _cpu: usize, _dom: DomainId) -> Time {
+        // viommu_flush_iotlb_all() (6.8+): a sync; the UNMAPs queued meanwhile take effect now.
+        self.sync_req(now)
+    }
+
+    fn attach_dev(&mut self, now: Time, _cpu: usize, _dom: DomainId) -> Time {
+        // viommu_attach_dev(): an ATTACH request sent synchronously.
+        self.tr.c.count(InvKind::VirtioAttach, 1);
+        let t = self.add_req(now);
+        self.sync_req(t)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::hw::PtFormat;
+
+    pub(crate) fn cfg() -> IommuProfile {
+        IommuProfile {
+            virtio: Some(VirtioProfile {
+                add_req_ns: 50,
+                kick_ns: 5000,
+                req_ns: 1000,
+                min_page_kb: 4,
+            }),
+            vtd: None,
+            ..crate::hw::vtd::tests::cfg()
+        }
+    }
+
+    pub(crate) fn virtio(deferred: bool) -> VirtioIommu {
+        let p = cfg();
+        let tr = Translator::new(&p, PtFormat::vtd(48, false).unwrap(), None);
+        VirtioIommu::new(&p, tr, deferred)
+    }
+
+    #[test]
+    fn one_map_request_per_pgsize_chunk_and_one_unmap_for_a_whole_sg_range() {
+        let mut v = virtio(true);
+        // Three pages at an 8-page-aligned IOVA, phys alike: an 8K chunk then a 4K one.
+        v.map_pages(1, 8, 8, 3);
+        assert_eq!(v.tr.c.get(InvKind::VirtioMap), 2);
+        // A map_sg of 32 separate 4K segments over 128K, unmapped at once: 32 MAPs, one UNMAP.
+        for i in 0..32 {
+            v.map_pages(1, 0x1000 + i, 0x9000 + 7 * i, 1);
+        }
+        assert_eq!(v.tr.c.get(InvKind::VirtioMap), 2 + 32);
+        let mut g = IotlbGather::new();
+        let (un, _) = v.unmap_pages(0, 0, 1, 0x1000, 32, &mut g);
+        assert_eq!((un, v.tr.c.get(InvKind::VirtioUnmap)), (32, 1));
+        // Unmapping nothing sends nothing.
+        v.unmap_pages(0, 0, 1, 0x5000, 1, &mut g);
+        assert_eq!(v.tr.c.get(InvKind::VirtioUnmap), 1);
+    }
+
+    #[test]
+    fn unmap_takes_effect_when_the_host_processes_it() {
+        let mut v = virtio(true);
+        v.map_pages(1, 10, 77, 1);
+        let t = v.iotlb_sync_map(0, 0, 1, 10, 1);
+        assert_eq!(
+            t,
+            50 + 5000 + 1000,
+            "add the MAP, kick, the host processes it"
+        );
+        v.translate(1, 10);
+        let mut g = IotlbGather::new();
+        v.unmap_pages(t, 0, 1, 10, 1, &mut g);
+        // Queued, not kicked (lazy): the device still translates through its cached entry.
+        assert!(v.translate(1, 10).stale);
+        v.flush_iotlb_all(t, 0, 1);
+        assert!(v.translate(1, 10).fault());
+        assert_eq!(v.tr.c.invalidations(), 1, "the UNMAP is the invalidation");
+    }
+
+    #[test]
+    fn before_6_8_every_map_is_a_round_trip() {
+        let (mut old, mut new) = (virtio(false), virtio(true));
+        for v in [&mut old, &mut new] {
+            for i in 0..4 {
+                v.map_pages(1, 0x100 + 2 * i, 0x900 + 4 * i, 1);
+            }
+            v.iotlb_sync_map(0, 0, 1, 0x100, 8);
+        }
+        assert_eq!((old.tr.c.syncs, new.tr.c.syncs), (4, 1));
+    }
+}
