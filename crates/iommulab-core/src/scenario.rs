@@ -145,6 +145,8 @@ pub struct VtdProfile {
     pub rwbf: bool,
     /// Hardware time of one write-buffer flush (GCMD.WBF until GSTS.WBFS clears).
     pub wbf_ns: u64,
+    /// CPU time per cache tag when a flush walks the domain's tags under its cache_lock (6.10+).
+    pub cache_tag_ns: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -6,6 +6,7 @@
 pub mod default_domain;
 pub mod flush_queue;
 pub mod iova;
+pub mod kernel;
 pub mod passthrough;
 pub mod strict;
 

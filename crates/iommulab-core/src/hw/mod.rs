@@ -11,6 +11,7 @@ pub mod translator;
 pub mod virtio;
 pub mod vtd;
 
+use crate::dma::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, Platform, Vendor};
 use crate::sim::Time;
 pub use pgtable::PtFormat;
@@ -79,24 +80,19 @@ pub fn pt_format(vendor: Vendor, p: &IommuProfile) -> Result<PtFormat, (&'static
     }
 }
 
-/// virtio-iommu queues MAP requests and syncs in iotlb_sync_map / flush_iotlb_all from Linux 6.8 ("iommu/virtio:
-/// Add ops->flush_iotlb_all and enable deferred flush"); before, every MAP was a synchronous round trip.
-pub fn deferred_flush(kernel: (u32, u32)) -> bool {
-    kernel >= (6, 8)
-}
-
 /// Build the platform's IOMMU for a kernel (MAJOR, MINOR); the scenario was validated, so the format is valid.
 pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
+    let kernel = KernelVersion::from(kernel);
     let fmt = pt_format(p.vendor, &p.iommu).expect("validated platform");
     let atc = p.pcie.ats.then_some((p.pcie.atc_entries, p.pcie.atc_ways));
     let tr = translator::Translator::new(&p.iommu, fmt, atc);
     match p.vendor {
-        Vendor::Vtd => Box::new(vtd::Vtd::new(&p.iommu, tr, p.pcie.ats_inv_ns)),
+        Vendor::Vtd => Box::new(vtd::Vtd::new(&p.iommu, tr, p.pcie.ats_inv_ns, kernel)),
         Vendor::Smmuv3 => Box::new(smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns)),
         Vendor::Virtio => Box::new(virtio::VirtioIommu::new(
             &p.iommu,
             tr,
-            deferred_flush(kernel),
+            kernel.virtio_deferred_flush(),
         )),
     }
 }

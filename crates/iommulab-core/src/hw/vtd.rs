@@ -5,6 +5,7 @@
 
 use super::translator::Translator;
 use super::{DomainId, InvKind, Iommu, IotlbGather};
+use crate::dma::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, VtdProfile};
 use crate::sim::{SpinLock, Time};
 
@@ -63,6 +64,7 @@ pub fn psi_aligned(start_pfn: u64, pages: u64) -> (u64, u32) {
 pub struct Vtd {
     cfg: VtdProfile,
     tr: Translator,
+    kernel: KernelVersion,
     /// The device's ATS invalidation completion time (device-TLB descriptors wait for it).
     ats_inv_ns: u64,
     /// dmar_domain->cache_lock per domain: held across a flush's submissions and their waits.
@@ -74,13 +76,14 @@ pub struct Vtd {
 }
 
 impl Vtd {
-    pub fn new(p: &IommuProfile, tr: Translator, ats_inv_ns: u64) -> Self {
+    pub fn new(p: &IommuProfile, tr: Translator, ats_inv_ns: u64, kernel: KernelVersion) -> Self {
         Vtd {
             cfg: p
                 .vtd
                 .clone()
                 .expect("validated: vendor vtd has [iommu.vtd]"),
             tr,
+            kernel,
             ats_inv_ns,
             cache_lock: Vec::new(),
             q_lock: SpinLock::default(),
@@ -143,22 +146,40 @@ impl Vtd {
         done
     }
 
-    /// A cache_tag flush as cache.c does it: under the domain's cache_lock, the descriptors in batches of
-    /// QI_MAX_BATCHED_DESC_COUNT (qi_batch_add_* → qi_batch_flush_descs), each batch submitted and waited for.
-    fn flush_locked(&mut self, now: Time, dom: DomainId, descs: &[InvDesc]) -> Time {
-        if descs.is_empty() {
-            return now;
-        }
+    fn cache_lock(&mut self, dom: DomainId) -> &mut SpinLock {
         let i = dom as usize;
         if self.cache_lock.len() <= i {
             self.cache_lock.resize_with(i + 1, SpinLock::default);
         }
-        let (start, _) = self.cache_lock[i].acquire(now, 0);
+        &mut self.cache_lock[i]
+    }
+
+    /// A domain flush. 6.12+ (cache.c with qi_batch): under the domain's cache_lock, the descriptors in batches
+    /// of QI_MAX_BATCHED_DESC_COUNT, each batch submitted and waited for. 6.10–6.11: under the cache_lock, one
+    /// submission per descriptor. Before 6.10 (iommu_flush_iotlb_psi + iommu_flush_dev_iotlb): one submission
+    /// per descriptor and no domain lock.
+    fn flush_locked(&mut self, now: Time, dom: DomainId, descs: &[InvDesc]) -> Time {
+        if descs.is_empty() {
+            return now;
+        }
+        let per_submit = if self.kernel.vtd_qi_batch() {
+            QI_MAX_BATCHED_DESC_COUNT
+        } else {
+            1
+        };
+        let locked = self.kernel.vtd_cache_tags();
+        let start = if locked {
+            self.cache_lock(dom).acquire(now, 0).0
+        } else {
+            now
+        };
         let mut t = start;
-        for batch in descs.chunks(QI_MAX_BATCHED_DESC_COUNT) {
+        for batch in descs.chunks(per_submit) {
             t = self.qi_submit_sync(t, batch);
         }
-        self.cache_lock[i].extend(start, t);
+        if locked {
+            self.cache_lock(dom).extend(start, t);
+        }
         self.tr.c.inv_wait_ns += t - now;
         t
     }
@@ -243,7 +264,13 @@ impl Iommu for Vtd {
         n: u64,
     ) -> Time {
         // intel_iommu_iotlb_sync_map → cache_tag_flush_range_np(): a PSI (no device-TLB) in caching mode,
-        // else iommu_flush_write_buffer(), a no-op unless CAP.RWBF.
+        // else iommu_flush_write_buffer(), a no-op unless CAP.RWBF. 6.10–6.16 walk the domain's cache tags
+        // under its cache_lock even then (one IOTLB tag, and a device-TLB tag with ATS).
+        if !self.cfg.caching_mode && !self.cfg.rwbf && self.kernel.vtd_sync_map_walk() {
+            let tags = 1 + self.tr.has_atc() as u64;
+            let hold = self.cfg.cache_tag_ns * tags;
+            return self.cache_lock(dom).acquire(now, hold).1;
+        }
         if self.cfg.caching_mode {
             self.flush_range(now, dom, iova_pfn, n, false, false)
         } else if self.cfg.rwbf {
@@ -314,6 +341,7 @@ pub(crate) mod tests {
                 caching_mode: false,
                 rwbf: false,
                 wbf_ns: 300,
+                cache_tag_ns: 30,
             }),
             smmuv3: None,
             virtio: None,
@@ -324,7 +352,7 @@ pub(crate) mod tests {
     pub(crate) fn vtd_with(p: &IommuProfile, atc: Option<u32>) -> Vtd {
         let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, p).unwrap();
         let tr = Translator::new(p, fmt, atc.map(|n| (n, n)));
-        Vtd::new(p, tr, 1000)
+        Vtd::new(p, tr, 1000, KernelVersion(6, 12))
     }
 
     pub(crate) fn vtd(p: &IommuProfile) -> Vtd {
@@ -509,5 +537,53 @@ pub(crate) mod tests {
         let a = v.flush_iotlb_all(0, 0, 1);
         let b = v.flush_iotlb_all(0, 1, 1);
         assert_eq!(b, a + 80 + 400 + 200);
+    }
+
+    fn vtd_kernel(atc: Option<u32>, k: KernelVersion) -> Vtd {
+        let p = cfg();
+        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, &p).unwrap();
+        Vtd::new(&p, Translator::new(&p, fmt, atc.map(|n| (n, n))), 1000, k)
+    }
+
+    #[test]
+    fn kernel_versions_change_submissions_locks_and_map_cost() {
+        // ATS strict unmap: 6.12 batches PSI + device-TLB under one wait; 6.1 submits each with its own.
+        for (k, waits) in [
+            (KernelVersion(6, 12), 1),
+            (KernelVersion(6, 11), 2),
+            (KernelVersion(6, 1), 2),
+        ] {
+            let mut v = vtd_kernel(Some(8), k);
+            v.map_pages(1, 0x40, 1, 1);
+            let mut g = IotlbGather::new();
+            v.unmap_pages(0, 0, 1, 0x40, 1, &mut g);
+            v.iotlb_sync(0, 0, 1, &g);
+            assert_eq!(
+                (v.tr.c.syncs, v.tr.c.get(InvKind::DevTlb)),
+                (waits, 1),
+                "{k:?}"
+            );
+        }
+        // Two CPUs flushing one domain: 6.10+ hold its cache_lock across the wait, 6.1 only the queue lock.
+        let pair = |k| {
+            let mut v = vtd_kernel(None, k);
+            let a = v.flush_iotlb_all(0, 0, 1);
+            (a, v.flush_iotlb_all(0, 1, 1))
+        };
+        assert_eq!(pair(KernelVersion(6, 12)), (680, 680 + 680));
+        assert_eq!(pair(KernelVersion(6, 1)), (680, 680 + 600));
+        // iotlb_sync_map without caching mode: 6.10–6.16 walk the tags under the lock, 6.17 skips it.
+        assert_eq!(
+            vtd_kernel(None, KernelVersion(6, 12)).iotlb_sync_map(100, 0, 1, 5, 1),
+            130
+        );
+        assert_eq!(
+            vtd_kernel(None, KernelVersion(6, 17)).iotlb_sync_map(100, 0, 1, 5, 1),
+            100
+        );
+        assert_eq!(
+            vtd_kernel(None, KernelVersion(6, 6)).iotlb_sync_map(100, 0, 1, 5, 1),
+            100
+        );
     }
 }

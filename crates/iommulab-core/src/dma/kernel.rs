@@ -1,0 +1,37 @@
+//! What changed between kernel versions in what reaches the IOMMU. Each predicate names the change.
+
+/// A kernel version, MAJOR.MINOR (upstream semantics; stable backports are not tracked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct KernelVersion(pub u32, pub u32);
+
+impl KernelVersion {
+    /// intel/cache.c (6.10): per-domain cache tags, flushed under `dmar_domain->cache_lock`, held across
+    /// `qi_submit_sync()` and its wait. Before, `iommu_flush_iotlb_psi()` ran under no domain lock.
+    pub fn vtd_cache_tags(self) -> bool {
+        self >= KernelVersion(6, 10)
+    }
+
+    /// "iommu/vt-d: Add qi_batch for dmar_domain" (6.12): IOTLB and device-TLB descriptors of one flush go in
+    /// one submission (up to 16) with one wait descriptor. Before, each had its own `qi_submit_sync()`.
+    pub fn vtd_qi_batch(self) -> bool {
+        self >= KernelVersion(6, 12)
+    }
+
+    /// 6.10 to 6.16: `intel_iommu_iotlb_sync_map()` walks the domain's cache tags under its cache_lock on every
+    /// map even when nothing needs flushing; commit 12724ce3fe1a ("iommu/vt-d: Optimize iotlb_sync_map for
+    /// non-caching/non-RWBF modes", 6.17, also in later 6.12.y stable) skips it.
+    pub fn vtd_sync_map_walk(self) -> bool {
+        self.vtd_cache_tags() && self < KernelVersion(6, 17)
+    }
+
+    /// "iommu/virtio: Add ops->flush_iotlb_all and enable deferred flush" (6.8).
+    pub fn virtio_deferred_flush(self) -> bool {
+        self >= KernelVersion(6, 8)
+    }
+}
+
+impl From<(u32, u32)> for KernelVersion {
+    fn from((a, b): (u32, u32)) -> Self {
+        KernelVersion(a, b)
+    }
+}
