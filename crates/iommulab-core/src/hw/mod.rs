@@ -322,6 +322,11 @@ pub trait Iommu: Send + Sync {
     fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
         self.translator_mut().map(dom, iova_pfn, phys_pfn, n)
     }
+    /// Install mappings made before the simulation could see them (a replayed trace's unmap of a range mapped
+    /// before tracing began): the state a map would leave, without counting or costing any request.
+    fn map_untraced(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) {
+        self.translator_mut().map(dom, iova_pfn, phys_pfn, n);
+    }
     /// Clear `n` leaf PTEs, freeing emptied table pages, and record the range in `gather`. Returns pages
     /// unmapped and the release time (io-pgtable-arm flushes freed tables right here: tlb_flush_walk).
     fn unmap_pages(

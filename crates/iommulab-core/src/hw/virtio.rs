@@ -73,6 +73,21 @@ impl VirtioIommu {
         done
     }
 
+    /// viommu_add_mapping() per iommu_pgsize() chunk of the range; returns the chunks (MAP requests).
+    fn add_mappings(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
+        let (mut va, mut pa, mut left, mut chunks) = (iova_pfn, phys_pfn, n, 0);
+        while left > 0 {
+            let (shift, count) = iommu_pgsize(self.pgsize_bitmap, va, pa, left);
+            let pages = count << shift;
+            self.mappings.insert((dom, va), va + pages);
+            chunks += 1;
+            va += pages;
+            pa += pages;
+            left -= pages;
+        }
+        chunks
+    }
+
     /// viommu_del_mappings(): remove every mapping overlapping [first, last]; returns pages removed.
     fn del_mappings(&mut self, dom: DomainId, first: u64, last: u64) -> u64 {
         let lo = self
@@ -122,19 +137,17 @@ impl Iommu for VirtioIommu {
 
     /// __iommu_map(): one viommu_map_pages() — one MAP request — per iommu_pgsize() chunk.
     fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
-        let (mut va, mut pa, mut left) = (iova_pfn, phys_pfn, n);
-        while left > 0 {
-            let (shift, count) = iommu_pgsize(self.pgsize_bitmap, va, pa, left);
-            let pages = count << shift;
-            self.mappings.insert((dom, va), va + pages);
-            self.tr.c.count(InvKind::VirtioMap, 1);
-            self.queued += 1;
-            self.unsynced_maps += 1;
-            va += pages;
-            pa += pages;
-            left -= pages;
-        }
+        let chunks = self.add_mappings(dom, iova_pfn, phys_pfn, n);
+        self.tr.c.count(InvKind::VirtioMap, chunks);
+        self.queued += chunks;
+        self.unsynced_maps += chunks;
         self.tr.map(dom, iova_pfn, phys_pfn, n)
+    }
+
+    /// The mappings a map of this range would have made (as its MAP requests would have cut it), unsent.
+    fn map_untraced(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) {
+        self.add_mappings(dom, iova_pfn, phys_pfn, n);
+        self.tr.map(dom, iova_pfn, phys_pfn, n);
     }
 
     /// __iommu_unmap(): per iommu_pgsize() chunk (by IOVA alone), viommu_unmap_pages() removes the mappings

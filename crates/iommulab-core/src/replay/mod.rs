@@ -435,7 +435,7 @@ impl Replayer {
                 let run = (p..first + n)
                     .take_while(|&q| c.iommu.iova_to_phys(c.dom, q).is_none())
                     .count() as u64;
-                c.iommu.map_pages(c.dom, p, p, run);
+                c.iommu.map_untraced(c.dom, p, p, run);
                 p += run;
             }
         }
