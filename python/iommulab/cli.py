@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cmdline", default="", help="traced kernel's command line (decides the default domain)")
     g.add_argument("--mode", choices=["strict", "lazy", "passthrough"], help="the DMA domain's mode, outright")
     rp.add_argument("--hz", type=int, default=250, help="traced kernel's CONFIG_HZ (default 250, as Debian's)")
+    rp.add_argument("--tick-phase-us", type=float, metavar="US",
+                    help="where the traced kernel's tick falls in each jiffy on the trace clock (lazy mode; "
+                    "default: inferred per phase from the trace)")
     rp.add_argument("--json", action="store_true", help='print {"phases": {NAME: {"counts": {...}}}, ...}')
 
     e = sub.add_parser("explain", help="which DMA domain a kernel gives its devices, and why",
@@ -97,7 +100,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
 def _cmd_replay(a: argparse.Namespace) -> int:
     res = replay(a.trace, iommu=a.iommu, caching_mode=a.caching_mode == "on", ats=a.ats, kernel=a.kernel,
-                 cmdline=a.cmdline, mode=a.mode, hz=a.hz)
+                 cmdline=a.cmdline, mode=a.mode, hz=a.hz, tick_phase_us=a.tick_phase_us)
     if a.json:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")

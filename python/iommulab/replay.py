@@ -33,11 +33,16 @@ def _open(path: str | os.PathLike) -> IO[bytes]:
 
 
 def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool = False, ats: bool = False,
-           kernel: str = "6.12", cmdline: str = "", mode: str | None = None, hz: int = 250) -> dict[str, Any]:
+           kernel: str = "6.12", cmdline: str = "", mode: str | None = None, hz: int = 250,
+           tick_phase_us: float | None = None) -> dict[str, Any]:
     """Replay TRACE through the DMA layer and the IOMMU model; returns
-    ``{"iommu", "kernel", "policy", "policy_reason", "hz", "lines", "phases": {NAME: {"counts": {...}}}}``."""
+    ``{"iommu", "kernel", "policy", "policy_reason", "hz", "lines", "phases": {NAME: {"counts": {...}}}}``.
+    In lazy mode the scheduler tick's phase on the trace clock is inferred per phase unless given."""
     name = os.fspath(trace)
-    r = _core.Replay(name, iommu, caching_mode, ats, kernel, cmdline, mode, hz)
+    if tick_phase_us is not None and not (tick_phase_us >= 0 and tick_phase_us < 1e9):
+        raise ScenarioError(f"--tick-phase-us {tick_phase_us}: expected a time in µs >= 0")
+    phase_ns = None if tick_phase_us is None else int(round(tick_phase_us * 1000))
+    r = _core.Replay(name, iommu, caching_mode, ats, kernel, cmdline, mode, hz, phase_ns)
     f = _open(trace)
     try:
         while True:
@@ -63,9 +68,16 @@ def format_replay(res: dict[str, Any]) -> str:
     lines += [f"  unreadable line {e}" for e in res["lines"]["bad_examples"]]
     lines.append("")
     lines.append(" ".join(f"{n:>{w}}" if i else f"{n:<{w}}" for i, (n, w) in enumerate(cols)))
+    fits = []
     for ph, d in res["phases"].items():
         c = d["counts"]
         lines.append(" ".join([f"{ph:<10}"] + [f"{c[k]:>{w}}" for k, w in cols[1:]]))
+        if "tick_fit" in d:
+            fits.append(f"{ph} {d['tick_fit']['tick_phase_us']:g} µs ({d['tick_fit']['early_reuses']} early reuses)")
+    if fits:
+        lines.append("")
+        lines.append("lazy flush timer: tick phase inferred per phase from when queued IOVAs are mapped again: "
+                     + ", ".join(fits))
     lines.append("")
     lines.append("map_syncs: iotlb_sync_map calls (one per map_sg) · iotlb_psi/dsi/global: IOTLB invalidations "
                  "(SMMUv3: TLBI by address / by ASID) · wait: wait descriptors or CMD_SYNCs · devtlb: device-TLB / "

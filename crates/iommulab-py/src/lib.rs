@@ -114,7 +114,7 @@ struct Replay {
 #[pymethods]
 impl Replay {
     #[new]
-    #[pyo3(signature = (name, vendor, caching_mode, ats, kernel, cmdline, mode, hz, jiffy_phase_ns = 0))]
+    #[pyo3(signature = (name, vendor, caching_mode, ats, kernel, cmdline, mode, hz, jiffy_phase_ns = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: &str,
@@ -125,7 +125,7 @@ impl Replay {
         cmdline: &str,
         mode: Option<&str>,
         hz: u32,
-        jiffy_phase_ns: u64,
+        jiffy_phase_ns: Option<u64>,
     ) -> PyResult<Self> {
         let vendor = match vendor {
             "vtd" => scenario::Vendor::Vtd,

@@ -305,7 +305,11 @@ pub(crate) mod tests {
 
         fn layer(policy: PolicyName) -> DmaLayer {
             let io = crate::hw::vtd::tests::cfg();
-            let core = DmaCore::new(Box::new(crate::hw::vtd::tests::vtd(&io)), 2, &tests::costs(2));
+            let core = DmaCore::new(
+                Box::new(crate::hw::vtd::tests::vtd(&io)),
+                2,
+                &tests::costs(2),
+            );
             DmaLayer::new(core, policy, 2, 250)
         }
 

@@ -14,8 +14,11 @@
 //!   (one `iotlb_sync_map`). Contiguity alone is not enough: an IOVA freed by an interrupt is often handed
 //!   out right above the previous mapping. Groups never unmapped count as one call each. The sync is issued
 //!   when the group is settled and counted in the phase its maps were in.
-//! - Time: the trace clock drives the flush queue's timer; the phase of the scheduler tick against that clock
-//!   is not in the trace and is set by [`ReplayOptions::jiffy_phase_ns`].
+//! - Time: the trace clock drives the flush queue's timer, which fires on a scheduler tick. Where the ticks
+//!   fall on the trace clock (and how late the timer softirq runs) is not in the trace, but the trace shows
+//!   its effect: a lazily unmapped IOVA is handed out again only after a flush. So a lazy replay runs
+//!   [`TICK_CANDIDATES`] tick phases side by side and, per phase of the trace, reports the one whose flushes
+//!   leave the fewest IOVAs mapped again while the model still holds them queued ("early reuses").
 //! - Devices: the trace does not say which device an event belongs to; all events go to one DMA domain.
 
 pub mod ftrace;
@@ -45,8 +48,9 @@ pub struct ReplayOptions {
     pub mode: Option<PolicyName>,
     /// CONFIG_HZ of the traced kernel.
     pub hz: u32,
-    /// Where the traced kernel's scheduler tick fell on the trace clock, in ns mod one jiffy.
-    pub jiffy_phase_ns: u64,
+    /// Where the traced kernel's scheduler tick fell on the trace clock, in ns mod one jiffy; None: inferred
+    /// per phase from the trace (lazy mode only; see [`TICK_CANDIDATES`]).
+    pub jiffy_phase_ns: Option<u64>,
 }
 
 impl Default for ReplayOptions {
@@ -60,7 +64,7 @@ impl Default for ReplayOptions {
             mode: None,
             // Debian's x86-64 and arm64 kernels: CONFIG_HZ_250.
             hz: 250,
-            jiffy_phase_ns: 0,
+            jiffy_phase_ns: None,
         }
     }
 }
@@ -86,6 +90,7 @@ pub struct Counts {
 #[derive(Debug, Clone, Default)]
 struct Totals {
     virtio: bool,
+    early_reuses: u64,
     map_events: u64,
     unmap_events: u64,
     map_syncs: u64,
@@ -136,7 +141,23 @@ impl std::ops::AddAssign<&Counts> for Counts {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Phase {
     pub counts: Counts,
+    /// Lazy mode: the tick phase chosen for this phase of the trace and what it left unexplained.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tick_fit: Option<TickFit>,
+    /// IOVAs the trace maps again while the model still holds them in a flush queue.
+    #[serde(skip)]
+    early_reuses: u64,
 }
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct TickFit {
+    /// The tick's offset on the trace clock, µs into each jiffy.
+    pub tick_phase_us: f64,
+    pub early_reuses: u64,
+}
+
+/// Tick phases tried across one jiffy in a lazy replay.
+pub const TICK_CANDIDATES: u64 = 16;
 
 /// Phases in the order they first appeared, serialised as a JSON object.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -227,6 +248,8 @@ struct Replayer {
     open: Vec<(Mapper, Candidate)>,
     /// Closed candidates waiting for their unmaps, by start IOVA.
     pending: BTreeMap<u64, Candidate>,
+    /// Lazily unmapped IOVA still waiting for a flush: first pfn → (end pfn, flushes when queued).
+    queued: BTreeMap<u64, (u64, u64)>,
     /// Armed flush-queue timers: (expiry, sequence) → CPU.
     timers: BTreeMap<(Time, u64), usize>,
     seq: u64,
@@ -282,7 +305,9 @@ impl Replayer {
         let now = self.counters();
         let c = now.counts_since(&self.mark);
         let name = self.phase.clone().unwrap_or_else(|| OUTSIDE.to_string());
-        self.phases.entry(&name).counts += &c;
+        let p = self.phases.entry(&name);
+        p.counts += &c;
+        p.early_reuses += now.early_reuses - self.mark.early_reuses;
         self.mark = now;
     }
 
@@ -383,11 +408,38 @@ impl Replayer {
         }
     }
 
+    /// Flush-queue flushes so far (full ring or timer).
+    fn flushes(&self) -> u64 {
+        let s = &self.dma.core.stats;
+        s.fq_flush_full + s.fq_flush_timer
+    }
+
+    /// A map of [first, end) pfns: any of it the model still holds queued for a flush is an early reuse.
+    fn check_reuse(&mut self, first: u64, end: u64) {
+        if self.queued.is_empty() {
+            return;
+        }
+        let flushes = self.flushes();
+        // Entries flushed since are free to be reused: forget them.
+        self.queued.retain(|_, &mut (_, f)| f == flushes);
+        let hit: Vec<u64> = self
+            .queued
+            .range(..end)
+            .filter(|(&a, &(e, _))| a < end && e > first)
+            .map(|(&a, _)| a)
+            .collect();
+        self.totals.early_reuses += hit.len() as u64;
+        for a in hit {
+            self.queued.remove(&a);
+        }
+    }
+
     fn map(&mut self, ev: &EventHead, iova: u64, paddr: u64, size: u64) {
         self.totals.map_events += 1;
         if !self.dma.policy.translated() {
             return;
         }
+        self.check_reuse(pfn(iova), pfn(iova) + pages(size));
         let c = &mut self.dma.core;
         c.iommu.map_pages(c.dom, pfn(iova), pfn(paddr), pages(size));
         c.stats.maps += 1;
@@ -439,7 +491,15 @@ impl Replayer {
                 p += run;
             }
         }
+        let before = self.flushes();
         self.dma.unmap(ev.ts_ns, ev.cpu as usize, first, n);
+        if self.dma.policy.name() == PolicyName::Lazy {
+            let f = self.flushes();
+            if f != before {
+                self.queued.retain(|_, &mut (_, q)| q == f);
+            }
+            self.queued.insert(first, (first + n, f));
+        }
         self.take_timer();
     }
 
@@ -465,7 +525,8 @@ impl Replayer {
 /// A replay fed line by line (or in arbitrary chunks of bytes), in constant memory.
 pub struct ReplaySession {
     name: String,
-    r: Replayer,
+    /// One replayer per tick phase tried (one unless lazy with the phase left to inference).
+    rs: Vec<(u64, Replayer)>,
     lines: Lines,
     iommu: String,
     kernel: String,
@@ -520,31 +581,44 @@ impl ReplaySession {
                 (r.policy, r.reason)
             }
         };
-        let iommu = hw::build(&sc.platform, 1, kernel);
-        let iommu_name = iommu.name().to_string();
-        let mut core = DmaCore::new(iommu, 1, &sc.platform.cpu);
-        core.iova_from_trace = true;
-        let mut dma = DmaLayer::new(core, policy, 1, opts.hz);
-        if policy == PolicyName::Lazy {
-            dma.policy =
-                Box::new(FlushQueue::new(1, opts.hz).with_jiffy_phase(opts.jiffy_phase_ns));
-        }
-        let mut r = Replayer {
-            dma,
-            totals: Totals::default(),
-            mark: Totals::default(),
-            phase: None,
-            phases: Phases::default(),
-            open: Vec::new(),
-            pending: BTreeMap::new(),
-            timers: BTreeMap::new(),
-            seq: 0,
+        let iommu_name = hw::build(&sc.platform, 1, kernel).name().to_string();
+        let make = |phase: u64| {
+            let mut core = DmaCore::new(hw::build(&sc.platform, 1, kernel), 1, &sc.platform.cpu);
+            core.iova_from_trace = true;
+            let mut dma = DmaLayer::new(core, policy, 1, opts.hz);
+            if policy == PolicyName::Lazy {
+                dma.policy = Box::new(FlushQueue::new(1, opts.hz).with_jiffy_phase(phase));
+            }
+            let mut r = Replayer {
+                dma,
+                totals: Totals {
+                    virtio: opts.vendor == Vendor::Virtio,
+                    ..Totals::default()
+                },
+                mark: Totals::default(),
+                phase: None,
+                phases: Phases::default(),
+                open: Vec::new(),
+                pending: BTreeMap::new(),
+                queued: BTreeMap::new(),
+                timers: BTreeMap::new(),
+                seq: 0,
+            };
+            r.mark = r.counters();
+            (phase, r)
         };
-        r.totals.virtio = opts.vendor == Vendor::Virtio;
-        r.mark = r.counters();
+        let jiffy = 1_000_000_000 / opts.hz.max(1) as u64;
+        let phases: Vec<u64> = match opts.jiffy_phase_ns {
+            Some(p) => vec![p % jiffy],
+            None if policy == PolicyName::Lazy => (0..TICK_CANDIDATES)
+                .map(|k| k * jiffy / TICK_CANDIDATES)
+                .collect(),
+            None => vec![0],
+        };
+        let rs = phases.into_iter().map(make).collect();
         Ok(ReplaySession {
             name: name.to_string(),
-            r,
+            rs,
             lines: Lines::default(),
             iommu: iommu_name,
             kernel: opts.kernel.clone(),
@@ -571,23 +645,24 @@ impl ReplaySession {
             }
         };
         self.lines.events += 1;
-        let r = &mut self.r;
-        r.fire_timers(ev.ts_ns);
-        match &rec {
-            Record::Map {
-                ev,
-                iova,
-                paddr,
-                size,
-            } => r.map(ev, *iova, *paddr, *size),
-            Record::Unmap {
-                ev,
-                iova,
-                size,
-                unmapped,
-            } => r.unmap(ev, *iova, *size, *unmapped),
-            Record::Marker { text, .. } => r.marker(text),
-            _ => unreachable!("handled above"),
+        for (_, r) in &mut self.rs {
+            r.fire_timers(ev.ts_ns);
+            match &rec {
+                Record::Map {
+                    ev,
+                    iova,
+                    paddr,
+                    size,
+                } => r.map(ev, *iova, *paddr, *size),
+                Record::Unmap {
+                    ev,
+                    iova,
+                    size,
+                    unmapped,
+                } => r.unmap(ev, *iova, *size, *unmapped),
+                Record::Marker { text, .. } => r.marker(text),
+                _ => unreachable!("handled above"),
+            }
         }
     }
 
@@ -632,19 +707,31 @@ impl ReplaySession {
                 ),
             ));
         }
-        let mut r = self.r;
-        // Groups never unmapped: one mapping call each.
-        let left: Vec<Candidate> = r
-            .open
-            .drain(..)
-            .map(|(_, c)| c)
-            .chain(std::mem::take(&mut r.pending).into_values())
+        let fit = self.rs.len() > 1;
+        let mut done: Vec<(u64, Phases)> = self
+            .rs
+            .into_iter()
+            .map(|(phase, mut r)| {
+                // Groups never unmapped: one mapping call each.
+                let left: Vec<Candidate> = r
+                    .open
+                    .drain(..)
+                    .map(|(_, c)| c)
+                    .chain(std::mem::take(&mut r.pending).into_values())
+                    .collect();
+                for c in left {
+                    r.sync_map(&c);
+                }
+                r.fire_timers(Time::MAX);
+                r.commit();
+                (phase, r.phases)
+            })
             .collect();
-        for c in left {
-            r.sync_map(&c);
-        }
-        r.fire_timers(Time::MAX);
-        r.commit();
+        let phases = if fit {
+            pick_tick_phases(&done)
+        } else {
+            done.swap_remove(0).1
+        };
         Ok(ReplayResult {
             iommu: self.iommu,
             kernel: self.kernel,
@@ -652,9 +739,46 @@ impl ReplaySession {
             policy_reason: self.policy_reason,
             hz: self.hz,
             lines,
-            phases: r.phases,
+            phases,
         })
     }
+}
+
+/// Per phase of the trace, the tick phase whose replay left the fewest early reuses (the middle of the
+/// best run of candidates when several tie), with that replay's counts.
+fn pick_tick_phases(done: &[(u64, Phases)]) -> Phases {
+    let names: Vec<String> = done[0].1 .0.iter().map(|(n, _)| n.clone()).collect();
+    let k = done.len();
+    let mut out = Phases::default();
+    for name in names {
+        let early: Vec<u64> = done
+            .iter()
+            .map(|(_, p)| p.get(&name).map_or(0, |x| x.early_reuses))
+            .collect();
+        let best = *early.iter().min().expect("candidates");
+        // The longest circular run of minima; its middle.
+        let (mut run_start, mut run_len) = (0, 0);
+        for s in 0..k {
+            if early[s] != best
+                || early[(s + k - 1) % k] == best && k > 1 && early.iter().any(|&e| e != best)
+            {
+                continue;
+            }
+            let len = (0..k).take_while(|&j| early[(s + j) % k] == best).count();
+            if len > run_len {
+                (run_start, run_len) = (s, len);
+            }
+        }
+        let i = (run_start + run_len.saturating_sub(1) / 2) % k;
+        let (phase, p) = &done[i];
+        let mut ph = p.get(&name).cloned().unwrap_or_default();
+        ph.tick_fit = Some(TickFit {
+            tick_phase_us: *phase as f64 / 1000.0,
+            early_reuses: best,
+        });
+        out.0.push((name, ph));
+    }
+    out
 }
 
 /// Replay a whole trace from a reader.
