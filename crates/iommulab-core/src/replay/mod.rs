@@ -248,16 +248,28 @@ struct Replayer {
     open: Vec<(Mapper, Candidate)>,
     /// Closed candidates waiting for their unmaps, by start IOVA.
     pending: BTreeMap<u64, Candidate>,
-    /// Lazily unmapped IOVA still waiting for a flush: first pfn → (end pfn, flushes when queued).
-    queued: BTreeMap<u64, (u64, u64)>,
+    /// Lazily unmapped IOVA still waiting for a flush: first pfn → end pfn. Every flush frees all of it.
+    queued: BTreeMap<u64, u64>,
+    /// Flush-queue flushes when `queued` was last emptied.
+    queued_flushes: u64,
     /// Armed flush-queue timers: (expiry, sequence) → CPU.
     timers: BTreeMap<(Time, u64), usize>,
     seq: u64,
 }
 
-/// Split `c` around [a, b): (the part before, the segments overlapping it), and the part after.
-fn split(c: Candidate, a: u64, b: u64) -> (Vec<Candidate>, Option<Candidate>) {
-    let part = |segs: Vec<(u64, u64)>| {
+/// Split `c` around [a, b): the segments before it, those overlapping it, those after it.
+fn split(
+    c: Candidate,
+    a: u64,
+    b: u64,
+) -> (Option<Candidate>, Option<Candidate>, Option<Candidate>) {
+    let part = |keep: &dyn Fn(u64, u64) -> bool| {
+        let segs: Vec<(u64, u64)> = c
+            .segs
+            .iter()
+            .copied()
+            .filter(|&(s, n)| keep(s, n))
+            .collect();
         (!segs.is_empty()).then(|| Candidate {
             segs,
             phase: c.phase.clone(),
@@ -265,22 +277,10 @@ fn split(c: Candidate, a: u64, b: u64) -> (Vec<Candidate>, Option<Candidate>) {
             ts: c.ts,
         })
     };
-    let before: Vec<_> = c
-        .segs
-        .iter()
-        .copied()
-        .filter(|&(s, n)| s + n <= a)
-        .collect();
-    let inside: Vec<_> = c
-        .segs
-        .iter()
-        .copied()
-        .filter(|&(s, n)| s < b && s + n > a)
-        .collect();
-    let after: Vec<_> = c.segs.iter().copied().filter(|&(s, _)| s >= b).collect();
     (
-        part(before).into_iter().chain(part(inside)).collect(),
-        part(after),
+        part(&|s, n| s + n <= a),
+        part(&|s, n| s < b && s + n > a),
+        part(&|s, _| s >= b),
     )
 }
 
@@ -362,7 +362,9 @@ impl Replayer {
     /// Settle candidates with the unmap of [a, b): the segments it covers were one mapping call; what is left
     /// either side stays a candidate.
     fn settle(&mut self, a: u64, b: u64) {
-        let mut hits: Vec<Candidate> = Vec::new();
+        // Candidates overlapping [a, b): pending ones, and open ones (the mapping loop may still be running
+        // when an interrupt unmaps under it: their tail stays open for that mapper).
+        let mut hits: Vec<(Candidate, Option<Mapper>)> = Vec::new();
         let first = self
             .pending
             .range(..=a)
@@ -375,35 +377,33 @@ impl Replayer {
             .collect();
         for k in keys {
             if let Some(c) = self.pending.remove(&k) {
-                hits.push(c);
+                hits.push((c, None));
             }
         }
         let mut i = 0;
         while i < self.open.len() {
             let c = &self.open[i].1;
             if c.start() < b && c.end() > a {
-                // The mapping loop may still be running (an interrupt unmapped under it): its tail stays open.
                 let (who, c) = self.open.swap_remove(i);
-                let (done, tail) = split(c, a, b);
-                hits.extend(done);
-                if let Some(t) = tail {
-                    self.open.push((who, t));
-                }
+                hits.push((c, Some(who)));
             } else {
                 i += 1;
             }
         }
-        for c in hits {
-            let (parts, right) = split(c, a, b);
-            for p in parts {
-                if p.segs.iter().any(|&(s, n)| s < b && s + n > a) {
-                    self.sync_map(&p);
-                } else {
+        for (c, who) in hits {
+            let (before, inside, after) = split(c, a, b);
+            if let Some(p) = inside {
+                self.sync_map(&p);
+            }
+            if let Some(p) = before {
+                self.pending.insert(p.start(), p);
+            }
+            match (after, who) {
+                (Some(p), Some(who)) => self.open.push((who, p)),
+                (Some(p), None) => {
                     self.pending.insert(p.start(), p);
                 }
-            }
-            if let Some(r) = right {
-                self.pending.insert(r.start(), r);
+                (None, _) => {}
             }
         }
     }
@@ -414,18 +414,22 @@ impl Replayer {
         s.fq_flush_full + s.fq_flush_timer
     }
 
+    /// Forget what the flushes since the last look have freed (a flush frees everything queued before it).
+    fn prune_queued(&mut self) {
+        let f = self.flushes();
+        if f != self.queued_flushes {
+            self.queued.clear();
+            self.queued_flushes = f;
+        }
+    }
+
     /// A map of [first, end) pfns: any of it the model still holds queued for a flush is an early reuse.
     fn check_reuse(&mut self, first: u64, end: u64) {
-        if self.queued.is_empty() {
-            return;
-        }
-        let flushes = self.flushes();
-        // Entries flushed since are free to be reused: forget them.
-        self.queued.retain(|_, &mut (_, f)| f == flushes);
+        self.prune_queued();
         let hit: Vec<u64> = self
             .queued
             .range(..end)
-            .filter(|(&a, &(e, _))| a < end && e > first)
+            .filter(|(_, &e)| e > first)
             .map(|(&a, _)| a)
             .collect();
         self.totals.early_reuses += hit.len() as u64;
@@ -491,14 +495,10 @@ impl Replayer {
                 p += run;
             }
         }
-        let before = self.flushes();
         self.dma.unmap(ev.ts_ns, ev.cpu as usize, first, n);
         if self.dma.policy.name() == PolicyName::Lazy {
-            let f = self.flushes();
-            if f != before {
-                self.queued.retain(|_, &mut (_, q)| q == f);
-            }
-            self.queued.insert(first, (first + n, f));
+            self.prune_queued();
+            self.queued.insert(first, first + n);
         }
         self.take_timer();
     }
@@ -581,7 +581,6 @@ impl ReplaySession {
                 (r.policy, r.reason)
             }
         };
-        let iommu_name = hw::build(&sc.platform, 1, kernel).name().to_string();
         let make = |phase: u64| {
             let mut core = DmaCore::new(hw::build(&sc.platform, 1, kernel), 1, &sc.platform.cpu);
             core.iova_from_trace = true;
@@ -601,6 +600,7 @@ impl ReplaySession {
                 open: Vec::new(),
                 pending: BTreeMap::new(),
                 queued: BTreeMap::new(),
+                queued_flushes: 0,
                 timers: BTreeMap::new(),
                 seq: 0,
             };
@@ -615,7 +615,8 @@ impl ReplaySession {
                 .collect(),
             None => vec![0],
         };
-        let rs = phases.into_iter().map(make).collect();
+        let rs: Vec<(u64, Replayer)> = phases.into_iter().map(make).collect();
+        let iommu_name = rs[0].1.dma.core.iommu.name().to_string();
         Ok(ReplaySession {
             name: name.to_string(),
             rs,
