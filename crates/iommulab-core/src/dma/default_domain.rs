@@ -39,7 +39,7 @@ pub struct DeviceMode {
     pub device: &'static str,
     /// /sys/kernel/iommu_groups/*/type: identity, DMA or DMA-FQ.
     pub sysfs: &'static str,
-    pub policy: &'static str,
+    pub policy: PolicyName,
     pub why: String,
 }
 
@@ -136,13 +136,13 @@ pub fn explain(
                 DeviceMode {
                     device: "PCI device",
                     sysfs: "none",
-                    policy: "passthrough",
+                    policy: PolicyName::Passthrough,
                     why: why.clone(),
                 },
                 DeviceMode {
                     device: "untrusted PCI device",
                     sysfs: "none",
-                    policy: "passthrough",
+                    policy: PolicyName::Passthrough,
                     why,
                 },
             ],
@@ -204,13 +204,13 @@ pub fn explain(
             DeviceMode {
                 device: "PCI device",
                 sysfs: sysfs(trusted),
-                policy: trusted.as_str(),
+                policy: trusted,
                 why,
             },
             DeviceMode {
                 device: "untrusted PCI device",
                 sysfs: sysfs(untrusted),
-                policy: untrusted.as_str(),
+                policy: untrusted,
                 why: "untrusted (external-facing) PCI devices always get a strict DMA domain (iommu_get_default_domain_type)".into(),
             },
         ],
@@ -227,11 +227,7 @@ pub fn resolve(
 ) -> Resolved {
     let e = explain(arch, kernel, cmdline, caching_mode, driver);
     let d = &e.devices[0];
-    let policy = match d.policy {
-        "passthrough" => PolicyName::Passthrough,
-        "strict" => PolicyName::Strict,
-        _ => PolicyName::Lazy,
-    };
+    let policy = d.policy;
     Resolved {
         policy,
         reason: e

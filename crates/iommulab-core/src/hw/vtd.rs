@@ -146,6 +146,17 @@ impl Vtd {
         done
     }
 
+    /// iommu.c iommu_flush_write_buffer(): GCMD.WBF and wait, on hardware with CAP.RWBF; a no-op elsewhere.
+    fn flush_write_buffer(&mut self, now: Time) -> Time {
+        if !self.cfg.rwbf {
+            return now;
+        }
+        self.tr.c.count(InvKind::Wbf, 1);
+        let (_, done) = self.hw.acquire(now, self.cfg.wbf_ns);
+        self.tr.c.inv_wait_ns += done - now;
+        done
+    }
+
     fn cache_lock(&mut self, dom: DomainId) -> &mut SpinLock {
         let i = dom as usize;
         if self.cache_lock.len() <= i {
@@ -273,13 +284,8 @@ impl Iommu for Vtd {
         }
         if self.cfg.caching_mode {
             self.flush_range(now, dom, iova_pfn, n, false, false)
-        } else if self.cfg.rwbf {
-            self.tr.c.count(InvKind::Wbf, 1);
-            let (_, done) = self.hw.acquire(now, self.cfg.wbf_ns);
-            self.tr.c.inv_wait_ns += done - now;
-            done
         } else {
-            now
+            self.flush_write_buffer(now)
         }
     }
 
@@ -310,11 +316,8 @@ impl Iommu for Vtd {
         if self.cfg.caching_mode {
             let t = self.qi_submit_sync(now, &[InvDesc::ContextCache]);
             self.qi_submit_sync(t, &[InvDesc::Dsi { dom }])
-        } else if self.cfg.rwbf {
-            self.tr.c.count(InvKind::Wbf, 1);
-            self.hw.acquire(now, self.cfg.wbf_ns).1
         } else {
-            now
+            self.flush_write_buffer(now)
         }
     }
 }
