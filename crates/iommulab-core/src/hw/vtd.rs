@@ -169,7 +169,7 @@ impl Vtd {
     /// of QI_MAX_BATCHED_DESC_COUNT, each batch submitted and waited for. 6.10–6.11: under the cache_lock, one
     /// submission per descriptor. Before 6.10 (iommu_flush_iotlb_psi + iommu_flush_dev_iotlb): one submission
     /// per descriptor and no domain lock.
-    fn flush_locked(&mut self, now: Time, dom: DomainId, descs: &[InvDesc]) -> Time {
+    fn flush_descs(&mut self, now: Time, dom: DomainId, descs: &[InvDesc]) -> Time {
         if descs.is_empty() {
             return now;
         }
@@ -225,7 +225,7 @@ impl Vtd {
                 am: (am < 64).then_some(am),
             });
         }
-        self.flush_locked(now, dom, &descs)
+        self.flush_descs(now, dom, &descs)
     }
 }
 
@@ -307,7 +307,7 @@ impl Iommu for Vtd {
                 am: None,
             });
         }
-        self.flush_locked(now, dom, &descs)
+        self.flush_descs(now, dom, &descs)
     }
 
     fn attach_dev(&mut self, now: Time, _cpu: usize, dom: DomainId) -> Time {
@@ -480,7 +480,7 @@ pub(crate) mod tests {
                 ih: true,
             })
             .collect();
-        v.flush_locked(0, 1, &descs);
+        v.flush_descs(0, 1, &descs);
         assert_eq!((v.tr.c.submissions, v.tr.c.syncs), (2, 2));
         assert_eq!(v.tr.c.get(InvKind::Psi), 20);
     }
