@@ -1,5 +1,6 @@
 //! Running a scenario: build the host from the scenario, drive events, take counter snapshots.
 
+use crate::dma::flush_queue::FqOptions;
 use crate::dma::iova::IOVA_DEPOT_DELAY_NS;
 use crate::dma::{default_domain, DmaCore, DmaLayer};
 use crate::host::{Event, Host};
@@ -54,7 +55,13 @@ impl Simulation {
         let host_rng = rng.fork(1);
         let mut host = Host::new(
             cpus,
-            DmaLayer::new(core, policy, cpus, sc.os.hz),
+            DmaLayer::new(
+                core,
+                policy,
+                cpus,
+                sc.os.hz,
+                FqOptions::for_device(p.iommu.shadow_on_flush),
+            ),
             p.clone(),
             host_rng,
         );

@@ -105,6 +105,10 @@ pub struct IommuProfile {
     pub granule_kb: u32,
     /// Superpages / block mappings (VT-d CAP.SLLPS 2M and 1G; LPAE blocks of the granule).
     pub large_pages: bool,
+    /// dev->iommu->shadow_on_flush: a hypervisor shadows the IOTLB flushes (s390 zPCI under z/VM or KVM), so
+    /// a lazy domain gets one 32768-entry flush queue with a 1 s timer instead of per-CPU rings of 256.
+    #[serde(default)]
+    pub shadow_on_flush: bool,
     /// Intel VT-d queued invalidation (required when `vendor = "vtd"`).
     pub vtd: Option<VtdProfile>,
     /// Arm SMMUv3 command queue (required when `vendor = "smmuv3"`).

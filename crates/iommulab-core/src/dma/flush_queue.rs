@@ -1,5 +1,7 @@
-//! Lazy (IOMMU_DOMAIN_DMA_FQ): unmapped IOVAs wait on a per-CPU flush queue until a whole-domain flush that
-//! began after they were queued has completed (drivers/iommu/dma-iommu.c, 6.7+ layout).
+//! Lazy (IOMMU_DOMAIN_DMA_FQ): unmapped IOVAs wait on a flush queue until a whole-domain flush that began
+//! after they were queued has completed (drivers/iommu/dma-iommu.c, 6.7+ layout): per-CPU rings of 256 with
+//! a 10 ms timer, or, for devices whose IOTLB flushes a hypervisor shadows (`shadow_on_flush`), one ring of
+//! 32768 with a 1 s timer.
 
 use super::{DmaCore, DmaPolicy};
 use crate::scenario::PolicyName;
@@ -10,6 +12,39 @@ use std::collections::VecDeque;
 pub const IOVA_DEFAULT_FQ_SIZE: usize = 256;
 /// dma-iommu.c IOVA_DEFAULT_FQ_TIMEOUT: ms until the one-shot flush timer fires.
 pub const IOVA_DEFAULT_FQ_TIMEOUT_MS: u64 = 10;
+/// dma-iommu.c IOVA_SINGLE_FQ_SIZE: entries of the single queue.
+pub const IOVA_SINGLE_FQ_SIZE: usize = 32768;
+/// dma-iommu.c IOVA_SINGLE_FQ_TIMEOUT: its timer, in ms.
+pub const IOVA_SINGLE_FQ_TIMEOUT_MS: u64 = 1000;
+
+/// The flush queue a device gets (dma-iommu.c struct iommu_dma_options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FqOptions {
+    /// IOMMU_DMA_OPTS_SINGLE_QUEUE: one ring for all CPUs (else one per CPU).
+    pub single_queue: bool,
+    pub size: usize,
+    pub timeout_ms: u64,
+}
+
+impl FqOptions {
+    /// iommu_dma_init_options(): "Shadowing IOTLB flushes do better with a single large queue" — the s390
+    /// driver sets dev->iommu->shadow_on_flush for zPCI devices that need TLB refreshes (under z/VM or KVM).
+    pub fn for_device(shadow_on_flush: bool) -> Self {
+        if shadow_on_flush {
+            FqOptions {
+                single_queue: true,
+                size: IOVA_SINGLE_FQ_SIZE,
+                timeout_ms: IOVA_SINGLE_FQ_TIMEOUT_MS,
+            }
+        } else {
+            FqOptions {
+                single_queue: false,
+                size: IOVA_DEFAULT_FQ_SIZE,
+                timeout_ms: IOVA_DEFAULT_FQ_TIMEOUT_MS,
+            }
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 struct FqEntry {
@@ -20,6 +55,8 @@ struct FqEntry {
 }
 
 pub struct FlushQueue {
+    opts: FqOptions,
+    /// One ring per CPU, or the single queue at index 0.
     rings: Vec<VecDeque<FqEntry>>,
     flush_start_cnt: u64,
     flush_finish_cnt: u64,
@@ -30,9 +67,16 @@ pub struct FlushQueue {
 }
 
 impl FlushQueue {
+    /// Per-CPU rings (the default).
     pub fn new(cpus: usize, hz: u32) -> Self {
+        Self::with_options(cpus, hz, FqOptions::for_device(false))
+    }
+
+    pub fn with_options(cpus: usize, hz: u32, opts: FqOptions) -> Self {
+        let rings = if opts.single_queue { 1 } else { cpus.max(1) };
         FlushQueue {
-            rings: vec![VecDeque::with_capacity(IOVA_DEFAULT_FQ_SIZE); cpus.max(1)],
+            opts,
+            rings: vec![VecDeque::new(); rings],
             flush_start_cnt: 0,
             flush_finish_cnt: 0,
             timer_on: false,
@@ -70,19 +114,28 @@ impl FlushQueue {
         t
     }
 
-    /// mod_timer(jiffies + msecs_to_jiffies(10)): the timer wheel files it one jiffy later still
+    /// mod_timer(jiffies + msecs_to_jiffies(fq_timeout)): the timer wheel files it one jiffy later still
     /// (kernel/time/timer.c calc_index(): "Round up with level granularity" so it never fires early), and
     /// it runs on that tick.
     pub fn expiry(&self, now: Time) -> Time {
-        let n = (IOVA_DEFAULT_FQ_TIMEOUT_MS * NS_PER_MS).div_ceil(self.jiffy_ns);
+        let n = (self.opts.timeout_ms * NS_PER_MS).div_ceil(self.jiffy_ns);
         let since = now + self.jiffy_ns - self.jiffy_phase_ns;
         let jiffies = since / self.jiffy_ns;
         (jiffies + n + 1) * self.jiffy_ns + self.jiffy_phase_ns - self.jiffy_ns
     }
 
-    /// Entries waiting on `cpu`'s ring.
+    /// The ring `cpu` queues on: its own, or the single queue.
+    fn ring_of(&self, cpu: usize) -> usize {
+        if self.opts.single_queue {
+            0
+        } else {
+            cpu
+        }
+    }
+
+    /// Entries waiting on the ring `cpu` queues on.
     pub fn queued(&self, cpu: usize) -> usize {
-        self.rings[cpu].len()
+        self.rings[self.ring_of(cpu)].len()
     }
 }
 
@@ -101,18 +154,20 @@ impl DmaPolicy for FlushQueue {
     ) -> Time {
         // The gather is queued: io-pgtable and intel skip range gathering and no sync is issued here.
         let (_g, t) = core.unmap_ptes(now, cpu, iova_pfn, pages);
-        // queue_iova(): this CPU's ring under its lock (rings for CPUs beyond the first ones on demand).
-        if cpu >= self.rings.len() {
-            self.rings.resize_with(cpu + 1, VecDeque::new);
+        // queue_iova(): this CPU's ring (or the single queue) under its lock; rings for CPUs beyond the
+        // first ones on demand. fq_full(): one slot stays empty.
+        let ring = self.ring_of(cpu);
+        if ring >= self.rings.len() {
+            self.rings.resize_with(ring + 1, VecDeque::new);
         }
         let mut t = t + core.costs.lock_ns;
-        t = self.ring_free(core, t, cpu, cpu);
-        if self.rings[cpu].len() >= IOVA_DEFAULT_FQ_SIZE - 1 {
+        t = self.ring_free(core, t, ring, cpu);
+        if self.rings[ring].len() >= self.opts.size - 1 {
             core.stats.fq_flush_full += 1;
             t = self.flush(core, t, cpu);
-            t = self.ring_free(core, t, cpu, cpu);
+            t = self.ring_free(core, t, ring, cpu);
         }
-        self.rings[cpu].push_back(FqEntry {
+        self.rings[ring].push_back(FqEntry {
             iova_pfn,
             pages,
             counter: self.flush_start_cnt,
@@ -125,7 +180,7 @@ impl DmaPolicy for FlushQueue {
         t
     }
 
-    /// fq_flush_timeout(): one flush, then every CPU's ring is drained.
+    /// fq_flush_timeout(): one flush, then every ring is drained.
     fn timer(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
         self.timer_on = false;
         core.stats.fq_flush_timer += 1;
@@ -206,6 +261,29 @@ mod tests {
             "the timer drains every CPU's ring"
         );
         assert_eq!(c.stats.fq_flush_timer, 1);
+    }
+
+    #[test]
+    fn shadow_on_flush_gives_one_queue_of_32768_and_a_one_second_timer() {
+        let mut c = core(2);
+        let mut fq = FlushQueue::with_options(2, 250, FqOptions::for_device(true));
+        let n = IOVA_SINGLE_FQ_SIZE as u64;
+        for i in 0..n {
+            let (iova, _) = c.iommu_map(0, 0, 1000 + i, 1).unwrap();
+            // Both CPUs feed the one queue: 32767 entries fit, the 32768th finds it full.
+            fq.unmap(&mut c, 0, (i % 2) as usize, iova, 1);
+            let expect = u64::from(i + 1 == n);
+            assert_eq!(c.stats.fq_flush_full, expect, "after {} unmaps", i + 1);
+        }
+        assert_eq!(
+            (fq.queued(0), fq.queued(1)),
+            (1, 1),
+            "one ring, seen from both CPUs"
+        );
+        // msecs_to_jiffies(1000) at HZ 250 = 250 jiffies, plus the wheel's round-up.
+        assert_eq!(fq.expiry(0), 251 * 4_000_000);
+        let per_cpu = FlushQueue::new(2, 250);
+        assert_eq!(per_cpu.expiry(0), 4 * 4_000_000);
     }
 
     #[test]

@@ -195,11 +195,18 @@ pub struct DmaLayer {
 }
 
 impl DmaLayer {
-    pub fn new(core: DmaCore, policy: PolicyName, cpus: usize, hz: u32) -> Self {
+    /// `fq`: the flush queue the device gets if the domain is lazy.
+    pub fn new(
+        core: DmaCore,
+        policy: PolicyName,
+        cpus: usize,
+        hz: u32,
+        fq: flush_queue::FqOptions,
+    ) -> Self {
         let policy: Box<dyn DmaPolicy> = match policy {
             PolicyName::Passthrough => Box::new(passthrough::Passthrough),
             PolicyName::Strict => Box::new(strict::Strict),
-            PolicyName::Lazy => Box::new(flush_queue::FlushQueue::new(cpus, hz)),
+            PolicyName::Lazy => Box::new(flush_queue::FlushQueue::with_options(cpus, hz, fq)),
             PolicyName::Auto => unreachable!("resolved before the host is built"),
         };
         DmaLayer { core, policy }
@@ -310,7 +317,13 @@ pub(crate) mod tests {
                 2,
                 &tests::costs(2),
             );
-            DmaLayer::new(core, policy, 2, 250)
+            DmaLayer::new(
+                core,
+                policy,
+                2,
+                250,
+                flush_queue::FqOptions::for_device(false),
+            )
         }
 
         proptest! {

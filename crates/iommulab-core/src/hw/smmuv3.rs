@@ -347,6 +347,7 @@ pub(crate) mod tests {
             ias_bits: 48,
             granule_kb: 4,
             large_pages: true,
+            shadow_on_flush: false,
             vtd: None,
             smmuv3: Some(Smmuv3Profile {
                 submit_cmd_ns: 10,

@@ -336,6 +336,7 @@ pub(crate) mod tests {
             ias_bits: 48,
             granule_kb: 4,
             large_pages: true,
+            shadow_on_flush: false,
             vtd: Some(VtdProfile {
                 inv_desc_ns: 400,
                 inv_wait_ns: 200,

@@ -12,18 +12,22 @@
 //!   and context (interrupts may cut in) whose IOVA continues the previous one are a candidate group; the
 //!   unmaps then settle it: each unmap covering some of its segments shows that those were one mapping call
 //!   (one `iotlb_sync_map`). Contiguity alone is not enough: an IOVA freed by an interrupt is often handed
-//!   out right above the previous mapping. Groups never unmapped count as one call each. The sync is issued
-//!   when the group is settled and counted in the phase its maps were in.
+//!   out right above the previous mapping. The sync is issued when the group is settled and counted in the
+//!   phase its maps were in. A candidate that no unmap of its own will settle (never unmapped, or overlapped
+//!   by a later map, which shows it to be another device's domain: one domain never hands out an IOVA it
+//!   still has mapped) is split as the settled groups of its phase were: one call if that phase saw a
+//!   multi-segment group, else one call per map event.
 //! - Time: the trace clock drives the flush queue's timer, which fires on a scheduler tick. Where the ticks
 //!   fall on the trace clock (and how late the timer softirq runs) is not in the trace, but the trace shows
 //!   its effect: a lazily unmapped IOVA is handed out again only after a flush. So a lazy replay runs
 //!   [`TICK_CANDIDATES`] tick phases side by side and, per phase of the trace, reports the one whose flushes
 //!   leave the fewest IOVAs mapped again while the model still holds them queued ("early reuses").
-//! - Devices: the trace does not say which device an event belongs to; all events go to one DMA domain.
+//! - Devices: the trace does not say which device an event belongs to; all events go to one DMA domain (the
+//!   IOVA collisions between devices' domains are only used to keep their map groups apart).
 
 pub mod ftrace;
 
-use crate::dma::flush_queue::FlushQueue;
+use crate::dma::flush_queue::{FlushQueue, FqOptions};
 use crate::dma::{default_domain, DmaCore, DmaLayer};
 use crate::hw::{self, InvKind, IommuCounters, PAGE_SHIFT};
 use crate::input::InputError;
@@ -32,7 +36,7 @@ use crate::sim::Time;
 use ftrace::{Ctx, EventHead, Record};
 use serde::ser::SerializeMap;
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
 
 /// What the replayed host was.
@@ -255,6 +259,8 @@ struct Replayer {
     /// Armed flush-queue timers: (expiry, sequence) → CPU.
     timers: BTreeMap<(Time, u64), usize>,
     seq: u64,
+    /// Phases in which an unmap showed several map events to be one mapping call (a map_sg).
+    sg_phases: BTreeSet<Option<String>>,
 }
 
 /// Split `c` around [a, b): the segments before it, those overlapping it, those after it.
@@ -341,6 +347,9 @@ impl Replayer {
 
     /// A settled group: one iotlb_sync_map over its range, counted where it was mapped.
     fn sync_map(&mut self, c: &Candidate) {
+        if c.segs.len() > 1 {
+            self.sg_phases.insert(c.phase.clone());
+        }
         let (start, end) = (c.start(), c.end());
         let (cpu, ts) = (c.cpu as usize, c.ts);
         self.attributed(c.phase.clone(), |r| {
@@ -351,6 +360,37 @@ impl Replayer {
         });
     }
 
+    /// A candidate no unmap of its own will settle, split as the settled ones of its phase were: if an unmap
+    /// in that phase showed several map events to be one call (a map_sg), it is one call; if every unmap
+    /// covered a single map event (virtio rings map each buffer with its own dma_map_page()), each of its
+    /// map events is.
+    fn sync_unsettled(&mut self, c: Candidate) {
+        if self.sg_phases.contains(&c.phase) {
+            self.sync_map(&c);
+        } else {
+            for &seg in &c.segs {
+                let one = Candidate {
+                    segs: vec![seg],
+                    ..c.clone()
+                };
+                self.sync_map(&one);
+            }
+        }
+    }
+
+    /// End of the trace: the candidates still waiting for unmaps.
+    fn sync_leftovers(&mut self) {
+        let left: Vec<Candidate> = self
+            .open
+            .drain(..)
+            .map(|(_, c)| c)
+            .chain(std::mem::take(&mut self.pending).into_values())
+            .collect();
+        for c in left {
+            self.sync_unsettled(c);
+        }
+    }
+
     /// Stop extending `who`'s candidate (it waits for its unmaps).
     fn close(&mut self, who: Mapper) {
         if let Some(i) = self.open.iter().position(|(k, _)| *k == who) {
@@ -359,11 +399,9 @@ impl Replayer {
         }
     }
 
-    /// Settle candidates with the unmap of [a, b): the segments it covers were one mapping call; what is left
-    /// either side stays a candidate.
-    fn settle(&mut self, a: u64, b: u64) {
-        // Candidates overlapping [a, b): pending ones, and open ones (the mapping loop may still be running
-        // when an interrupt unmaps under it: their tail stays open for that mapper).
+    /// Take the candidates overlapping [a, b): pending ones, and open ones (the mapping loop may still be
+    /// running when an interrupt unmaps under it), with the mapper of the open ones.
+    fn take_overlapping(&mut self, a: u64, b: u64) -> Vec<(Candidate, Option<Mapper>)> {
         let mut hits: Vec<(Candidate, Option<Mapper>)> = Vec::new();
         let first = self
             .pending
@@ -390,6 +428,13 @@ impl Replayer {
                 i += 1;
             }
         }
+        hits
+    }
+
+    /// Settle candidates with the unmap of [a, b): the segments it covers were one mapping call; what is left
+    /// either side stays a candidate (the tail of an open one stays open for its mapper).
+    fn settle(&mut self, a: u64, b: u64) {
+        let hits = self.take_overlapping(a, b);
         for (c, who) in hits {
             let (before, inside, after) = split(c, a, b);
             if let Some(p) = inside {
@@ -444,6 +489,11 @@ impl Replayer {
             return;
         }
         self.check_reuse(pfn(iova), pfn(iova) + pages(size));
+        // One domain never hands out an IOVA it still has mapped: a candidate this map overlaps belongs to
+        // another device's domain, whose unmaps the trace cannot tell from this one's. Settle it now.
+        for (c, _) in self.take_overlapping(iova, iova + size) {
+            self.sync_unsettled(c);
+        }
         let c = &mut self.dma.core;
         c.iommu.map_pages(c.dom, pfn(iova), pfn(paddr), pages(size));
         c.stats.maps += 1;
@@ -584,9 +634,11 @@ impl ReplaySession {
         let make = |phase: u64| {
             let mut core = DmaCore::new(hw::build(&sc.platform, 1, kernel), 1, &sc.platform.cpu);
             core.iova_from_trace = true;
-            let mut dma = DmaLayer::new(core, policy, 1, opts.hz);
+            let fq = FqOptions::for_device(sc.platform.iommu.shadow_on_flush);
+            let mut dma = DmaLayer::new(core, policy, 1, opts.hz, fq);
             if policy == PolicyName::Lazy {
-                dma.policy = Box::new(FlushQueue::new(1, opts.hz).with_jiffy_phase(phase));
+                dma.policy =
+                    Box::new(FlushQueue::with_options(1, opts.hz, fq).with_jiffy_phase(phase));
             }
             let mut r = Replayer {
                 dma,
@@ -603,6 +655,7 @@ impl ReplaySession {
                 queued_flushes: 0,
                 timers: BTreeMap::new(),
                 seq: 0,
+                sg_phases: BTreeSet::new(),
             };
             r.mark = r.counters();
             (phase, r)
@@ -713,16 +766,7 @@ impl ReplaySession {
             .rs
             .into_iter()
             .map(|(phase, mut r)| {
-                // Groups never unmapped: one mapping call each.
-                let left: Vec<Candidate> = r
-                    .open
-                    .drain(..)
-                    .map(|(_, c)| c)
-                    .chain(std::mem::take(&mut r.pending).into_values())
-                    .collect();
-                for c in left {
-                    r.sync_map(&c);
-                }
+                r.sync_leftovers();
                 r.fire_timers(Time::MAX);
                 r.commit();
                 (phase, r.phases)
@@ -877,6 +921,48 @@ mod tests {
             .counts
             .clone();
         assert_eq!(c.iotlb_psi, 1);
+    }
+
+    #[test]
+    fn another_domains_map_over_live_iova_does_not_merge_groups() {
+        // Phase "net": a device maps two buffers with separate dma_map_page() calls at adjacent IOVAs and
+        // never unmaps them (still posted). Phase "blk": another device's domain maps 8K over the same IOVAs
+        // and unmaps it. Without the collision rule that unmap would settle the net buffers as one group.
+        let t = [
+            mark(1_000_000, "TB_BEGIN net"),
+            map(1_000_010, 0xfff0_0000, 0x10_0000, 4096),
+            map(1_000_011, 0xfff0_1000, 0x20_0000, 4096),
+            mark(1_000_020, "TB_END net"),
+            mark(1_000_030, "TB_BEGIN blk"),
+            map(1_000_040, 0xfff0_0000, 0x50_0000, 8192),
+            unmap(1_000_050, 0xfff0_0000, 8192),
+            mark(1_000_060, "TB_END blk"),
+        ]
+        .concat();
+        let cm = ReplayOptions {
+            caching_mode: true,
+            mode: Some(PolicyName::Strict),
+            ..Default::default()
+        };
+        let r = run(&t, &cm);
+        let net = &r.phases.get("net").unwrap().counts;
+        let blk = &r.phases.get("blk").unwrap().counts;
+        // net saw no multi-segment group, so its unsettled maps are one call each.
+        assert_eq!((net.map_syncs, net.iotlb_psi), (2, 2));
+        assert_eq!((blk.map_syncs, blk.iotlb_psi), (1, 2));
+        // Where the phase did show a map_sg, an unsettled candidate stays one call.
+        let t2 = [
+            mark(1_000_000, "TB_BEGIN io"),
+            map(1_000_010, 0xfff0_0000, 0x10_0000, 4096),
+            map(1_000_011, 0xfff0_1000, 0x20_0000, 4096),
+            unmap(1_000_012, 0xfff0_0000, 8192),
+            map(1_000_020, 0xffe0_0000, 0x30_0000, 4096),
+            map(1_000_021, 0xffe0_1000, 0x40_0000, 4096),
+            mark(1_000_030, "TB_END io"),
+        ]
+        .concat();
+        let io = run(&t2, &cm).phases.get("io").unwrap().counts.clone();
+        assert_eq!(io.map_syncs, 2);
     }
 
     #[test]
