@@ -27,6 +27,13 @@ def _set_pair(text: str) -> tuple[str, str]:
     return key.strip(), value
 
 
+def _phase_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected phase names separated by commas, e.g. net,blk, got {text!r}")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="iommulab", description="A laboratory for IOMMU protection: simulate IOMMU hardware, the Linux "
                 "DMA-mapping layer and I/O workloads, and report throughput and invalidation behaviour per policy.")
@@ -56,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--iommu", choices=["vtd", "smmuv3", "virtio"], default="vtd", help="IOMMU model (default vtd)")
     rp.add_argument("--caching-mode", choices=["on", "off"], default="off",
                     help="VT-d caching mode (a virtual IOMMU; default off)")
-    rp.add_argument("--ats", action="store_true", help="the device uses ATS (device-TLB invalidations)")
+    rp.add_argument("--ats", action="store_true",
+                    help="the traced devices use ATS (device-TLB invalidations); the trace does not name devices")
+    rp.add_argument("--ats-phases", type=_phase_list, metavar="PHASE[,PHASE...]",
+                    help="only the device(s) whose traffic fills these phases use ATS (implies --ats)")
     rp.add_argument("--kernel", default="6.12", metavar="V", help="traced kernel version, MAJOR.MINOR (default 6.12)")
     g = rp.add_mutually_exclusive_group()
     g.add_argument("--cmdline", default="", help="traced kernel's command line (decides the default domain)")
@@ -71,12 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Resolve the default DMA domain as the kernel does (arch Kconfig default, "
                        "iommu.passthrough=, iommu=pt, iommu.strict=, caching mode, untrusted devices, driver "
                        "capabilities) and print it per device type with the kernel's own log lines.")
-    e.add_argument("--arch", choices=["x86_64", "arm64"], default="x86_64", help="default x86_64")
+    e.add_argument("--arch", choices=["x86_64", "arm64", "s390"], default="x86_64", help="default x86_64")
     e.add_argument("--kernel", default="6.12", metavar="V", help="kernel version, MAJOR.MINOR (default 6.12)")
     e.add_argument("--cmdline", default="", help="kernel command line")
     e.add_argument("--caching-mode", choices=["on", "off"], default="off", help="VT-d caching mode (a vIOMMU)")
-    e.add_argument("--iommu", choices=["vtd", "smmuv3", "virtio"],
-                   help="IOMMU driver (default: vtd on x86_64, smmuv3 on arm64)")
+    e.add_argument("--iommu", choices=["vtd", "smmuv3", "virtio", "s390"],
+                   help="IOMMU driver (default: vtd on x86_64, smmuv3 on arm64, s390 on s390)")
     e.add_argument("--json", action="store_true", help='print {"kernel_log": [...], "devices": [...]}')
 
     f = sub.add_parser("profiles", help="list the built-in platform profiles, or print one",
@@ -100,7 +110,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
 def _cmd_replay(a: argparse.Namespace) -> int:
     res = replay(a.trace, iommu=a.iommu, caching_mode=a.caching_mode == "on", ats=a.ats, kernel=a.kernel,
-                 cmdline=a.cmdline, mode=a.mode, hz=a.hz, tick_phase_us=a.tick_phase_us)
+                 cmdline=a.cmdline, mode=a.mode, hz=a.hz, tick_phase_us=a.tick_phase_us, ats_phases=a.ats_phases)
     if a.json:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -110,7 +120,7 @@ def _cmd_replay(a: argparse.Namespace) -> int:
 
 
 def _cmd_explain(a: argparse.Namespace) -> int:
-    iommu = a.iommu or ("vtd" if a.arch == "x86_64" else "smmuv3")
+    iommu = a.iommu or {"x86_64": "vtd", "arm64": "smmuv3", "s390": "s390"}[a.arch]
     res = json.loads(_core.explain(a.arch, a.kernel, a.cmdline, a.caching_mode == "on", iommu))
     if a.json:
         json.dump(res, sys.stdout, indent=2)

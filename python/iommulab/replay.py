@@ -34,15 +34,16 @@ def _open(path: str | os.PathLike) -> IO[bytes]:
 
 def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool = False, ats: bool = False,
            kernel: str = "6.12", cmdline: str = "", mode: str | None = None, hz: int = 250,
-           tick_phase_us: float | None = None) -> dict[str, Any]:
+           tick_phase_us: float | None = None, ats_phases: list[str] | None = None) -> dict[str, Any]:
     """Replay TRACE through the DMA layer and the IOMMU model; returns
     ``{"iommu", "kernel", "policy", "policy_reason", "hz", "lines", "phases": {NAME: {"counts": {...}}}}``.
-    In lazy mode the scheduler tick's phase on the trace clock is inferred per phase unless given."""
+    In lazy mode the scheduler tick's phase on the trace clock is inferred per phase unless given.
+    ``ats`` gives every traced device ATS; ``ats_phases`` only the devices whose traffic fills those phases."""
     name = os.fspath(trace)
     if tick_phase_us is not None and not (tick_phase_us >= 0 and tick_phase_us < 1e9):
         raise ScenarioError(f"--tick-phase-us {tick_phase_us}: expected a time in µs >= 0")
     phase_ns = None if tick_phase_us is None else int(round(tick_phase_us * 1000))
-    r = _core.Replay(name, iommu, caching_mode, ats, kernel, cmdline, mode, hz, phase_ns)
+    r = _core.Replay(name, iommu, caching_mode, ats, kernel, cmdline, mode, hz, phase_ns, list(ats_phases or []))
     f = _open(trace)
     try:
         while True:

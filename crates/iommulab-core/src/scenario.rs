@@ -259,6 +259,7 @@ impl PolicyName {
 pub enum Arch {
     X86_64,
     Arm64,
+    S390,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

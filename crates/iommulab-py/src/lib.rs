@@ -114,7 +114,7 @@ struct Replay {
 #[pymethods]
 impl Replay {
     #[new]
-    #[pyo3(signature = (name, vendor, caching_mode, ats, kernel, cmdline, mode, hz, jiffy_phase_ns = None))]
+    #[pyo3(signature = (name, vendor, caching_mode, ats, kernel, cmdline, mode, hz, jiffy_phase_ns = None, ats_phases = Vec::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: &str,
@@ -126,6 +126,7 @@ impl Replay {
         mode: Option<&str>,
         hz: u32,
         jiffy_phase_ns: Option<u64>,
+        ats_phases: Vec<String>,
     ) -> PyResult<Self> {
         let vendor = match vendor {
             "vtd" => scenario::Vendor::Vtd,
@@ -151,7 +152,8 @@ impl Replay {
         let opts = replay::ReplayOptions {
             vendor,
             caching_mode,
-            ats,
+            ats: ats || !ats_phases.is_empty(),
+            ats_phases,
             kernel: kernel.to_string(),
             cmdline: cmdline.to_string(),
             mode,
@@ -196,9 +198,10 @@ fn explain(
     let arch = match arch {
         "x86_64" | "x86" | "amd64" => scenario::Arch::X86_64,
         "arm64" | "aarch64" => scenario::Arch::Arm64,
+        "s390" | "s390x" => scenario::Arch::S390,
         other => {
             return Err(ScenarioError::new_err(format!(
-                "--arch {other}: expected x86_64 or arm64"
+                "--arch {other}: expected x86_64, arm64 or s390"
             )))
         }
     };
@@ -206,9 +209,10 @@ fn explain(
         "vtd" => Driver::Vtd,
         "smmuv3" => Driver::Smmuv3,
         "virtio" => Driver::Virtio,
+        "s390" => Driver::S390,
         other => {
             return Err(ScenarioError::new_err(format!(
-                "--iommu {other}: expected vtd, smmuv3 or virtio"
+                "--iommu {other}: expected vtd, smmuv3, virtio or s390"
             )))
         }
     };

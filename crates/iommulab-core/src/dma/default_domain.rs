@@ -5,6 +5,10 @@
 //! whatever was asked; and iommu_dma_init_domain() falls back from DMA-FQ to DMA when the driver lacks
 //! IOMMU_CAP_DEFERRED_FLUSH (virtio-iommu before 6.8).
 
+use super::flush_queue::{
+    IOVA_DEFAULT_FQ_SIZE, IOVA_DEFAULT_FQ_TIMEOUT_MS, IOVA_SINGLE_FQ_SIZE,
+    IOVA_SINGLE_FQ_TIMEOUT_MS,
+};
 use crate::scenario::{Arch, PolicyName, Vendor};
 use serde::Serialize;
 
@@ -21,6 +25,8 @@ pub enum Driver {
     Vtd,
     Smmuv3,
     Virtio,
+    /// drivers/iommu/s390-iommu.c (zPCI); explain only.
+    S390,
 }
 
 impl Driver {
@@ -75,8 +81,8 @@ pub fn explain(
     caching_mode: bool,
     driver: Driver,
 ) -> Explained {
-    // CONFIG_IOMMU_DEFAULT_DMA_LAZY on X86 (and S390), STRICT elsewhere (drivers/iommu/Kconfig).
-    let mut strict = arch != Arch::X86_64;
+    // CONFIG_IOMMU_DEFAULT_DMA_LAZY on X86 and S390, STRICT elsewhere (drivers/iommu/Kconfig).
+    let mut strict = !matches!(arch, Arch::X86_64 | Arch::S390);
     let mut passthrough = false;
     let mut type_cmdline = false;
     let mut strict_cmdline = false;
@@ -123,6 +129,11 @@ pub fn explain(
                         _ => {}
                     }
                 }
+            }
+            // s390-iommu.c s390_iommu_setup().
+            "s390_iommu" if driver == Driver::S390 && v == "strict" => {
+                log.push("s390_iommu=strict deprecated; use iommu.strict=1 instead".into());
+                strict = true;
             }
             _ => {}
         }
@@ -198,22 +209,33 @@ pub fn explain(
         why = "virtio-iommu before 6.8 lacks IOMMU_CAP_DEFERRED_FLUSH: the DMA-FQ domain falls back to DMA (strict)".into();
     }
     let untrusted = PolicyName::Strict;
+    let mut devices = vec![DeviceMode {
+        device: "PCI device",
+        sysfs: sysfs(trusted),
+        policy: trusted,
+        why,
+    }];
+    // s390_iommu_probe_device(): a zPCI function that needs TLB refreshes (z/VM, KVM) sets shadow_on_flush,
+    // and iommu_dma_init_options() gives its DMA-FQ domain one large queue instead of per-CPU rings.
+    if driver == Driver::S390 && trusted == PolicyName::Lazy {
+        devices.push(DeviceMode {
+            device: "zPCI (tlb_refresh)",
+            sysfs: sysfs(trusted),
+            policy: trusted,
+            why: format!(
+                "shadow_on_flush: one flush queue of {IOVA_SINGLE_FQ_SIZE} entries with a {IOVA_SINGLE_FQ_TIMEOUT_MS} ms timer instead of per-CPU rings of {IOVA_DEFAULT_FQ_SIZE} with {IOVA_DEFAULT_FQ_TIMEOUT_MS} ms"
+            ),
+        });
+    }
+    devices.push(DeviceMode {
+        device: "untrusted PCI device",
+        sysfs: sysfs(untrusted),
+        policy: untrusted,
+        why: "untrusted (external-facing) PCI devices always get a strict DMA domain (iommu_get_default_domain_type)".into(),
+    });
     Explained {
         kernel_log: log,
-        devices: vec![
-            DeviceMode {
-                device: "PCI device",
-                sysfs: sysfs(trusted),
-                policy: trusted,
-                why,
-            },
-            DeviceMode {
-                device: "untrusted PCI device",
-                sysfs: sysfs(untrusted),
-                policy: untrusted,
-                why: "untrusted (external-facing) PCI devices always get a strict DMA domain (iommu_get_default_domain_type)".into(),
-            },
-        ],
+        devices,
     }
 }
 
@@ -347,5 +369,28 @@ mod tests {
             explain(Arch::X86_64, (6, 12), "", true, Driver::Smmuv3).devices[0].sysfs,
             "DMA-FQ"
         );
+    }
+
+    #[test]
+    fn s390_is_lazy_by_default_and_shadowing_devices_get_the_single_queue() {
+        let e = explain(Arch::S390, (6, 12), "", false, Driver::S390);
+        assert_eq!(e.devices[0].policy, PolicyName::Lazy);
+        let z = &e.devices[1];
+        assert_eq!((z.device, z.sysfs), ("zPCI (tlb_refresh)", "DMA-FQ"));
+        assert!(
+            z.why.contains("32768") && z.why.contains("1000 ms"),
+            "{}",
+            z.why
+        );
+        let e = explain(
+            Arch::S390,
+            (6, 12),
+            "s390_iommu=strict",
+            false,
+            Driver::S390,
+        );
+        assert_eq!(e.devices[0].policy, PolicyName::Strict);
+        assert_eq!(e.devices.len(), 2, "no flush queue to describe when strict");
+        assert!(e.kernel_log[0].contains("deprecated"));
     }
 }

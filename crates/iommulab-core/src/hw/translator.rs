@@ -116,6 +116,9 @@ pub struct Translator {
     pwc: Vec<TagCache>,
     /// The device's address translation cache when it uses ATS (PCIe ATS; VT-d device-TLB).
     atc: Option<Tlb>,
+    /// Whether the device being served has ATS enabled (a replay of several devices' traffic, only some of
+    /// which use ATS, switches it per event).
+    ats_active: bool,
     /// Bumped whenever a leaf is cleared or replaced: a TLB entry filled at the current epoch cannot be
     /// stale, so its hit needs no table walk to check (a simulator shortcut, not hardware).
     epoch: u64,
@@ -138,6 +141,7 @@ impl Translator {
                 })
                 .collect(),
             atc: atc.map(|(n, w)| Tlb::new(n as usize, w as usize)),
+            ats_active: true,
             epoch: 0,
             c: IommuCounters::default(),
         }
@@ -147,9 +151,14 @@ impl Translator {
         &self.fmt
     }
 
-    /// Whether a device ATS cache sits in front of this IOMMU.
+    /// Whether the device being served has an ATS cache in front of this IOMMU.
     pub fn has_atc(&self) -> bool {
-        self.atc.is_some()
+        self.atc.is_some() && self.ats_active
+    }
+
+    /// Serve a device with (true) or without ATS; a no-op without an ATS cache.
+    pub fn set_ats_active(&mut self, on: bool) {
+        self.ats_active = on;
     }
 
     #[inline]
@@ -232,7 +241,7 @@ impl Translator {
         };
         let epoch = self.epoch;
         let mut atc_miss = false;
-        if let Some(atc) = self.atc.as_mut() {
+        if let Some(atc) = self.atc.as_mut().filter(|_| self.ats_active) {
             if let Some((_, phys, filled)) = atc.lookup(&fmt, dom, gpfn) {
                 self.c.atc_hits += 1;
                 let stale = filled != epoch && current() != Some(phys);

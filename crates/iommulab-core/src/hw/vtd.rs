@@ -298,9 +298,10 @@ impl Iommu for Vtd {
     }
 
     fn flush_iotlb_all(&mut self, now: Time, _cpu: usize, dom: DomainId) -> Time {
-        // cache_tag_flush_all(): DSI, and the whole device TLB.
+        // cache_tag_flush_all(): DSI, and the whole device TLB. Before 6.10 intel_flush_iotlb_all() skipped
+        // the device TLB under caching mode.
         let mut descs = vec![InvDesc::Dsi { dom }];
-        if self.tr.has_atc() {
+        if self.tr.has_atc() && (self.kernel.vtd_cache_tags() || !self.cfg.caching_mode) {
             descs.push(InvDesc::DevTlb {
                 dom,
                 addr_pfn: 0,
@@ -567,6 +568,15 @@ pub(crate) mod tests {
                 (waits, 1),
                 "{k:?}"
             );
+        }
+        // flush_iotlb_all under caching mode: 6.10+ flush the device TLB too, 6.1 skipped it.
+        for (k, devtlb) in [(KernelVersion(6, 12), 1), (KernelVersion(6, 1), 0)] {
+            let mut p = cfg();
+            p.vtd.as_mut().unwrap().caching_mode = true;
+            let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, &p).unwrap();
+            let mut v = Vtd::new(&p, Translator::new(&p, fmt, Some((8, 8))), 0, k);
+            v.flush_iotlb_all(0, 0, 1);
+            assert_eq!(v.tr.c.get(InvKind::DevTlb), devtlb, "{k:?}");
         }
         // Two CPUs flushing one domain: 6.10+ hold its cache_lock across the wait, 6.1 only the queue lock.
         let pair = |k| {

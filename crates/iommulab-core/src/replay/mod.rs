@@ -45,6 +45,8 @@ pub struct ReplayOptions {
     pub vendor: Vendor,
     pub caching_mode: bool,
     pub ats: bool,
+    /// With `ats`: the phases whose traffic comes from a device using ATS (empty: every device uses it).
+    pub ats_phases: Vec<String>,
     /// `MAJOR.MINOR`.
     pub kernel: String,
     /// The kernel command line (default-domain rules), unless `mode` says the policy outright.
@@ -63,6 +65,7 @@ impl Default for ReplayOptions {
             vendor: Vendor::Vtd,
             caching_mode: false,
             ats: false,
+            ats_phases: Vec::new(),
             kernel: "6.12".into(),
             cmdline: String::new(),
             mode: None,
@@ -261,6 +264,8 @@ struct Replayer {
     seq: u64,
     /// Phases in which an unmap showed several map events to be one mapping call (a map_sg).
     sg_phases: BTreeSet<Option<String>>,
+    /// Phases whose device uses ATS (empty: all).
+    ats_phases: Vec<String>,
 }
 
 /// Split `c` around [a, b): the segments before it, those overlapping it, those after it.
@@ -315,6 +320,16 @@ impl Replayer {
         p.counts += &c;
         p.early_reuses += now.early_reuses - self.mark.early_reuses;
         self.mark = now;
+    }
+
+    /// The device behind the current phase's events: with ATS unless `--ats-phases` leaves this phase out.
+    fn serve_phase(&mut self) {
+        let on = self.ats_phases.is_empty()
+            || self
+                .phase
+                .as_ref()
+                .is_some_and(|p| self.ats_phases.contains(p));
+        self.dma.core.iommu.translator_mut().set_ats_active(on);
     }
 
     fn take_timer(&mut self) {
@@ -656,6 +671,7 @@ impl ReplaySession {
                 timers: BTreeMap::new(),
                 seq: 0,
                 sg_phases: BTreeSet::new(),
+                ats_phases: opts.ats_phases.clone(),
             };
             r.mark = r.counters();
             (phase, r)
@@ -700,6 +716,7 @@ impl ReplaySession {
         };
         self.lines.events += 1;
         for (_, r) in &mut self.rs {
+            r.serve_phase();
             r.fire_timers(ev.ts_ns);
             match &rec {
                 Record::Map {
