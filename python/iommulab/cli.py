@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import tomllib
 
 from . import __version__, _core
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
 from .replay import format_replay, replay
 from .report import format_table
+from .validate import Calibration, calibrate, format_validate, load_targets, validate
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,6 +36,24 @@ def _phase_list(text: str) -> list[str]:
     if not all(names):
         raise argparse.ArgumentTypeError(f"expected phase names separated by commas, e.g. net,blk, got {text!r}")
     return names
+
+
+def _range(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(":")
+    try:
+        a, b = float(lo), float(hi)
+    except ValueError:
+        a = b = math.nan
+    if not sep or not a < b:
+        raise argparse.ArgumentTypeError(f"expected LOW:HIGH with LOW < HIGH, e.g. 200:5000, got {text!r}")
+    return a, b
+
+
+def _toml_or_str(text: str):
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +110,29 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--iommu", choices=["vtd", "smmuv3", "virtio", "s390"],
                    help="IOMMU driver (default: vtd on x86_64, smmuv3 on arm64, s390 on s390)")
     e.add_argument("--json", action="store_true", help='print {"kernel_log": [...], "devices": [...]}')
+
+    v = sub.add_parser("validate", help="run every published target's scenario: model vs published, with the error",
+                       description="Run the scenario of each published target (C1, C3, ...: targets.toml in the "
+                       "package) and print the model's value next to the published one, the relative error and "
+                       "whether it is within the target's tolerance.")
+    v.add_argument("ids", nargs="*", metavar="TARGET", help="only these target ids (default: all)")
+    v.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
+                   help="override a scenario key in every target run (e.g. platform.memory.walk_read_ns=150)")
+    v.add_argument("--json", action="store_true",
+                   help='print {"targets": [{"id", "published", "model", "error", "ok", ...}, ...]}')
+
+    c = sub.add_parser("calibrate", help="fit a profile parameter to a published target and write it with provenance",
+                       description="Bisect one physical parameter of a platform profile until a published target's "
+                       "model value meets the published figure (the calibrations declared in targets.toml, or "
+                       "--param/--target/--range), print the value, and with --out write the profile with the "
+                       "value and its provenance in [sources].")
+    c.add_argument("--param", help="profile key, e.g. iommu.smmuv3.sync_ns (default: every declared calibration)")
+    c.add_argument("--profile", help="built-in profile name or profile file (default: the declared one)")
+    c.add_argument("--target", dest="target_id", metavar="ID", help="target id (default: the declared one)")
+    c.add_argument("--range", dest="rng", type=_range, metavar="LOW:HIGH", help="search range (default: declared)")
+    c.add_argument("--out", metavar="FILE", help="write the calibrated profile here (one calibration only)")
+    c.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    c.add_argument("--json", action="store_true", help="print the fitted values as JSON")
 
     f = sub.add_parser("profiles", help="list the built-in platform profiles, or print one",
                        description="List built-in platform profiles; with a NAME, print it with the source of every number.")
@@ -151,6 +196,46 @@ def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None) -> int:
     raise ScenarioError(f"{kind} `{name}`: no such built-in (built-in: {', '.join(n for n, _ in items)})")
 
 
+def _cmd_validate(a: argparse.Namespace) -> int:
+    rows = validate(a.ids or None, {k: _toml_or_str(v) for k, v in a.sets})
+    if a.json:
+        json.dump({"targets": rows}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_validate(rows))
+    return 0
+
+
+def _cmd_calibrate(a: argparse.Namespace) -> int:
+    ts = load_targets()
+    cals = [c for c in ts.calibrations if a.param in (None, c.param)]
+    if a.param and not cals:
+        if not (a.target_id and a.rng and a.profile):
+            raise ScenarioError(f"--param {a.param}: not declared in targets.toml; give --profile, --target and --range")
+        cals = [Calibration(param=a.param, profile=a.profile, target=a.target_id, range=a.rng)]
+    cals = [Calibration(param=c.param, profile=a.profile or c.profile, target=a.target_id or c.target,
+                        range=a.rng or c.range) for c in cals]
+    if a.out and len(cals) != 1:
+        raise ScenarioError(f"--out: {len(cals)} calibrations selected; choose one with --param")
+    if a.out and os.path.exists(a.out) and not a.force:
+        raise ScenarioError(f"--out {a.out}: exists; pass --force to overwrite it")
+    done = [calibrate(c, ts) for c in cals]
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(done[0]["profile_text"])
+    if a.json:
+        json.dump({"calibrations": [{k: v for k, v in d.items() if k != "profile_text"} for d in done]},
+                  sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    for d in done:
+        print(f"{d['profile']}: {d['param']} = {d['value']}  ({d['target']}: model {d['model']:.4g}, "
+              f"published {d['published']:g}, error {100 * d['error']:+.1f}%)")
+    if a.out:
+        print(f"wrote {a.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
@@ -163,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_explain(a)
         if a.cmd == "replay":
             return _cmd_replay(a)
+        if a.cmd == "validate":
+            return _cmd_validate(a)
+        if a.cmd == "calibrate":
+            return _cmd_calibrate(a)
         if a.cmd == "profiles":
             return _cmd_list("profile", _core.builtin_profiles(), a.name)
         parser.print_help()

@@ -9,8 +9,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub const BUILTIN_SCENARIOS: &[(&str, &str)] =
-    &[("default", include_str!("../data/scenarios/default.toml"))];
+pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
+    ("default", include_str!("../data/scenarios/default.toml")),
+    ("c1", include_str!("../data/scenarios/c1.toml")),
+    ("c3", include_str!("../data/scenarios/c3.toml")),
+];
 pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
         "vtd-server",

@@ -1,0 +1,286 @@
+"""Published targets: `validate` runs each target's scenario and compares the model with the published figure;
+`calibrate` fits one physical profile parameter to one target by bisection and writes it into the profile with
+its provenance."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from . import _core
+from ._core import ScenarioError
+from .api import RunResult, load, run_variants, toml_value
+
+TARGETS_FILE = "targets.toml"
+_TERM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_.]*)(?:\[(\d+)\])?$")
+
+
+@dataclass
+class Target:
+    id: str
+    source: str
+    published: float
+    tolerance: float
+    scenario: str
+    value: str
+    runs: dict[str, dict[str, Any]]
+    fitted: str | None = None
+
+
+@dataclass
+class Calibration:
+    param: str
+    profile: str
+    target: str
+    range: tuple[float, float]
+
+
+@dataclass
+class Targets:
+    targets: list[Target] = field(default_factory=list)
+    calibrations: list[Calibration] = field(default_factory=list)
+
+    def get(self, tid: str) -> Target:
+        for t in self.targets:
+            if t.id == tid:
+                return t
+        raise ScenarioError(f"target {tid!r}: no such target (known: {', '.join(t.id for t in self.targets)})")
+
+
+def _need(where: str, d: dict, key: str, kind: type | tuple[type, ...]) -> Any:
+    if key not in d:
+        raise ScenarioError(f"{where}: missing key {key!r}")
+    v = d[key]
+    if not isinstance(v, kind) or isinstance(v, bool) and kind is not bool:
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ScenarioError(f"{where}.{key}: expected {names}, got {v!r}")
+    return v
+
+
+def load_targets(path: str | os.PathLike | None = None) -> Targets:
+    """The shipped targets, or a targets file of the same form."""
+    if path is None:
+        text = resources.files("iommulab").joinpath(TARGETS_FILE).read_text()
+        name = TARGETS_FILE
+    else:
+        name = os.fspath(path)
+        try:
+            text = open(name).read()
+        except OSError as e:
+            raise ScenarioError(f"{name}: cannot open: {e.strerror or e}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(f"{name}: {e}") from None
+    out = Targets()
+    for i, t in enumerate(doc.get("target", [])):
+        where = f"{name}: target[{i}]"
+        tid = _need(where, t, "id", str)
+        where = f"{name}: target {tid}"
+        unknown = set(t) - {"id", "source", "published", "tolerance", "scenario", "value", "runs", "fitted"}
+        if unknown:
+            raise ScenarioError(f"{where}: unknown key {sorted(unknown)[0]!r}")
+        runs = _need(where, t, "runs", dict)
+        for rn, ov in runs.items():
+            if not isinstance(ov, dict):
+                raise ScenarioError(f"{where}.runs.{rn}: expected a table of scenario keys")
+        tgt = Target(id=tid, source=str(t.get("source", "")), published=float(_need(where, t, "published", (int, float))),
+                     tolerance=float(_need(where, t, "tolerance", (int, float))),
+                     scenario=_need(where, t, "scenario", str), value=_need(where, t, "value", str), runs=runs,
+                     fitted=t.get("fitted"))
+        for term in _terms(tgt):
+            if term[0] not in runs:
+                raise ScenarioError(f"{where}.value: run {term[0]!r} is not in runs ({', '.join(runs)})")
+        out.targets.append(tgt)
+    for i, c in enumerate(doc.get("calibration", [])):
+        where = f"{name}: calibration[{i}]"
+        rng = _need(where, c, "range", list)
+        if len(rng) != 2 or not all(isinstance(x, (int, float)) for x in rng) or not rng[0] < rng[1]:
+            raise ScenarioError(f"{where}.range: expected [low, high] with low < high, got {rng!r}")
+        out.calibrations.append(Calibration(param=_need(where, c, "param", str), profile=_need(where, c, "profile", str),
+                                            target=_need(where, c, "target", str), range=(rng[0], rng[1])))
+        out.get(out.calibrations[-1].target)
+    return out
+
+
+def _terms(t: Target) -> list[tuple[str, str, int | None, str]]:
+    """`value` as (run, key, index, operator before it) terms."""
+    out = []
+    op = "*"
+    for tok in re.split(r"\s*([*/])\s*", t.value.strip()):
+        if tok in ("*", "/"):
+            op = tok
+            continue
+        m = _TERM.match(tok)
+        if not m:
+            raise ScenarioError(f"target {t.id}.value: {tok!r} is not RUN.KEY or RUN.KEY[INDEX]")
+        out.append((m.group(1), m.group(2), int(m.group(3)) if m.group(3) else None, op))
+    return out
+
+
+class Runner:
+    """Runs scenario variants once each (same scenario and keys, same result: runs are deterministic)."""
+
+    def __init__(self, sets: dict[str, Any] | None = None):
+        self.sets = dict(sets or {})
+        self.cache: dict[str, dict[str, Any]] = {}
+        self.runs = 0
+
+    def result(self, t: Target, run: str) -> dict[str, Any]:
+        keys = {**t.runs[run], **self.sets}
+        ck = json.dumps([t.scenario, sorted(keys.items())], default=str)
+        if ck not in self.cache:
+            variants = load(t.scenario, keys)
+            if len(variants) != 1:
+                raise ScenarioError(f"target {t.id}.runs.{run}: scenario {t.scenario!r} gives {len(variants)} runs; "
+                                    "set its [compare] keys")
+            res: RunResult = run_variants(variants)[0]
+            self.cache[ck] = res.to_dict()
+            self.runs += 1
+        return self.cache[ck]
+
+    def value(self, t: Target) -> float:
+        v = 1.0
+        for run, key, idx, op in _terms(t):
+            x: Any = self.result(t, run)
+            for part in key.split("."):
+                if not isinstance(x, dict) or part not in x:
+                    raise ScenarioError(f"target {t.id}.value: {run}.{key}: no such result key")
+                x = x[part]
+            if idx is not None:
+                if not isinstance(x, list) or idx >= len(x):
+                    raise ScenarioError(f"target {t.id}.value: {run}.{key}[{idx}]: not a list that long")
+                x = x[idx]
+            if not isinstance(x, (int, float)) or isinstance(x, bool):
+                raise ScenarioError(f"target {t.id}.value: {run}.{key} is not a number")
+            v = v * x if op == "*" else (v / x if x else math.inf)
+        return v
+
+
+def check(t: Target, model: float) -> dict[str, Any]:
+    err = (model - t.published) / t.published if t.published else math.inf
+    return {"id": t.id, "published": t.published, "model": round(model, 6), "error": round(err, 6),
+            "ok": bool(abs(err) <= t.tolerance), "tolerance": t.tolerance, "source": t.source,
+            "fitted": t.fitted}
+
+
+def validate(ids: list[str] | None = None, sets: dict[str, Any] | None = None,
+             targets: Targets | None = None) -> list[dict[str, Any]]:
+    """Every target (or those named), model vs published."""
+    ts = targets or load_targets()
+    chosen = [ts.get(i) for i in ids] if ids else ts.targets
+    r = Runner(sets)
+    return [check(t, r.value(t)) for t in chosen]
+
+
+def format_validate(rows: list[dict[str, Any]]) -> str:
+    w = max([len("target")] + [len(r["id"]) for r in rows])
+    out = [f"{'target':<{w}} {'published':>10} {'model':>10} {'error':>8} {'tol':>5}  ok",
+           "-" * (w + 42)]
+    for r in rows:
+        fit = "  (fitted: " + r["fitted"] + ")" if r.get("fitted") else ""
+        out.append(f"{r['id']:<{w}} {r['published']:>10.4g} {r['model']:>10.4g} {100 * r['error']:>+7.1f}% "
+                   f"{100 * r['tolerance']:>4.0f}%  {'ok' if r['ok'] else 'MISS'}{fit}")
+    n_ok = sum(r["ok"] for r in rows)
+    out.append("")
+    out.append(f"{n_ok} of {len(rows)} within tolerance · error = (model - published) / published · "
+               "fitted: a parameter was calibrated on this target, so it is not an independent check")
+    return "\n".join(out) + "\n"
+
+
+# --- calibration -------------------------------------------------------------------------------------------
+
+def _profile_text(profile: str) -> tuple[str, str]:
+    """(name for messages, TOML text) of a built-in profile name or a profile file."""
+    builtin = dict(_core.builtin_profiles())
+    if profile in builtin and not os.path.exists(profile):
+        return profile, builtin[profile]
+    try:
+        return profile, open(profile).read()
+    except OSError as e:
+        raise ScenarioError(f"{profile}: cannot open: {e.strerror or e}") from None
+
+
+def _set_key(text: str, where: str, param: str, value: str) -> str:
+    """Replace `param` (dotted, under its table) in TOML text, keeping every other line as it was."""
+    *table, key = param.split(".")
+    header = "[" + ".".join(table) + "]" if table else None
+    lines = text.splitlines(keepends=True)
+    cur = None
+    for i, line in enumerate(lines):
+        s = line.strip()
+        if s.startswith("["):
+            cur = s.split("#")[0].strip()
+            continue
+        if cur == header and re.match(rf"^{re.escape(key)}\s*=", s):
+            indent = line[: len(line) - len(line.lstrip())]
+            lines[i] = f"{indent}{key} = {value}\n"
+            return "".join(lines)
+    raise ScenarioError(f"{where}: no key {param!r} to calibrate (expected `{key} = ...` under {header or 'the top'})")
+
+
+def _set_source(text: str, param: str, note: str) -> str:
+    line = f"{json.dumps(param)} = {json.dumps(note)}\n"
+    lines = text.splitlines(keepends=True)
+    for i, l in enumerate(lines):
+        if l.startswith(json.dumps(param) + " ="):
+            lines[i] = line
+            return "".join(lines)
+    if not any(l.strip() == "[sources]" for l in lines):
+        lines.append("\n[sources]\n")
+    lines.append(line)
+    return "".join(lines)
+
+
+def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24) -> dict[str, Any]:
+    """Bisect `c.param` over `c.range` until the target's model value meets its published figure. Returns
+    {"param", "value", "target", "published", "model", "error", "profile_text"}."""
+    ts = targets or load_targets()
+    t = ts.get(c.target)
+    name, text = _profile_text(c.profile)
+    # The profile as TOML decides whether the parameter is an integer.
+    try:
+        cur: Any = tomllib.loads(text)
+        for part in c.param.split("."):
+            cur = cur[part]
+    except (KeyError, TypeError, tomllib.TOMLDecodeError):
+        raise ScenarioError(f"{name}: no key {c.param!r} to calibrate") from None
+    integer = isinstance(cur, int) and not isinstance(cur, bool)
+
+    def model_at(x: float) -> float:
+        v = int(round(x)) if integer else x
+        sets = {"platform.profile": c.profile, f"platform.{c.param}": v}
+        return Runner(sets).value(t)
+
+    lo, hi = c.range
+    f_lo, f_hi = model_at(lo) - t.published, model_at(hi) - t.published
+    if f_lo * f_hi > 0:
+        raise ScenarioError(f"calibrate {c.param} on {t.id}: the model gives {f_lo + t.published:.4g} at {lo} and "
+                            f"{f_hi + t.published:.4g} at {hi}; published {t.published} is not between them")
+    best = (abs(f_lo), lo, f_lo)
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if integer and hi - lo <= 1:
+            break
+        f_mid = model_at(mid) - t.published
+        best = min(best, (abs(f_mid), mid, f_mid))
+        if f_mid == 0:
+            break
+        if (f_mid < 0) == (f_lo < 0):
+            lo, f_lo = mid, f_mid
+        else:
+            hi, f_hi = mid, f_mid
+    best = min(best, (abs(f_hi), hi, f_hi))
+    value = int(round(best[1])) if integer else round(best[1], 6)
+    model = model_at(value)
+    note = (f"calibrated on {t.id} with scenario {t.scenario} (published {t.published:g}: {t.source}); "
+            f"model {model:.4g} at this value")
+    new = _set_source(_set_key(text, name, c.param, toml_value(value)), c.param, note)
+    return {"param": c.param, "profile": c.profile, "value": value, "target": t.id, "published": t.published,
+            "model": round(model, 6), "error": round((model - t.published) / t.published, 6), "profile_text": new}

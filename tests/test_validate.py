@@ -1,0 +1,75 @@
+"""`iommulab validate` and `iommulab calibrate`: published targets, model vs published, and fitting a profile
+parameter with its provenance."""
+
+import json
+import tomllib
+
+import pytest
+
+from conftest import cli
+from iommulab.validate import load_targets
+
+
+def test_validate_json_lists_every_target_with_model_and_error():
+    doc = json.loads(cli("validate", "--json", check_rc=0).stdout)
+    rows = {r["id"]: r for r in doc["targets"]}
+    assert {t.id for t in load_targets().targets} == set(rows)
+    for r in rows.values():
+        assert set(r) >= {"id", "published", "model", "error", "ok"}
+        assert r["error"] == pytest.approx((r["model"] - r["published"]) / r["published"], abs=1e-5)
+        assert r["ok"] == (abs(r["error"]) <= r["tolerance"])
+    # C1: strict/lazy within 10% of 2.67 with lazy at the 40 Gbps line rate.
+    assert rows["C1.strict_lazy_ratio"]["ok"] and rows["C1.lazy_line_rate_share"]["ok"]
+    text = cli("validate", "C1.strict_lazy_ratio", check_rc=0).stdout
+    assert "C1.strict_lazy_ratio" in text and "C3." not in text
+
+
+def test_validate_overrides_move_the_model():
+    base = json.loads(cli("validate", "C1.strict_lazy_ratio", "--json", check_rc=0).stdout)["targets"][0]
+    slow = json.loads(cli("validate", "C1.strict_lazy_ratio", "--json",
+                          "--set", "platform.iommu.smmuv3.sync_ns=3000", check_rc=0).stdout)["targets"][0]
+    assert slow["model"] > base["model"] * 1.5, "a slower CMD_SYNC makes strict slower, lazy unchanged"
+
+
+@pytest.mark.parametrize("args, what", [
+    (["validate", "C9.nothing"], "no such target"),
+    (["validate", "--set", "platform.iommu.smmuv3.sync_ns=x"], "sync_ns"),
+    (["calibrate", "--param", "iommu.nope", "--target", "C1.strict_lazy_ratio", "--profile", "smmuv3-server",
+      "--range", "1:2"], "iommu.nope"),
+    (["calibrate", "--range", "5:1"], "LOW < HIGH"),
+    (["calibrate", "--range", "1:2"], "not between"),
+])
+def test_bad_input_gets_one_line(args, what):
+    p = cli(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    err = p.stderr.strip()
+    assert "\n" not in err and "Traceback" not in p.stderr and what in err, err
+
+
+def test_calibrate_fits_the_declared_parameter_and_writes_provenance(tmp_path):
+    out = tmp_path / "smmu.toml"
+    p = cli("calibrate", "--range", "200:3000", "--out", str(out), check_rc=0)
+    assert "iommu.smmuv3.sync_ns" in p.stdout and out.exists()
+    prof = tomllib.loads(out.read_text())
+    value = prof["iommu"]["smmuv3"]["sync_ns"]
+    assert isinstance(value, int) and 200 < value < 3000
+    assert prof["sources"]["iommu.smmuv3.sync_ns"].startswith("calibrated on C1.strict_lazy_ratio")
+    # The written profile meets the target it was fitted to.
+    doc = json.loads(cli("validate", "C1.strict_lazy_ratio", "--json", "--set", f"platform.profile={out}",
+                         check_rc=0).stdout)
+    assert abs(doc["targets"][0]["error"]) < 0.01
+    # Nothing a user wrote is overwritten without asking.
+    out.write_text("mine\n")
+    q = cli("calibrate", "--out", str(out))
+    assert q.returncode == 2 and "--force" in q.stderr and out.read_text() == "mine\n"
+
+
+def test_targets_file_errors_name_the_key(tmp_path):
+    bad = tmp_path / "t.toml"
+    bad.write_text('[[target]]\nid = "X.y"\npublished = "high"\nruns.a = {}\n')
+    with pytest.raises(Exception, match=r"target X.y.published: expected"):
+        load_targets(bad)
+    bad.write_text('[[target]]\nid = "X.y"\npublished = 1\ntolerance = 0.1\nscenario = "c1"\n'
+                   'value = "a.throughput_gbps / b.throughput_gbps"\nruns.a = {}\n')
+    with pytest.raises(Exception, match=r"run 'b' is not in runs"):
+        load_targets(bad)
