@@ -261,8 +261,8 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24) -
     lo, hi = c.range
     f_lo, f_hi = model_at(lo) - t.published, model_at(hi) - t.published
     if f_lo * f_hi > 0:
-        raise ScenarioError(f"calibrate {c.param} on {t.id}: the model gives {f_lo + t.published:.4g} at {lo} and "
-                            f"{f_hi + t.published:.4g} at {hi}; published {t.published} is not between them")
+        raise ScenarioError(f"calibrate {c.param} on {t.id}: the model gives {f_lo + t.published:.4g} at {lo:g} and "
+                            f"{f_hi + t.published:.4g} at {hi:g}; published {t.published} is not between them")
     best = (abs(f_lo), lo, f_lo)
     for _ in range(steps):
         mid = (lo + hi) / 2
