@@ -24,6 +24,14 @@ impl KernelVersion {
         self.vtd_cache_tags() && self < KernelVersion(6, 17)
     }
 
+    /// "iommu/vt-d: Fix unused invalidation hint in qi_desc_iotlb" (posted October 2025, during 6.18; also in
+    /// later 6.12.y stable): until then the queued-invalidation descriptor was built with IH = 0 whatever the
+    /// caller asked (`int ih = 0` in qi_flush_iotlb() / qi_desc_iotlb()), so every page-selective invalidation
+    /// also dropped the paging-structure caches. The release that first carries it is taken as 6.18.
+    pub fn vtd_psi_ih(self) -> bool {
+        self >= KernelVersion(6, 18)
+    }
+
     /// "iommu/virtio: Add ops->flush_iotlb_all and enable deferred flush" (6.8).
     pub fn virtio_deferred_flush(self) -> bool {
         self >= KernelVersion(6, 8)
