@@ -7,7 +7,7 @@ use crate::host::{Event, Host};
 use crate::metrics::{RunInfo, RunResult, Snapshot};
 use crate::scenario::{PolicyName, Variant};
 use crate::sim::{Rng, Time, NS_PER_MS};
-use crate::workload::{nic_rx::NicRxWorkload, Workload};
+use crate::workload::{nic_rx::NicRxWorkload, nvme::NvmeWorkload, Workload};
 
 pub struct Simulation {
     host: Host,
@@ -65,17 +65,27 @@ impl Simulation {
             p.clone(),
             host_rng,
         );
-        let nic = sc
-            .workload
-            .nic_rx
-            .as_ref()
-            .expect("validated: a workload is present");
-        let mut workload: Box<dyn Workload> = Box::new(NicRxWorkload::new(
-            nic,
-            p.pcie.link_gbps,
-            p.pcie.translation_slots,
-            p.pcie.device_buffer_bytes,
-        ));
+        let (mut workload, line_rate_gbps): (Box<dyn Workload>, f64) =
+            match (&sc.workload.nic_rx, &sc.workload.nvme) {
+                (Some(nic), _) => (
+                    Box::new(NicRxWorkload::new(
+                        nic,
+                        p.pcie.link_gbps,
+                        p.pcie.translation_slots,
+                        p.pcie.device_buffer_bytes,
+                    )),
+                    nic.line_rate_gbps,
+                ),
+                (None, Some(nvme)) => (
+                    Box::new(NvmeWorkload::new(
+                        nvme,
+                        p.pcie.link_gbps,
+                        p.pcie.translation_slots,
+                    )),
+                    nvme.drives as f64 * nvme.drive_gbps.min(p.pcie.link_gbps),
+                ),
+                (None, None) => unreachable!("validated: a workload is present"),
+            };
         workload.start(&mut host, 0);
         host.schedule(IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);
         let warmup_end = ms_to_ns(sc.run.warmup_ms);
@@ -91,7 +101,7 @@ impl Simulation {
             policy,
             policy_reason,
             seed: sc.run.seed,
-            line_rate_gbps: nic.line_rate_gbps,
+            line_rate_gbps,
         }
     }
 

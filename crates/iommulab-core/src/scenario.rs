@@ -13,6 +13,7 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
     ("default", include_str!("../data/scenarios/default.toml")),
     ("c1", include_str!("../data/scenarios/c1.toml")),
     ("c3", include_str!("../data/scenarios/c3.toml")),
+    ("nvme", include_str!("../data/scenarios/nvme.toml")),
 ];
 pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
@@ -295,6 +296,58 @@ fn default_hz() -> u32 {
 #[serde(deny_unknown_fields)]
 pub struct Workload {
     pub nic_rx: Option<NicRx>,
+    pub nvme: Option<Nvme>,
+}
+
+/// fio against NVMe drives (O_DIRECT, closed loop): every I/O maps its buffer with one dma_map_sg() when it
+/// is submitted and unmaps it when it completes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Nvme {
+    /// Drives, all in one DMA domain (functions behind one bridge share an IOMMU group).
+    pub drives: u32,
+    /// fio numjobs: one submitting thread per CPU; job j drives drive j % drives through its own queue pair.
+    pub jobs: u32,
+    /// fio iodepth: I/Os each job keeps in flight.
+    pub iodepth: u32,
+    /// fio bs, in KiB (a multiple of 4).
+    pub bs_kb: u32,
+    /// fio rw. Reads: the drive writes host memory; writes: it reads it. Both translate every page.
+    #[serde(default = "default_rw")]
+    pub rw: NvmeRw,
+    /// Media latency of one I/O inside the drive, µs (overlaps across the I/Os in flight).
+    pub latency_us: f64,
+    /// Data bandwidth of one drive, Gbps (its PCIe link and media, whichever is lower).
+    pub drive_gbps: f64,
+    /// CPU time to submit one I/O: fio, io_uring/libaio, blk-mq, nvme_queue_rq() (without the DMA mapping).
+    #[serde(default = "default_nvme_submit_ns")]
+    pub submit_ns: u64,
+    /// CPU time to complete one I/O: interrupt, nvme_irq/blk_mq_complete_request, fio's reap (without the
+    /// DMA unmapping).
+    #[serde(default = "default_nvme_complete_ns")]
+    pub complete_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NvmeRw {
+    Read,
+    Randread,
+    Write,
+    Randwrite,
+}
+fn default_rw() -> NvmeRw {
+    NvmeRw::Randread
+}
+/// Estimate: io_uring submission through blk-mq to the NVMe doorbell, ~1.5 µs per I/O on a server core.
+pub const NVME_SUBMIT_NS: u64 = 1500;
+/// Estimate: NVMe interrupt, completion and fio's reap, ~1 µs per I/O.
+pub const NVME_COMPLETE_NS: u64 = 1000;
+fn default_nvme_submit_ns() -> u64 {
+    NVME_SUBMIT_NS
+}
+fn default_nvme_complete_ns() -> u64 {
+    NVME_COMPLETE_NS
 }
 
 /// A multi-queue NIC receiving bulk TCP (iperf3-like) into page_pool-backed rings.
@@ -341,16 +394,18 @@ fn default_rcvbuf() -> u64 {
     6 * 1024 * 1024
 }
 
+/// A semantic check: Ok, or the dotted key and what was expected.
+fn check(ok: bool, key: &str, msg: impl Into<String>) -> Result<(), (Vec<String>, String)> {
+    if ok {
+        Ok(())
+    } else {
+        Err((key.split('.').map(String::from).collect(), msg.into()))
+    }
+}
+
 impl Scenario {
     /// Semantic checks serde cannot express. Errors name the key.
     fn validate(&self) -> Result<(), (Vec<String>, String)> {
-        fn check(ok: bool, key: &str, msg: impl Into<String>) -> Result<(), (Vec<String>, String)> {
-            if ok {
-                Ok(())
-            } else {
-                Err((key.split('.').map(String::from).collect(), msg.into()))
-            }
-        }
         let finite_pos = |x: f64| x > 0.0 && x.is_finite();
         let r = &self.run;
         check(
@@ -483,25 +538,70 @@ impl Scenario {
             "expected CONFIG_HZ in 1..=10000 (e.g. 100, 250, 1000)",
         )?;
         parse_kernel(&self.os.kernel).map_err(|m| (vec!["os".into(), "kernel".into()], m))?;
-        let Some(nic) = &self.workload.nic_rx else {
-            return check(
+        match (&self.workload.nic_rx, &self.workload.nvme) {
+            (Some(nic), None) => nic.validate(cpu.cores),
+            (None, Some(nvme)) => nvme.validate(cpu.cores),
+            (None, None) => check(
                 false,
                 "workload",
-                "expected a workload section, e.g. [workload.nic_rx]",
-            );
-        };
+                "expected a workload section, e.g. [workload.nic_rx] or [workload.nvme]",
+            ),
+            (Some(_), Some(_)) => check(
+                false,
+                "workload",
+                "expected one workload section, not both [workload.nic_rx] and [workload.nvme]",
+            ),
+        }
+    }
+}
+
+impl Nvme {
+    fn validate(&self, cores: u32) -> Result<(), (Vec<String>, String)> {
+        check(
+            (1..=1024).contains(&self.drives),
+            "workload.nvme.drives",
+            "expected 1..=1024 drives",
+        )?;
+        check(
+            self.jobs >= 1 && self.jobs <= cores,
+            "workload.nvme.jobs",
+            format!("expected 1..={cores} jobs (one CPU each, platform.cpu.cores)"),
+        )?;
+        check(
+            (1..=65536).contains(&self.iodepth),
+            "workload.nvme.iodepth",
+            "expected 1..=65536 I/Os in flight per job",
+        )?;
+        check(
+            self.bs_kb >= 4 && self.bs_kb.is_multiple_of(4) && self.bs_kb <= 16384,
+            "workload.nvme.bs_kb",
+            "expected a block size in KiB, a multiple of 4 from 4 to 16384",
+        )?;
+        check(
+            self.latency_us >= 0.0 && self.latency_us.is_finite(),
+            "workload.nvme.latency_us",
+            "expected a finite latency >= 0",
+        )?;
+        check(
+            self.drive_gbps > 0.0 && self.drive_gbps <= 3200.0,
+            "workload.nvme.drive_gbps",
+            "expected a bandwidth in (0, 3200] Gbps",
+        )
+    }
+}
+
+impl NicRx {
+    fn validate(&self, cores: u32) -> Result<(), (Vec<String>, String)> {
+        let nic = self;
         check(
             nic.line_rate_gbps > 0.0 && nic.line_rate_gbps <= 3200.0,
             "workload.nic_rx.line_rate_gbps",
             "expected a line rate in (0, 3200] Gbps",
         )?;
         check(
-            nic.queues >= 1 && nic.queues <= cpu.cores,
+            nic.queues >= 1 && nic.queues <= cores,
             "workload.nic_rx.queues",
-            format!(
-                "expected 1..={} queues (one CPU each, platform.cpu.cores)",
-                cpu.cores
-            ),
+            format!("expected 1..={cores} queues (one CPU each, platform.cpu.cores)"),
         )?;
         check(
             (1..=65536).contains(&nic.flows),

@@ -1,6 +1,7 @@
 //! Workloads: event sources that drive the DMA layer and the device. One file per workload.
 
 pub mod nic_rx;
+pub mod nvme;
 
 use crate::host::Host;
 use crate::sim::Time;

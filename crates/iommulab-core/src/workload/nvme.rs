@@ -1,0 +1,166 @@
+//! fio against NVMe drives: `numjobs` threads, one per CPU, each keeping `iodepth` O_DIRECT I/Os of `bs`
+//! in flight on its own queue pair of one drive (closed loop: a completion is reaped and the next I/O
+//! submitted on the same CPU). Every I/O maps its buffer with one dma_map_sg() at submission (one IOVA
+//! range, one iotlb_sync_map) and unmaps it at completion (nvme_unmap_data), so the domain's policy acts
+//! once per I/O. All drives share one DMA domain. A drive moves data through its own DMA engine at its
+//! bandwidth, each page translated by the IOMMU; its media latency overlaps across I/Os in flight.
+//!
+//! Simplification: each I/O buffer is physically contiguous (fio allocates them once, at start, and reuses
+//! them; the kernel maps a user buffer page by page, which only matters for superpage eligibility).
+
+use super::{Workload, WorkloadStats};
+use crate::host::{Event, Host};
+use crate::scenario::{Nvme, NvmeRw};
+use crate::sim::{DmaEngine, Time};
+
+const PAGE: u64 = 4096;
+
+const EV_SUBMIT: u16 = 0;
+const EV_DATA: u16 = 1;
+const EV_COMPLETE: u16 = 2;
+
+/// One in-flight I/O of a job (fio's io_u): its buffer and, while submitted, its DMA address.
+#[derive(Debug, Clone)]
+struct Slot {
+    cpu: usize,
+    drive: usize,
+    phys: u64,
+    dma: Option<u64>,
+}
+
+pub struct NvmeWorkload {
+    cfg: Nvme,
+    pages: u64,
+    latency_ns: u64,
+    slots: Vec<Slot>,
+    drives: Vec<DmaEngine>,
+    stats: WorkloadStats,
+}
+
+impl NvmeWorkload {
+    pub fn new(cfg: &Nvme, link_gbps: f64, translation_slots: u32) -> Self {
+        let gbps = cfg.drive_gbps.min(link_gbps);
+        NvmeWorkload {
+            cfg: cfg.clone(),
+            pages: cfg.bs_kb as u64 / 4,
+            latency_ns: (cfg.latency_us * 1000.0).round() as u64,
+            slots: Vec::new(),
+            drives: (0..cfg.drives)
+                .map(|_| DmaEngine::new(translation_slots, gbps))
+                .collect(),
+            stats: WorkloadStats::default(),
+        }
+    }
+
+    fn reads(&self) -> bool {
+        matches!(self.cfg.rw, NvmeRw::Read | NvmeRw::Randread)
+    }
+
+    fn ev(kind: u16, slot: usize) -> Event {
+        Event::Workload {
+            kind,
+            id: slot as u32,
+        }
+    }
+
+    /// Submit slot `s` on its CPU from `t`: blk-mq and the driver, dma_map_sg(), the doorbell. Returns the
+    /// CPU's release time; the drive sees the command then.
+    fn submit(&mut self, host: &mut Host, s: usize, t: Time) -> Time {
+        let (cpu, phys) = (self.slots[s].cpu, self.slots[s].phys);
+        let t = t + self.cfg.submit_ns;
+        let Some((dma, t)) = host.dma_map(t, cpu, phys, self.pages) else {
+            // IOVA space exhausted: fio retries after the I/Os in flight complete.
+            host.schedule(t + self.latency_ns.max(1), Self::ev(EV_SUBMIT, s));
+            return t;
+        };
+        self.slots[s].dma = Some(dma);
+        self.stats.packets_offered += 1;
+        // Reads: the media first, then the drive writes host memory. Writes: it reads host memory first.
+        let data_at = if self.reads() { t + self.latency_ns } else { t };
+        host.schedule(data_at, Self::ev(EV_DATA, s));
+        t
+    }
+
+    /// The drive moves the I/O's pages through its DMA engine, each translated by the IOMMU.
+    fn data(&mut self, host: &mut Host, now: Time, s: usize) {
+        let dma = self.slots[s].dma.expect("data phase of a submitted I/O");
+        let engine = &mut self.drives[self.slots[s].drive];
+        let mut done = now;
+        for i in 0..self.pages {
+            let (lat, fault) = host.dma_page(dma + i);
+            self.stats.dma_faults += fault as u64;
+            done = engine.issue(now, lat, PAGE);
+        }
+        self.stats.dma_pages += self.pages;
+        self.stats.bytes_received += self.pages * PAGE;
+        let complete_at = if self.reads() {
+            done
+        } else {
+            done + self.latency_ns
+        };
+        host.schedule(complete_at, Self::ev(EV_COMPLETE, s));
+    }
+
+    /// The completion interrupt on the job's CPU: nvme_unmap_data(), the reap, and the next submission.
+    fn complete(&mut self, host: &mut Host, now: Time, s: usize) {
+        let cpu = self.slots[s].cpu;
+        if !host.cpu_acquire(cpu, now, Self::ev(EV_COMPLETE, s)) {
+            return;
+        }
+        let dma = self.slots[s]
+            .dma
+            .take()
+            .expect("completion of a submitted I/O");
+        let t = now + self.cfg.complete_ns;
+        let t = host.dma_unmap(t, cpu, dma, self.pages);
+        self.stats.packets_delivered += 1;
+        self.stats.bytes_delivered += self.pages * PAGE;
+        let t = self.submit(host, s, t);
+        host.cpus[cpu].account(now, t);
+    }
+}
+
+impl Workload for NvmeWorkload {
+    fn start(&mut self, host: &mut Host, now: Time) {
+        for job in 0..self.cfg.jobs as usize {
+            for _ in 0..self.cfg.iodepth {
+                // fio's buffers, allocated once: consecutive fresh pages.
+                let phys = (0..self.pages)
+                    .map(|_| host.pages.alloc().expect("memory for fio's buffers"))
+                    .min()
+                    .expect("bs of at least one page");
+                self.slots.push(Slot {
+                    cpu: job,
+                    drive: job % self.cfg.drives as usize,
+                    phys,
+                    dma: None,
+                });
+                host.schedule(now, Self::ev(EV_SUBMIT, self.slots.len() - 1));
+            }
+        }
+    }
+
+    fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32) {
+        let s = id as usize;
+        match kind {
+            EV_SUBMIT => {
+                let cpu = self.slots[s].cpu;
+                if host.cpu_acquire(cpu, now, Self::ev(EV_SUBMIT, s)) {
+                    let t = self.submit(host, s, now);
+                    host.cpus[cpu].account(now, t);
+                }
+            }
+            EV_DATA => self.data(host, now, s),
+            EV_COMPLETE => self.complete(host, now, s),
+            _ => unreachable!("nvme event kind {kind}"),
+        }
+    }
+
+    fn stats(&self) -> WorkloadStats {
+        self.stats.clone()
+    }
+
+    fn cpus(&self) -> Vec<usize> {
+        (0..self.cfg.jobs as usize).collect()
+    }
+}
