@@ -253,32 +253,36 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24) -
         raise ScenarioError(f"{name}: no key {c.param!r} to calibrate") from None
     integer = isinstance(cur, int) and not isinstance(cur, bool)
 
-    def model_at(x: float) -> float:
-        v = int(round(x)) if integer else x
+    def snap(x: float) -> float:
+        """The value as the profile will hold it: probes are evaluated at exactly what would be written."""
+        return int(round(x)) if integer else round(x, 6)
+
+    def model_at(v: float) -> float:
         sets = {"platform.profile": c.profile, f"platform.{c.param}": v}
         return Runner(sets).value(t)
 
-    lo, hi = c.range
-    f_lo, f_hi = model_at(lo) - t.published, model_at(hi) - t.published
+    lo, hi = snap(c.range[0]), snap(c.range[1])
+    m_lo, m_hi = model_at(lo), model_at(hi)
+    f_lo, f_hi = m_lo - t.published, m_hi - t.published
     if f_lo * f_hi > 0:
-        raise ScenarioError(f"calibrate {c.param} on {t.id}: the model gives {f_lo + t.published:.4g} at {lo:g} and "
-                            f"{f_hi + t.published:.4g} at {hi:g}; published {t.published} is not between them")
-    best = (abs(f_lo), lo, f_lo)
+        raise ScenarioError(f"calibrate {c.param} on {t.id}: the model gives {m_lo:.4g} at {lo:g} and "
+                            f"{m_hi:.4g} at {hi:g}; published {t.published} is not between them")
+    # (|model - published|, value, model) of the closest probe.
+    best = min((abs(f_lo), lo, m_lo), (abs(f_hi), hi, m_hi))
     for _ in range(steps):
-        mid = (lo + hi) / 2
-        if integer and hi - lo <= 1:
+        mid = snap((lo + hi) / 2)
+        if mid in (lo, hi):
             break
-        f_mid = model_at(mid) - t.published
-        best = min(best, (abs(f_mid), mid, f_mid))
+        m_mid = model_at(mid)
+        f_mid = m_mid - t.published
+        best = min(best, (abs(f_mid), mid, m_mid))
         if f_mid == 0:
             break
         if (f_mid < 0) == (f_lo < 0):
             lo, f_lo = mid, f_mid
         else:
-            hi, f_hi = mid, f_mid
-    best = min(best, (abs(f_hi), hi, f_hi))
-    value = int(round(best[1])) if integer else round(best[1], 6)
-    model = model_at(value)
+            hi = mid
+    _, value, model = best
     note = (f"calibrated on {t.id} with scenario {t.scenario} (published {t.published:g}: {t.source}); "
             f"model {model:.4g} at this value")
     new = _set_source(_set_key(text, name, c.param, toml_value(value)), c.param, note)

@@ -21,7 +21,6 @@ pub struct Simulation {
     policy: PolicyName,
     policy_reason: String,
     seed: u64,
-    line_rate_gbps: f64,
 }
 
 fn ms_to_ns(ms: f64) -> Time {
@@ -65,27 +64,20 @@ impl Simulation {
             p.clone(),
             host_rng,
         );
-        let (mut workload, line_rate_gbps): (Box<dyn Workload>, f64) =
-            match (&sc.workload.nic_rx, &sc.workload.nvme) {
-                (Some(nic), _) => (
-                    Box::new(NicRxWorkload::new(
-                        nic,
-                        p.pcie.link_gbps,
-                        p.pcie.translation_slots,
-                        p.pcie.device_buffer_bytes,
-                    )),
-                    nic.line_rate_gbps,
-                ),
-                (None, Some(nvme)) => (
-                    Box::new(NvmeWorkload::new(
-                        nvme,
-                        p.pcie.link_gbps,
-                        p.pcie.translation_slots,
-                    )),
-                    nvme.drives as f64 * nvme.drive_gbps.min(p.pcie.link_gbps),
-                ),
-                (None, None) => unreachable!("validated: a workload is present"),
-            };
+        let mut workload: Box<dyn Workload> = match (&sc.workload.nic_rx, &sc.workload.nvme) {
+            (Some(nic), _) => Box::new(NicRxWorkload::new(
+                nic,
+                p.pcie.link_gbps,
+                p.pcie.translation_slots,
+                p.pcie.device_buffer_bytes,
+            )),
+            (None, Some(nvme)) => Box::new(NvmeWorkload::new(
+                nvme,
+                p.pcie.link_gbps,
+                p.pcie.translation_slots,
+            )),
+            (None, None) => unreachable!("validated: a workload is present"),
+        };
         workload.start(&mut host, 0);
         host.schedule(IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);
         let warmup_end = ms_to_ns(sc.run.warmup_ms);
@@ -101,7 +93,6 @@ impl Simulation {
             policy,
             policy_reason,
             seed: sc.run.seed,
-            line_rate_gbps,
         }
     }
 
@@ -193,7 +184,7 @@ impl Simulation {
             inv_kinds: self.host.dma.core.iommu.inv_kinds(),
             seed: self.seed,
             pwc_levels: self.host.dma.core.iommu.translator().format().levels - 1,
-            line_rate_gbps: self.line_rate_gbps,
+            line_rate_gbps: self.workload.line_rate_gbps(),
         };
         RunResult::from_snapshots(&info, &a, &b)
     }

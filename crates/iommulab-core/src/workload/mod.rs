@@ -39,4 +39,6 @@ pub trait Workload: Send + Sync {
     fn stats(&self) -> WorkloadStats;
     /// CPUs this workload runs on (CPU busy is reported over them).
     fn cpus(&self) -> Vec<usize>;
+    /// The device-side rate limit the results are read against (the NIC's line rate, the drives' bandwidth).
+    fn line_rate_gbps(&self) -> f64;
 }

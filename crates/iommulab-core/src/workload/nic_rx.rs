@@ -407,4 +407,8 @@ impl Workload for NicRxWorkload {
     fn cpus(&self) -> Vec<usize> {
         self.queues.iter().map(|q| q.cpu).collect()
     }
+
+    fn line_rate_gbps(&self) -> f64 {
+        self.cfg.line_rate_gbps
+    }
 }

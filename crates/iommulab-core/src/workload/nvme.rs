@@ -30,6 +30,8 @@ struct Slot {
 
 pub struct NvmeWorkload {
     cfg: Nvme,
+    /// One drive's data bandwidth: its own, capped by the PCIe link.
+    drive_gbps: f64,
     pages: u64,
     latency_ns: u64,
     slots: Vec<Slot>,
@@ -42,6 +44,7 @@ impl NvmeWorkload {
         let gbps = cfg.drive_gbps.min(link_gbps);
         NvmeWorkload {
             cfg: cfg.clone(),
+            drive_gbps: gbps,
             pages: cfg.bs_kb as u64 / 4,
             latency_ns: (cfg.latency_us * 1000.0).round() as u64,
             slots: Vec::new(),
@@ -162,5 +165,9 @@ impl Workload for NvmeWorkload {
 
     fn cpus(&self) -> Vec<usize> {
         (0..self.cfg.jobs as usize).collect()
+    }
+
+    fn line_rate_gbps(&self) -> f64 {
+        self.cfg.drives as f64 * self.drive_gbps
     }
 }
