@@ -54,7 +54,8 @@ def test_json_has_documented_keys_and_a_run_per_policy():
         caches = r["caches"]
         assert len(caches["pwc"]) == 3 and caches["atc"] == {"hits": 0, "misses": 0}
         if r["policy"] != "passthrough":
-            assert caches["iotlb"]["hits"] + caches["iotlb"]["misses"] == r["dma_pages"]
+            # Every data page is looked up, and so are descriptors, completion entries and ACKs.
+            assert caches["iotlb"]["hits"] + caches["iotlb"]["misses"] > r["dma_pages"]
 
 
 def test_strict_pays_per_unmap_lazy_batches_passthrough_none():

@@ -3,21 +3,27 @@
 //!
 //!     cargo run --release --example quick -- os.policy=strict workload.nic_rx.queues=4
 //!     cargo run --release --example quick -- --timeline run.warmup_ms=0 run.duration_ms=20
+//!     cargo run --release --example quick -- --scenario=c3 os.policy=strict
 use iommulab_core::{metrics::RunResult, run, scenario};
 
 fn line(r: &RunResult) -> String {
     format!(
-        "{:<34} {:>7.2} Gbps busy={:.3} invwait={:.3} unmapped/s={:>9.0} inv={:>7} inv/pg={:.4} miss/pg={:.3} walk/pg={:.3} drops r/d={}/{} win={:.3} fq={}/{}",
+        "{:<34} {:>7.2} Gbps busy={:.3} invwait={:.3} unmapped/s={:>9.0} inv={:>7} inv/pg={:.4} miss/pg={:.3} pwc/pg={:.3?} walk/pg={:.3} tx={} drops r/d={}/{} win={:.3} fq={}/{}",
         r.label, r.throughput_gbps, r.cpu_busy, r.cpu_inv_wait_share, r.iova_pages_unmapped as f64 / r.sim_seconds,
-        r.invalidations.total, r.inv_per_page, r.iotlb_misses_per_page, r.walk_reads_per_page,
+        r.invalidations.total, r.inv_per_page, r.iotlb_misses_per_page, r.pwc_misses_per_page, r.walk_reads_per_page, r.tx_packets,
         r.drops.ring, r.drops.device, r.window_limited_share, r.flush_queue_flushes.full, r.flush_queue_flushes.timer,
     )
 }
 
 fn main() {
     let mut timeline = false;
+    let mut name = "default".to_string();
     let mut ov = Vec::new();
     for a in std::env::args().skip(1) {
+        if let Some(n) = a.strip_prefix("--scenario=") {
+            name = n.to_string();
+            continue;
+        }
         if a == "--timeline" {
             timeline = true;
             continue;
@@ -28,7 +34,7 @@ fn main() {
         ov.push((k.to_string(), v.to_string()));
     }
     let vs =
-        scenario::load(scenario::Source::Builtin("default"), &ov).unwrap_or_else(|e| panic!("{e}"));
+        scenario::load(scenario::Source::Builtin(&name), &ov).unwrap_or_else(|e| panic!("{e}"));
     if !timeline {
         for v in &vs {
             let t0 = std::time::Instant::now();

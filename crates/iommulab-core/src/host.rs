@@ -58,6 +58,15 @@ impl PageAllocator {
         self.allocated += 1;
         Some(p)
     }
+    /// `n` physically contiguous pages (a higher-order allocation), taken from never-used memory.
+    pub fn alloc_contiguous(&mut self, n: u64) -> Option<u64> {
+        if self.next_fresh + n > self.limit {
+            return None;
+        }
+        self.next_fresh += n;
+        self.allocated += n;
+        Some(self.next_fresh - n)
+    }
     pub fn free(&mut self, pfn: u64) {
         self.freed += 1;
         self.free.push(pfn);
@@ -181,6 +190,13 @@ impl Host {
                 (base + ats + walk, tr.fault())
             }
         }
+    }
+
+    /// Device side of a descriptor or completion-entry access: only what its translation adds (ATS round
+    /// trip, page-walk reads), not the per-packet DMA base; and whether it faulted.
+    pub fn dma_translation(&mut self, iova_pfn: u64) -> (u64, bool) {
+        let (lat, fault) = self.dma_page(iova_pfn);
+        (lat - self.platform.pcie.dma_base_ns, fault)
     }
 
     pub fn run_dma_timer(&mut self, now: Time, cpu: usize) {

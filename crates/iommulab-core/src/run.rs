@@ -5,7 +5,7 @@ use crate::dma::iova::IOVA_DEPOT_DELAY_NS;
 use crate::dma::{default_domain, DmaCore, DmaLayer};
 use crate::host::{Event, Host};
 use crate::metrics::{RunInfo, RunResult, Snapshot};
-use crate::scenario::{PolicyName, Variant};
+use crate::scenario::{PolicyName, Scenario, Variant};
 use crate::sim::{Rng, Time, NS_PER_MS};
 use crate::workload::{nic_rx::NicRxWorkload, nvme::NvmeWorkload, Workload};
 
@@ -27,43 +27,59 @@ fn ms_to_ns(ms: f64) -> Time {
     (ms * NS_PER_MS as f64).round() as Time
 }
 
+/// The simulated machine of a scenario: its IOMMU with the device attached, the DMA layer under the
+/// resolved policy (and why it was chosen), CPUs and memory.
+pub(crate) fn build_host(sc: &Scenario) -> (Host, PolicyName, String) {
+    let p = &sc.platform;
+    let kernel = crate::scenario::parse_kernel(&sc.os.kernel).expect("validated");
+    let (policy, policy_reason) = match sc.os.policy {
+        PolicyName::Auto => {
+            let r = default_domain::resolve(
+                sc.os.arch,
+                kernel,
+                &sc.os.cmdline,
+                p.iommu.vtd.as_ref().is_some_and(|v| v.caching_mode),
+                default_domain::Driver::of(p.vendor),
+            );
+            (r.policy, r.reason)
+        }
+        other => (other, "set by os.policy".to_string()),
+    };
+    let cpus = p.cpu.cores as usize;
+    let mut iommu = crate::hw::build(p, cpus, kernel);
+    // The device is attached to its DMA domain at probe, before any traffic.
+    iommu.attach_dev(0, 0, 1);
+    let core = DmaCore::new(iommu, cpus, &p.cpu);
+    let mut rng = Rng::new(sc.run.seed);
+    let host_rng = rng.fork(1);
+    let host = Host::new(
+        cpus,
+        DmaLayer::new(
+            core,
+            policy,
+            cpus,
+            sc.os.hz,
+            FqOptions::for_device(p.iommu.shadow_on_flush),
+        ),
+        p.clone(),
+        host_rng,
+    );
+    (host, policy, policy_reason)
+}
+
+/// A host of the built-in default scenario under `policy`, for unit tests of workload parts.
+#[cfg(test)]
+pub(crate) fn test_host(policy: &str) -> Host {
+    let ov = vec![("os.policy".to_string(), policy.to_string())];
+    let v = crate::scenario::load(crate::scenario::Source::Builtin("default"), &ov).unwrap();
+    build_host(&v[0].scenario).0
+}
+
 impl Simulation {
     pub fn new(v: &Variant) -> Self {
         let sc = &v.scenario;
         let p = &sc.platform;
-        let kernel = crate::scenario::parse_kernel(&sc.os.kernel).expect("validated");
-        let (policy, policy_reason) = match sc.os.policy {
-            PolicyName::Auto => {
-                let r = default_domain::resolve(
-                    sc.os.arch,
-                    kernel,
-                    &sc.os.cmdline,
-                    p.iommu.vtd.as_ref().is_some_and(|v| v.caching_mode),
-                    default_domain::Driver::of(p.vendor),
-                );
-                (r.policy, r.reason)
-            }
-            other => (other, "set by os.policy".to_string()),
-        };
-        let cpus = p.cpu.cores as usize;
-        let mut iommu = crate::hw::build(p, cpus, kernel);
-        // The device is attached to its DMA domain at probe, before any traffic.
-        iommu.attach_dev(0, 0, 1);
-        let core = DmaCore::new(iommu, cpus, &p.cpu);
-        let mut rng = Rng::new(sc.run.seed);
-        let host_rng = rng.fork(1);
-        let mut host = Host::new(
-            cpus,
-            DmaLayer::new(
-                core,
-                policy,
-                cpus,
-                sc.os.hz,
-                FqOptions::for_device(p.iommu.shadow_on_flush),
-            ),
-            p.clone(),
-            host_rng,
-        );
+        let (mut host, policy, policy_reason) = build_host(sc);
         let mut workload: Box<dyn Workload> = match (&sc.workload.nic_rx, &sc.workload.nvme) {
             (Some(nic), _) => Box::new(NicRxWorkload::new(
                 nic,

@@ -231,6 +231,14 @@ pub struct CpuProfile {
     pub lock_ns: u64,
     /// queue_iova(): append to this CPU's flush-queue ring.
     pub fq_entry_ns: u64,
+    /// Sending one small packet (a TCP ACK) down the stack and driver, without its DMA mapping.
+    #[serde(default = "default_tx_packet_ns")]
+    pub tx_packet_ns: u64,
+}
+/// Estimate: tcp_send_ack() through __tcp_transmit_skb, dev_queue_xmit and the driver's xmit.
+const TX_PACKET_NS: u64 = 600;
+fn default_tx_packet_ns() -> u64 {
+    TX_PACKET_NS
 }
 
 /// The DMA-mapping policy of the device's default domain.
@@ -377,6 +385,45 @@ pub struct NicRx {
     /// Socket receive buffer per flow; packets beyond it are dropped.
     #[serde(default = "default_rcvbuf")]
     pub rcvbuf_bytes: u64,
+    /// RX queue layout: `cyclic` (one page per descriptor, ring_size pages) or `mlx5_striding` (mlx5
+    /// multi-packet WQEs of 64 pages, frames packed on stride boundaries; ring_size counts frames as
+    /// `ethtool -G rx` does).
+    #[serde(default)]
+    pub rq: RqKind,
+    /// Pages of the driver's own RX page cache in front of page_pool, which then does no DMA mapping
+    /// (mlx5 in Linux 6.0: MLX5E_CACHE_SIZE = 256). 0: none (page_pool keeps pages mapped).
+    #[serde(default)]
+    pub driver_page_cache: u32,
+    /// TCP ACKs go back out through the NIC (each mapped when sent and unmapped on TX completion).
+    #[serde(default = "default_true")]
+    pub acks: bool,
+    /// GRO's largest merged skb (GRO_MAX_SIZE: 64 KiB without BIG TCP).
+    #[serde(default = "default_gro_max")]
+    pub gro_max_bytes: u32,
+    /// RX completion-event moderation: the interrupt fires this long after the latest completion, or at
+    /// `irq_frames` pending (mlx5 en.h MLX5E_PARAMS_DEFAULT_RX_CQ_MODERATION_USEC_FROM_CQE = 3 µs and
+    /// _PKTS = 32; DIM's adaptation is not modelled).
+    #[serde(default = "default_irq_usecs")]
+    pub irq_usecs: u32,
+    #[serde(default = "default_irq_frames")]
+    pub irq_frames: u32,
+}
+fn default_irq_usecs() -> u32 {
+    3
+}
+fn default_irq_frames() -> u32 {
+    32
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RqKind {
+    #[default]
+    Cyclic,
+    Mlx5Striding,
+}
+fn default_gro_max() -> u32 {
+    65536
 }
 fn default_budget() -> u32 {
     64
@@ -632,6 +679,29 @@ impl NicRx {
             nic.read_bytes >= 1,
             "workload.nic_rx.read_bytes",
             "expected at least 1 byte",
+        )?;
+        check(
+            nic.driver_page_cache == 0
+                || (nic.page_pool
+                    && nic.driver_page_cache.is_power_of_two()
+                    && (2..=65536).contains(&nic.driver_page_cache)),
+            "workload.nic_rx.driver_page_cache",
+            "expected 0, or a power of two in 2..=65536 with page_pool = true",
+        )?;
+        check(
+            nic.irq_usecs <= 1_000_000,
+            "workload.nic_rx.irq_usecs",
+            "expected 0..=1000000 µs",
+        )?;
+        check(
+            nic.irq_frames >= 1,
+            "workload.nic_rx.irq_frames",
+            "expected at least 1",
+        )?;
+        check(
+            nic.gro_max_bytes >= nic.mtu,
+            "workload.nic_rx.gro_max_bytes",
+            "expected at least one MTU",
         )?;
         check(
             nic.rcvbuf_bytes >= nic.mtu as u64,

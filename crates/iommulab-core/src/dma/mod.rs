@@ -249,6 +249,7 @@ pub(crate) mod tests {
             iova_rbtree_ns: 100,
             lock_ns: 10,
             fq_entry_ns: 10,
+            tx_packet_ns: 0,
         }
     }
 

@@ -99,6 +99,10 @@ pub struct RunResult {
     pub iova_pages_unmapped: u64,
     pub inv_per_page: f64,
     pub dma_pages: u64,
+    /// Packets the host sent (TCP ACKs).
+    pub tx_packets: u64,
+    /// Per 4 KiB of data delivered (as F&S count them): IOTLB misses, page-walk memory reads and walk-cache
+    /// misses per level.
     pub iotlb_misses_per_page: f64,
     pub walk_reads_per_page: f64,
     pub pwc_misses_per_page: Vec<f64>,
@@ -157,6 +161,14 @@ impl RunResult {
             .collect();
         let unmapped = b.dma.iova_pages_unmapped - a.dma.iova_pages_unmapped;
         let dma_pages = wl(|w| w.dma_pages);
+        let data_pages = wl(|w| w.bytes_delivered) as f64 / 4096.0;
+        let per_data_page = |n: u64| {
+            if data_pages > 0.0 {
+                r6(n as f64 / data_pages)
+            } else {
+                0.0
+            }
+        };
         let busy: u64 = b
             .cpu_busy_ns
             .iter()
@@ -187,15 +199,11 @@ impl RunResult {
             iova_pages_unmapped: unmapped,
             inv_per_page: r6(ratio(total, unmapped)),
             dma_pages,
-            iotlb_misses_per_page: r6(ratio(io(|c| c.iotlb_misses), dma_pages)),
-            walk_reads_per_page: r6(ratio(io(|c| c.walk_reads), dma_pages)),
+            tx_packets: wl(|w| w.tx_packets),
+            iotlb_misses_per_page: per_data_page(io(|c| c.iotlb_misses)),
+            walk_reads_per_page: per_data_page(io(|c| c.walk_reads)),
             pwc_misses_per_page: (0..npwc)
-                .map(|i| {
-                    r6(ratio(
-                        b.iommu.pwc_misses[i] - a.iommu.pwc_misses[i],
-                        dma_pages,
-                    ))
-                })
+                .map(|i| per_data_page(b.iommu.pwc_misses[i] - a.iommu.pwc_misses[i]))
                 .collect(),
             caches: Caches {
                 iotlb: HitMiss {

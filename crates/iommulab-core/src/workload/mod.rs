@@ -1,5 +1,6 @@
 //! Workloads: event sources that drive the DMA layer and the device. One file per workload.
 
+pub mod desc_ring;
 pub mod nic_rx;
 pub mod nvme;
 
@@ -27,6 +28,8 @@ pub struct WorkloadStats {
     /// Pages that entered the page pool (allocated and DMA-mapped) and left it (DMA-unmapped and freed).
     pub pool_pages_mapped: u64,
     pub pool_pages_unmapped: u64,
+    /// Packets the host sent (TCP ACKs).
+    pub tx_packets: u64,
     /// DMA writes that hit no valid translation.
     pub dma_faults: u64,
 }

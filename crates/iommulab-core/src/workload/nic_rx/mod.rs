@@ -1,0 +1,631 @@
+//! Multi-queue NIC receive of bulk TCP (iperf3-like).
+//!
+//! The wire offers packets at line rate; each goes to one flow, each flow to one queue (aRFS: the flow's
+//! reader runs on the queue's CPU). The device writes each frame into posted RX buffers (`rq`: one page per
+//! descriptor, or mlx5's multi-packet WQEs), translating every page it touches through the IOMMU, fetches
+//! each descriptor it starts and writes a completion entry per frame (`desc_ring`). NAPI on the queue's
+//! CPU reaps TX completions, then processes RX completions up to its budget: frames go through GRO to the
+//! flow's socket, TCP sends ACKs (`tcp`), finished descriptors go back to the driver, and the ring is
+//! refilled (`pages`). Senders respect each flow's receive window (rcvbuf), so overload idles the wire
+//! instead of dropping at the socket. The reader copies data out, dropping the stack's page references.
+
+mod pages;
+mod rq;
+mod tcp;
+
+use super::desc_ring::DescRing;
+use super::{Workload, WorkloadStats};
+use crate::host::{Event, Host};
+use crate::scenario::{NicRx, RqKind};
+use crate::sim::{DmaEngine, Time};
+use pages::{PageId, Pages, Source};
+use rq::{Layout, Rq};
+use std::collections::VecDeque;
+use tcp::RxTcp;
+
+/// include/uapi/linux/if_ether.h ETH_HLEN: the Ethernet header the NIC writes before the IP packet.
+const ETH_HLEN: u64 = 14;
+/// IEEE 802.3 per-frame wire overhead: preamble 7 + SFD 1 + header 14 + FCS 4 + inter-frame gap 12 bytes.
+const ETH_WIRE_OVERHEAD: u64 = 38;
+/// IPv4 (20) + TCP (20) + TCP timestamp option (12) header bytes per packet.
+const TCPIP_HLEN: u64 = 52;
+/// A pure ACK frame: Ethernet + IPv4 + TCP with timestamps.
+const ACK_FRAME: u64 = ETH_HLEN + TCPIP_HLEN;
+/// Wire arrivals are generated in batches covering at most this much simulated time (a modelling batch).
+const WIRE_CHUNK_NS: u64 = 1000;
+/// mlx5 CQE (struct mlx5_cqe64) and send-WQE building block (MLX5_SEND_WQE_BB) sizes.
+const CQE_BYTES: u64 = 64;
+const SEND_WQEBB_BYTES: u64 = 64;
+/// RX descriptor bytes: a cyclic RQ's one data segment per page (struct mlx5_wqe_data_seg), a striding
+/// RQ's WQE (next segment + data segment, 64-byte stride).
+const RX_DESC_BYTES_CYCLIC: u64 = 16;
+const RX_DESC_BYTES_STRIDING: u64 = 64;
+/// en.h MLX5E_PARAMS_DEFAULT_LOG_SQ_SIZE: 1024 send WQEs per TX queue, one CQE each.
+const TX_RING_ENTRIES: u64 = 1024;
+/// en.h MLX5E_PARAMS_DEFAULT_TX_CQ_MODERATION_USEC_FROM_CQE and _PKTS: TX completion-event moderation.
+const TX_CQ_MODERATION_USECS: u64 = 16;
+const TX_CQ_MODERATION_FRAMES: u32 = 32;
+/// en/txrx.h MLX5E_TX_CQ_POLL_BUDGET: TX completions reaped per NAPI poll.
+const TX_CQ_POLL_BUDGET: usize = 128;
+/// ACK skb heads come from kmalloc-512: 8 per slab page; a queue's ACKs cycle over a few slab pages.
+const ACK_HEADS_PER_PAGE: u64 = 8;
+const ACK_SLAB_PAGES: u64 = 4;
+
+const EV_WIRE: u16 = 0;
+const EV_NAPI: u16 = 1;
+const EV_READ: u16 = 2;
+
+/// A frame written: when its completion entry is visible, its flow, how many pages it touched and how many
+/// descriptors the device finished up to it.
+struct Completion {
+    ready: Time,
+    flow: u32,
+    pages: u8,
+    finished: u8,
+}
+
+/// One queue's TX side as ACKs use it: send ring, completion ring, ACKs awaiting their completion.
+struct Tx {
+    sq: DescRing,
+    cq: DescRing,
+    /// (device done, DMA address) of each ACK sent, in order.
+    pending: VecDeque<(Time, u64)>,
+    slab: u64,
+    sent: u64,
+}
+
+struct RxQueue {
+    cpu: usize,
+    rq: Rq,
+    desc: Option<DescRing>,
+    rx_cq: Option<DescRing>,
+    tx: Option<Tx>,
+    /// Written frames awaiting NAPI, and their pages in order.
+    cq: VecDeque<Completion>,
+    cq_pages: VecDeque<PageId>,
+    napi: Napi,
+}
+
+/// NAPI scheduling of one queue with the device's completion-event moderation: an armed interrupt fires
+/// `usecs` after the latest completion (the period restarts at every CQE) or as soon as `frames` are
+/// pending (mlx5 CQ moderation in CQE period mode).
+#[derive(Default)]
+struct Napi {
+    /// A poll is pending, running or armed to be raised by the device.
+    scheduled: bool,
+    /// The interrupt is armed and counting completions.
+    armed: bool,
+    pending: u32,
+    /// The time of the one valid poll event (older events for this queue are stale).
+    at: Option<Time>,
+    /// The poll waits for its CPU and will be delivered again.
+    cpu_wait: bool,
+}
+
+struct Flow {
+    queue: usize,
+    /// Packets in the socket (pages each), and their pages in order.
+    sock: VecDeque<u8>,
+    sock_pages: VecDeque<PageId>,
+    /// Bytes sent and not yet read: in the NIC, awaiting NAPI, or in the socket (bounded by the window).
+    window_used: u64,
+    reader_scheduled: bool,
+}
+
+pub struct NicRxWorkload {
+    cfg: NicRx,
+    queues: Vec<RxQueue>,
+    flows: Vec<Flow>,
+    pages: Pages,
+    tcp: RxTcp,
+    engine: DmaEngine,
+    /// Picoseconds per packet on the wire, and the next arrival (ps).
+    slot_ps: u64,
+    next_arrival_ps: u64,
+    frame_bytes: u64,
+    payload: u64,
+    buffer_ns: u64,
+    pieces: Vec<(PageId, u64)>,
+    skbs: Vec<(u32, u64)>,
+    stats: WorkloadStats,
+}
+
+impl NicRxWorkload {
+    pub fn new(
+        cfg: &NicRx,
+        link_gbps: f64,
+        translation_slots: u32,
+        device_buffer_bytes: u64,
+    ) -> Self {
+        let frame_bytes = cfg.mtu as u64 + ETH_HLEN;
+        let wire_bits = (cfg.mtu as u64 + ETH_WIRE_OVERHEAD) * 8;
+        let payload = cfg.mtu as u64 - TCPIP_HLEN.min(cfg.mtu as u64 - 1);
+        let (layout, descs) = match cfg.rq {
+            RqKind::Cyclic => (Layout::Cyclic, cfg.ring_size),
+            RqKind::Mlx5Striding => rq::mlx5_striding(cfg.ring_size, cfg.mtu),
+        };
+        let source = match (cfg.page_pool, cfg.driver_page_cache) {
+            (false, _) => Source::Unpooled,
+            (true, 0) => Source::PagePool {
+                ring: cfg.pool_size as usize,
+            },
+            (true, size) => Source::DriverCache {
+                size: size as usize,
+                ring: cfg.pool_size as usize,
+            },
+        };
+        NicRxWorkload {
+            cfg: cfg.clone(),
+            queues: (0..cfg.queues as usize)
+                .map(|q| RxQueue {
+                    cpu: q,
+                    rq: Rq::new(layout, descs),
+                    desc: None,
+                    rx_cq: None,
+                    tx: None,
+                    cq: VecDeque::new(),
+                    cq_pages: VecDeque::new(),
+                    napi: Napi::default(),
+                })
+                .collect(),
+            flows: (0..cfg.flows as usize)
+                .map(|f| Flow {
+                    queue: f % cfg.queues as usize,
+                    sock: VecDeque::new(),
+                    sock_pages: VecDeque::new(),
+                    window_used: 0,
+                    reader_scheduled: false,
+                })
+                .collect(),
+            pages: Pages::new(source, cfg.queues as usize),
+            tcp: RxTcp::new(
+                cfg.flows as usize,
+                payload,
+                cfg.gro_max_bytes as u64,
+                cfg.rcvbuf_bytes,
+            ),
+            engine: DmaEngine::new(translation_slots, link_gbps),
+            slot_ps: ((wire_bits as f64 * 1000.0) / cfg.line_rate_gbps)
+                .round()
+                .max(1.0) as u64,
+            next_arrival_ps: 0,
+            frame_bytes,
+            payload,
+            buffer_ns: ((device_buffer_bytes * 8) as f64 / cfg.line_rate_gbps) as u64,
+            pieces: Vec::new(),
+            skbs: Vec::new(),
+            stats: WorkloadStats::default(),
+        }
+    }
+
+    /// The device writes or reads `bytes` of packet data at DMA page `dma` no earlier than `t`: its
+    /// completion time.
+    fn device_access(&mut self, host: &mut Host, t: Time, dma: u64, bytes: u64) -> Time {
+        let (lat, fault) = host.dma_page(dma);
+        self.stats.dma_faults += fault as u64;
+        self.engine.issue(t, lat, bytes)
+    }
+
+    /// The next entry of a descriptor ring, accessed by the device: its translation, without the per-packet
+    /// DMA base cost.
+    fn ring_access(&mut self, host: &mut Host, t: Time, ring: &mut DescRing) -> Time {
+        let page = ring.next_page();
+        let (lat, fault) = host.dma_translation(page);
+        self.stats.dma_faults += fault as u64;
+        self.engine.issue(t, lat, ring.entry_bytes())
+    }
+
+    /// Schedule queue `q`'s poll at `at`, superseding any earlier-scheduled one.
+    fn napi_schedule(&mut self, host: &mut Host, q: usize, at: Time) {
+        let napi = &mut self.queues[q].napi;
+        napi.scheduled = true;
+        napi.at = Some(at);
+        host.schedule(
+            at,
+            Event::Workload {
+                kind: EV_NAPI,
+                id: q as u32,
+            },
+        );
+    }
+
+    /// A completion entry becomes visible at `at`: arm the interrupt if NAPI is idle, and move an armed one.
+    fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, rx: bool) {
+        let (usecs, frames) = if rx {
+            (self.cfg.irq_usecs as u64, self.cfg.irq_frames)
+        } else {
+            (TX_CQ_MODERATION_USECS, TX_CQ_MODERATION_FRAMES)
+        };
+        let napi = &mut self.queues[q].napi;
+        if !napi.scheduled {
+            napi.scheduled = true;
+            napi.armed = true;
+            napi.pending = 0;
+        }
+        if !napi.armed {
+            return;
+        }
+        napi.pending += 1;
+        let fire = if napi.pending >= frames {
+            napi.armed = false;
+            at
+        } else {
+            at + usecs * 1000
+        };
+        self.napi_schedule(host, q, fire);
+    }
+
+    /// Post descriptors until the ring is full (mlx5e_post_rx_wqes / mlx5e_post_rx_mpwqes).
+    fn refill(&mut self, host: &mut Host, q: usize, mut t: Time) -> Time {
+        let cpu = self.queues[q].cpu;
+        let n = self.queues[q].rq.pages_per_wqe();
+        while self.queues[q].rq.wants_refill() {
+            let mut got = Vec::with_capacity(n);
+            while got.len() < n {
+                match self.pages.alloc(host, q, cpu, t) {
+                    Some((id, t2)) => {
+                        got.push(id);
+                        t = t2;
+                    }
+                    None => break,
+                }
+            }
+            if got.len() < n {
+                for id in got {
+                    t = self.pages.driver_release(host, q, cpu, id, t);
+                }
+                break;
+            }
+            self.queues[q].rq.post(t, got);
+        }
+        t
+    }
+
+    /// tcp_send_ack() on queue `q`'s CPU: map the ACK's skb head, post a send WQE; the device fetches it,
+    /// reads the frame and writes a TX completion, after which NAPI unmaps the head.
+    fn send_ack(&mut self, host: &mut Host, q: usize, t: Time) -> Time {
+        let cpu = self.queues[q].cpu;
+        let Some(mut tx) = self.queues[q].tx.take() else {
+            return t;
+        };
+        let t = t + host.platform.cpu.tx_packet_ns;
+        let phys = tx.slab + (tx.sent / ACK_HEADS_PER_PAGE) % ACK_SLAB_PAGES;
+        let t = match host.dma_map(t, cpu, phys, 1) {
+            Some((dma, t)) => (t, {
+                tx.sent += 1;
+                self.stats.tx_packets += 1;
+                let fetched = self.ring_access(host, t, &mut tx.sq);
+                let read = self.device_access(host, fetched, dma, ACK_FRAME);
+                let done = self.ring_access(host, read, &mut tx.cq);
+                tx.pending.push_back((done, dma));
+                Some(done)
+            }),
+            None => (t, None),
+        };
+        self.queues[q].tx = Some(tx);
+        if let Some(done) = t.1 {
+            self.completion_event(host, q, done, false);
+        }
+        t.0
+    }
+
+    /// mlx5e_poll_tx_cq(): unmap the ACKs the device completed by `now`.
+    fn reap_tx(&mut self, host: &mut Host, q: usize, now: Time, mut t: Time) -> Time {
+        let cpu = self.queues[q].cpu;
+        let Some(tx) = self.queues[q].tx.as_mut() else {
+            return t;
+        };
+        let mut done = Vec::new();
+        while done.len() < TX_CQ_POLL_BUDGET {
+            match tx.pending.front() {
+                Some(&(at, dma)) if at <= now => {
+                    tx.pending.pop_front();
+                    done.push(dma);
+                }
+                _ => break,
+            }
+        }
+        for dma in done {
+            t = host.dma_unmap(t, cpu, dma, 1);
+        }
+        t
+    }
+
+    /// The packets of the next WIRE_CHUNK_NS of wire time, each at its own arrival time.
+    fn wire(&mut self, host: &mut Host) {
+        let chunk_end_ps = self.next_arrival_ps + WIRE_CHUNK_NS * 1000;
+        while self.next_arrival_ps < chunk_end_ps {
+            let t = self.next_arrival_ps / 1000;
+            self.next_arrival_ps += self.slot_ps;
+            // Each slot goes to a random flow; TCP senders only send inside the receive window, so a flow whose
+            // socket buffer (with what is already on its way) is full passes the slot on, and the slot idles
+            // when every window is closed.
+            let n = self.flows.len();
+            let pick = host.rng.below(n as u64) as usize;
+            let open = (0..n)
+                .map(|i| (pick + i) % n)
+                .find(|&f| self.flows[f].window_used + self.payload <= self.cfg.rcvbuf_bytes);
+            let Some(f) = open else {
+                self.stats.window_closed += 1;
+                continue;
+            };
+            self.stats.packets_offered += 1;
+            let q = self.flows[f].queue;
+            if self.engine.next_start(t) > t + self.buffer_ns {
+                self.stats.drops_device += 1;
+                continue;
+            }
+            let mut pieces = std::mem::take(&mut self.pieces);
+            pieces.clear();
+            let Some(placed) = self.queues[q].rq.place(t, self.frame_bytes, &mut pieces) else {
+                self.pieces = pieces;
+                self.stats.drops_ring += 1;
+                continue;
+            };
+            self.flows[f].window_used += self.payload;
+            self.stats.bytes_received += self.payload;
+            // The device fetches each descriptor it starts (translated like any access; NICs prefetch
+            // descriptors ahead of need, so the fetch does not hold up the data).
+            let mut desc = self.queues[q].desc.take();
+            for _ in 0..placed.started {
+                if let Some(ring) = desc.as_mut() {
+                    self.ring_access(host, t, ring);
+                }
+            }
+            self.queues[q].desc = desc;
+            let mut done = t;
+            for &(id, bytes) in &pieces {
+                self.pages.stack_get(id);
+                let dma = self.pages.dma(id).expect("posted pages are mapped");
+                done = self.device_access(host, t, dma, bytes);
+                self.stats.dma_pages += 1;
+                self.queues[q].cq_pages.push_back(id);
+            }
+            // The completion entry is written after the data (PCIe keeps posted writes in order); its
+            // translation overlaps the data's transfer.
+            if let Some(mut cq) = self.queues[q].rx_cq.take() {
+                done = done.max(self.ring_access(host, t, &mut cq));
+                self.queues[q].rx_cq = Some(cq);
+            }
+            let rq = &mut self.queues[q];
+            rq.cq.push_back(Completion {
+                ready: done,
+                flow: f as u32,
+                pages: pieces.len() as u8,
+                finished: placed.finished as u8,
+            });
+            self.pieces = pieces;
+            self.completion_event(host, q, done, true);
+        }
+        host.schedule(
+            self.next_arrival_ps / 1000,
+            Event::Workload {
+                kind: EV_WIRE,
+                id: 0,
+            },
+        );
+    }
+
+    fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
+        let cpu = self.queues[q].cpu;
+        let ev = Event::Workload {
+            kind: EV_NAPI,
+            id: q as u32,
+        };
+        let napi = &mut self.queues[q].napi;
+        if !(napi.cpu_wait || napi.at == Some(now)) {
+            return; // superseded
+        }
+        napi.at = None;
+        napi.armed = false;
+        napi.cpu_wait = !host.cpu_acquire(cpu, now, ev);
+        if napi.cpu_wait {
+            return;
+        }
+        let stack_ns = host.platform.cpu.stack_ns_per_packet;
+        let wakeup = host.platform.cpu.wakeup_ns;
+        let mut t = self.reap_tx(host, q, now, now);
+        let mut done = 0;
+        let mut skbs = std::mem::take(&mut self.skbs);
+        while done < self.cfg.napi_budget {
+            match self.queues[q].cq.front() {
+                Some(c) if c.ready <= t => {}
+                _ => break,
+            }
+            let c = self.queues[q].cq.pop_front().expect("front checked");
+            t += stack_ns;
+            done += 1;
+            let f = c.flow as usize;
+            let flow = &mut self.flows[f];
+            for _ in 0..c.pages {
+                let id = self.queues[q]
+                    .cq_pages
+                    .pop_front()
+                    .expect("pages of completion");
+                flow.sock_pages.push_back(id);
+            }
+            flow.sock.push_back(c.pages);
+            if !flow.reader_scheduled {
+                flow.reader_scheduled = true;
+                host.schedule(
+                    t + wakeup,
+                    Event::Workload {
+                        kind: EV_READ,
+                        id: f as u32,
+                    },
+                );
+            }
+            for _ in 0..c.finished {
+                let wqe = self.queues[q]
+                    .rq
+                    .pop_finished()
+                    .expect("finished descriptor");
+                for id in wqe {
+                    t = self.pages.driver_release(host, q, cpu, id, t);
+                }
+            }
+            if let Some(bytes) = self.tcp.segment(f) {
+                skbs.push((f as u32, bytes));
+            }
+        }
+        self.tcp.flush(&mut skbs);
+        for &(f, bytes) in &skbs {
+            let queued = self.flows[f as usize].sock.len() as u64 * self.payload;
+            if self.tcp.deliver(f as usize, bytes, queued) && self.cfg.acks {
+                t = self.send_ack(host, q, t);
+            }
+        }
+        skbs.clear();
+        self.skbs = skbs;
+        t = self.refill(host, q, t);
+        host.cpus[cpu].account(now, t);
+        if done == self.cfg.napi_budget {
+            // Budget used up: NAPI polls again (net_rx_action).
+            self.napi_schedule(host, q, t);
+            return;
+        }
+        // napi_complete_done(): re-arm; completions already on their way raise the next interrupt.
+        let rq = &mut self.queues[q];
+        rq.napi.scheduled = false;
+        let rx: Vec<Time> = rq.cq.iter().map(|c| c.ready.max(t)).collect();
+        let tx: Vec<Time> = rq
+            .tx
+            .as_ref()
+            .map(|tx| tx.pending.iter().map(|p| p.0.max(t)).collect())
+            .unwrap_or_default();
+        for at in rx {
+            self.completion_event(host, q, at, true);
+        }
+        for at in tx {
+            self.completion_event(host, q, at, false);
+        }
+    }
+
+    fn read(&mut self, host: &mut Host, now: Time, f: usize) {
+        let q = self.flows[f].queue;
+        let cpu = self.queues[q].cpu;
+        let ev = Event::Workload {
+            kind: EV_READ,
+            id: f as u32,
+        };
+        if !host.cpu_acquire(cpu, now, ev) {
+            return;
+        }
+        let copy_ns = (self.payload as f64 * host.platform.cpu.copy_ns_per_byte).round() as u64;
+        let mut t = now;
+        let mut read = 0u64;
+        while read < self.cfg.read_bytes as u64 {
+            let Some(k) = self.flows[f].sock.pop_front() else {
+                break;
+            };
+            t += copy_ns;
+            for _ in 0..k {
+                let id = self.flows[f]
+                    .sock_pages
+                    .pop_front()
+                    .expect("pages of packet");
+                t = self.pages.stack_put(host, q, cpu, id, t);
+            }
+            self.flows[f].window_used -= self.payload;
+            read += self.payload;
+            self.stats.bytes_delivered += self.payload;
+            self.stats.packets_delivered += 1;
+        }
+        let queued = self.flows[f].sock.len() as u64 * self.payload;
+        if read > 0 && self.tcp.read(f, queued) && self.cfg.acks {
+            t = self.send_ack(host, q, t);
+        }
+        host.cpus[cpu].account(now, t);
+        if self.flows[f].sock.is_empty() {
+            self.flows[f].reader_scheduled = false;
+        } else {
+            host.schedule(t, ev);
+        }
+    }
+
+    /// Coherent rings of queue `q` (descriptors, RX completions, TX send and completion rings), mapped
+    /// at probe.
+    fn setup_rings(&mut self, host: &mut Host, q: usize, mut t: Time) -> Time {
+        let cpu = self.queues[q].cpu;
+        let desc_bytes = match self.cfg.rq {
+            RqKind::Cyclic => RX_DESC_BYTES_CYCLIC,
+            RqKind::Mlx5Striding => RX_DESC_BYTES_STRIDING,
+        };
+        let descs = self.queues[q].rq.descriptors();
+        let mut ring = |entries, bytes, t: &mut Time| {
+            DescRing::alloc(host, cpu, entries, bytes, *t).map(|(r, t2)| {
+                *t = t2;
+                r
+            })
+        };
+        let desc = ring(descs, desc_bytes, &mut t);
+        let rx_cq = ring(self.queues[q].rq.cqes(), CQE_BYTES, &mut t);
+        let tx = if self.cfg.acks {
+            let sq = ring(TX_RING_ENTRIES, SEND_WQEBB_BYTES, &mut t);
+            let cq = ring(TX_RING_ENTRIES, CQE_BYTES, &mut t);
+            let slab = host.pages.alloc_contiguous(ACK_SLAB_PAGES);
+            match (sq, cq, slab) {
+                (Some(sq), Some(cq), Some(slab)) => Some(Tx {
+                    sq,
+                    cq,
+                    pending: VecDeque::new(),
+                    slab,
+                    sent: 0,
+                }),
+                _ => None,
+            }
+        } else {
+            None
+        };
+        let rq = &mut self.queues[q];
+        rq.desc = desc;
+        rq.rx_cq = rx_cq;
+        rq.tx = tx;
+        t
+    }
+}
+
+impl Workload for NicRxWorkload {
+    fn start(&mut self, host: &mut Host, now: Time) {
+        for q in 0..self.queues.len() {
+            let t = self.setup_rings(host, q, now);
+            let t = self.refill(host, q, t);
+            let cpu = self.queues[q].cpu;
+            host.cpus[cpu].account(now, t);
+        }
+        self.next_arrival_ps = now * 1000;
+        host.schedule(
+            now,
+            Event::Workload {
+                kind: EV_WIRE,
+                id: 0,
+            },
+        );
+    }
+
+    fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32) {
+        match kind {
+            EV_WIRE => self.wire(host),
+            EV_NAPI => self.napi_poll(host, now, id as usize),
+            EV_READ => self.read(host, now, id as usize),
+            _ => unreachable!("nic_rx event kind {kind}"),
+        }
+    }
+
+    fn stats(&self) -> WorkloadStats {
+        let c = self.pages.counters;
+        WorkloadStats {
+            pool_pages_mapped: c.mapped,
+            pool_pages_unmapped: c.unmapped,
+            ..self.stats.clone()
+        }
+    }
+
+    fn cpus(&self) -> Vec<usize> {
+        self.queues.iter().map(|q| q.cpu).collect()
+    }
+
+    fn line_rate_gbps(&self) -> f64 {
+        self.cfg.line_rate_gbps
+    }
+}
