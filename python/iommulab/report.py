@@ -48,6 +48,6 @@ def format_table(scenario: dict[str, Any], results: list) -> str:
         "Gbps: application goodput · CPU busy: mean over the workload's CPUs · inv wait: share of CPU busy time "
         "spent waiting for invalidation completion",
         "invalidations: IOMMU TLB invalidation descriptors/commands (by type: psi/dsi/global for VT-d) · inv/page: "
-        "invalidations per IOVA page unmapped · IOTLB miss/pg: IOTLB misses per page the device wrote",
+        "invalidations per IOVA page unmapped · IOTLB miss/pg: IOTLB misses per 4 KiB of data delivered",
     ]
     return "\n".join(lines) + "\n"
