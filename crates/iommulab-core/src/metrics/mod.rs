@@ -161,7 +161,7 @@ impl RunResult {
             .collect();
         let unmapped = b.dma.iova_pages_unmapped - a.dma.iova_pages_unmapped;
         let dma_pages = wl(|w| w.dma_pages);
-        let data_pages = wl(|w| w.bytes_delivered) as f64 / 4096.0;
+        let data_pages = wl(|w| w.bytes_delivered) as f64 / crate::hw::PAGE_SIZE as f64;
         let per_data_page = |n: u64| {
             if data_pages > 0.0 {
                 r6(n as f64 / data_pages)

@@ -3,9 +3,8 @@
 //! order, so each access translates the page holding the next entry.
 
 use crate::host::Host;
+use crate::hw::PAGE_SIZE as PAGE;
 use crate::sim::Time;
-
-const PAGE: u64 = 4096;
 
 pub struct DescRing {
     dma: u64,

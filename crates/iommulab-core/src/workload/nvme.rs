@@ -10,10 +10,9 @@
 
 use super::{Workload, WorkloadStats};
 use crate::host::{Event, Host};
+use crate::hw::PAGE_SIZE as PAGE;
 use crate::scenario::{Nvme, NvmeRw};
 use crate::sim::{DmaEngine, Time};
-
-const PAGE: u64 = 4096;
 
 const EV_SUBMIT: u16 = 0;
 const EV_DATA: u16 = 1;

@@ -290,23 +290,19 @@ impl NicRxWorkload {
         };
         let t = t + host.platform.cpu.tx_packet_ns;
         let phys = tx.slab + (tx.sent / ACK_HEADS_PER_PAGE) % ACK_SLAB_PAGES;
-        let t = match host.dma_map(t, cpu, phys, 1) {
-            Some((dma, t)) => (t, {
-                tx.sent += 1;
-                self.stats.tx_packets += 1;
-                let fetched = self.ring_access(host, t, &mut tx.sq);
-                let read = self.device_access(host, fetched, dma, ACK_FRAME);
-                let done = self.ring_access(host, read, &mut tx.cq);
-                tx.pending.push_back((done, dma));
-                Some(done)
-            }),
-            None => (t, None),
+        let Some((dma, t)) = host.dma_map(t, cpu, phys, 1) else {
+            self.queues[q].tx = Some(tx);
+            return t;
         };
+        tx.sent += 1;
+        self.stats.tx_packets += 1;
+        let fetched = self.ring_access(host, t, &mut tx.sq);
+        let read = self.device_access(host, fetched, dma, ACK_FRAME);
+        let done = self.ring_access(host, read, &mut tx.cq);
+        tx.pending.push_back((done, dma));
         self.queues[q].tx = Some(tx);
-        if let Some(done) = t.1 {
-            self.completion_event(host, q, done, false);
-        }
-        t.0
+        self.completion_event(host, q, done, false);
+        t
     }
 
     /// mlx5e_poll_tx_cq(): unmap the ACKs the device completed by `now`.
@@ -315,18 +311,14 @@ impl NicRxWorkload {
         let Some(tx) = self.queues[q].tx.as_mut() else {
             return t;
         };
-        let mut done = Vec::new();
-        while done.len() < TX_CQ_POLL_BUDGET {
+        for _ in 0..TX_CQ_POLL_BUDGET {
             match tx.pending.front() {
                 Some(&(at, dma)) if at <= now => {
                     tx.pending.pop_front();
-                    done.push(dma);
+                    t = host.dma_unmap(t, cpu, dma, 1);
                 }
                 _ => break,
             }
-        }
-        for dma in done {
-            t = host.dma_unmap(t, cpu, dma, 1);
         }
         t
     }
@@ -485,18 +477,16 @@ impl NicRxWorkload {
             return;
         }
         // napi_complete_done(): re-arm; completions already on their way raise the next interrupt.
-        let rq = &mut self.queues[q];
-        rq.napi.scheduled = false;
-        let rx: Vec<Time> = rq.cq.iter().map(|c| c.ready.max(t)).collect();
-        let tx: Vec<Time> = rq
-            .tx
-            .as_ref()
-            .map(|tx| tx.pending.iter().map(|p| p.0.max(t)).collect())
-            .unwrap_or_default();
-        for at in rx {
+        self.queues[q].napi.scheduled = false;
+        for i in 0..self.queues[q].cq.len() {
+            let at = self.queues[q].cq[i].ready.max(t);
             self.completion_event(host, q, at, true);
         }
-        for at in tx {
+        let tx_pending = self.queues[q].tx.as_ref().map_or(0, |tx| tx.pending.len());
+        for i in 0..tx_pending {
+            let at = self.queues[q].tx.as_ref().expect("counted above").pending[i]
+                .0
+                .max(t);
             self.completion_event(host, q, at, false);
         }
     }

@@ -6,10 +6,9 @@
 //!   not fit in the WQE's remaining strides closes it (a filler CQE) and starts the next.
 
 use super::pages::PageId;
+use crate::hw::PAGE_SIZE as PAGE;
 use crate::sim::Time;
 use std::collections::VecDeque;
-
-pub const PAGE: u64 = 4096;
 
 /// en.h MLX5_MPWRQ_LOG_WQE_SZ: a multi-packet WQE spans 2^18 bytes (64 pages of 4 KiB).
 const MLX5_MPWRQ_LOG_WQE_SZ: u32 = 18;
