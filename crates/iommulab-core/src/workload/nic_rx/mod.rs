@@ -47,7 +47,9 @@ const TX_CQ_MODERATION_USECS: u64 = 16;
 const TX_CQ_MODERATION_FRAMES: u32 = 32;
 /// en/txrx.h MLX5E_TX_CQ_POLL_BUDGET: TX completions reaped per NAPI poll.
 const TX_CQ_POLL_BUDGET: usize = 128;
-/// ACK skb heads come from kmalloc-512: 8 per slab page; a queue's ACKs cycle over a few slab pages.
+/// ACK skb heads come from kmalloc-512 (tcp_send_ack → alloc_skb(MAX_TCP_HEADER)): 8 per slab page. The number
+/// of slab pages a queue's ACKs cycle over is a modelling choice: it only decides which physical page an ACK
+/// head lands in, never a cost.
 const ACK_HEADS_PER_PAGE: u64 = 8;
 const ACK_SLAB_PAGES: u64 = 4;
 
