@@ -1,6 +1,7 @@
 //! Workloads: event sources that drive the DMA layer and the device. One file per workload.
 
 pub mod desc_ring;
+pub mod napi;
 pub mod nic_rx;
 pub mod nvme;
 

@@ -14,6 +14,7 @@ mod rq;
 mod tcp;
 
 use super::desc_ring::DescRing;
+use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION};
 use super::{Workload, WorkloadStats};
 use crate::host::{Event, Host};
 use crate::scenario::{NicRx, RqKind};
@@ -42,9 +43,6 @@ const RX_DESC_BYTES_CYCLIC: u64 = 16;
 const RX_DESC_BYTES_STRIDING: u64 = 64;
 /// en.h MLX5E_PARAMS_DEFAULT_LOG_SQ_SIZE: 1024 send WQEs per TX queue, one CQE each.
 const TX_RING_ENTRIES: u64 = 1024;
-/// en.h MLX5E_PARAMS_DEFAULT_TX_CQ_MODERATION_USEC_FROM_CQE and _PKTS: TX completion-event moderation.
-const TX_CQ_MODERATION_USECS: u64 = 16;
-const TX_CQ_MODERATION_FRAMES: u32 = 32;
 /// en/txrx.h MLX5E_TX_CQ_POLL_BUDGET: TX completions reaped per NAPI poll.
 const TX_CQ_POLL_BUDGET: usize = 128;
 /// ACK skb heads come from kmalloc-512 (tcp_send_ack → alloc_skb(MAX_TCP_HEADER)): 8 per slab page. The number
@@ -88,20 +86,11 @@ struct RxQueue {
     napi: Napi,
 }
 
-/// NAPI scheduling of one queue with the device's completion-event moderation: an armed interrupt fires
-/// `usecs` after the latest completion (the period restarts at every CQE) or as soon as `frames` are
-/// pending (mlx5 CQ moderation in CQE period mode).
-#[derive(Default)]
-struct Napi {
-    /// A poll is pending, running or armed to be raised by the device.
-    scheduled: bool,
-    /// The interrupt is armed and counting completions.
-    armed: bool,
-    pending: u32,
-    /// The time of the one valid poll event (older events for this queue are stale).
-    at: Option<Time>,
-    /// The poll waits for its CPU and will be delivered again.
-    cpu_wait: bool,
+fn napi_event(q: usize) -> Event {
+    Event::Workload {
+        kind: EV_NAPI,
+        id: q as u32,
+    }
 }
 
 struct Flow {
@@ -219,42 +208,23 @@ impl NicRxWorkload {
 
     /// Schedule queue `q`'s poll at `at`, superseding any earlier-scheduled one.
     fn napi_schedule(&mut self, host: &mut Host, q: usize, at: Time) {
-        let napi = &mut self.queues[q].napi;
-        napi.scheduled = true;
-        napi.at = Some(at);
-        host.schedule(
-            at,
-            Event::Workload {
-                kind: EV_NAPI,
-                id: q as u32,
-            },
-        );
+        self.queues[q].napi.schedule(at);
+        host.schedule(at, napi_event(q));
     }
 
     /// A completion entry becomes visible at `at`: arm the interrupt if NAPI is idle, and move an armed one.
     fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, rx: bool) {
-        let (usecs, frames) = if rx {
-            (self.cfg.irq_usecs as u64, self.cfg.irq_frames)
+        let m = if rx {
+            Moderation {
+                usecs: self.cfg.irq_usecs as u64,
+                frames: self.cfg.irq_frames,
+            }
         } else {
-            (TX_CQ_MODERATION_USECS, TX_CQ_MODERATION_FRAMES)
+            MLX5_TX_CQ_MODERATION
         };
-        let napi = &mut self.queues[q].napi;
-        if !napi.scheduled {
-            napi.scheduled = true;
-            napi.armed = true;
-            napi.pending = 0;
+        if let Some(fire) = self.queues[q].napi.completion(at, m) {
+            host.schedule(fire, napi_event(q));
         }
-        if !napi.armed {
-            return;
-        }
-        napi.pending += 1;
-        let fire = if napi.pending >= frames {
-            napi.armed = false;
-            at
-        } else {
-            at + usecs * 1000
-        };
-        self.napi_schedule(host, q, fire);
     }
 
     /// Post descriptors until the ring is full (mlx5e_post_rx_wqes / mlx5e_post_rx_mpwqes).
@@ -402,18 +372,12 @@ impl NicRxWorkload {
 
     fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
         let cpu = self.queues[q].cpu;
-        let ev = Event::Workload {
-            kind: EV_NAPI,
-            id: q as u32,
-        };
-        let napi = &mut self.queues[q].napi;
-        if !(napi.cpu_wait || napi.at == Some(now)) {
+        if !self.queues[q].napi.begin(now) {
             return; // superseded
         }
-        napi.at = None;
-        napi.armed = false;
-        napi.cpu_wait = !host.cpu_acquire(cpu, now, ev);
-        if napi.cpu_wait {
+        let waiting = !host.cpu_acquire(cpu, now, napi_event(q));
+        self.queues[q].napi.set_cpu_wait(waiting);
+        if waiting {
             return;
         }
         let stack_ns = host.platform.cpu.stack_ns_per_packet;
@@ -479,7 +443,7 @@ impl NicRxWorkload {
             return;
         }
         // napi_complete_done(): re-arm; completions already on their way raise the next interrupt.
-        self.queues[q].napi.scheduled = false;
+        self.queues[q].napi.complete();
         for i in 0..self.queues[q].cq.len() {
             let at = self.queues[q].cq[i].ready.max(t);
             self.completion_event(host, q, at, true);
