@@ -2,12 +2,45 @@
 
 pub mod desc_ring;
 pub mod napi;
+pub mod net;
 pub mod nic_rx;
 pub mod nvme;
+pub mod sq;
 
 use crate::host::Host;
-use crate::sim::Time;
+use crate::sim::{DmaEngine, Time};
+use desc_ring::DescRing;
 use serde::Serialize;
+
+/// A device's side of DMA: its engine (translation slots, link) and the faults its accesses hit.
+pub struct Device {
+    pub engine: DmaEngine,
+    pub faults: u64,
+}
+
+impl Device {
+    pub fn new(translation_slots: u32, link_gbps: f64) -> Self {
+        Device {
+            engine: DmaEngine::new(translation_slots, link_gbps),
+            faults: 0,
+        }
+    }
+
+    /// The device writes or reads `bytes` of data at DMA page `dma` no earlier than `t`: its completion
+    /// time.
+    pub fn access(&mut self, host: &mut Host, t: Time, dma: u64, bytes: u64) -> Time {
+        let (lat, fault) = host.dma_page(dma);
+        self.faults += fault as u64;
+        self.engine.issue(t, lat, bytes)
+    }
+
+    /// The next entry of a descriptor or completion ring: its translation, without the per-packet DMA base.
+    pub fn ring_access(&mut self, host: &mut Host, t: Time, ring: &mut DescRing) -> Time {
+        let (lat, fault) = host.dma_translation(ring.next_page());
+        self.faults += fault as u64;
+        self.engine.issue(t, lat, ring.entry_bytes())
+    }
+}
 
 /// Counters every workload reports.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -29,7 +62,7 @@ pub struct WorkloadStats {
     /// Pages that entered the page pool (allocated and DMA-mapped) and left it (DMA-unmapped and freed).
     pub pool_pages_mapped: u64,
     pub pool_pages_unmapped: u64,
-    /// Packets the host sent (TCP ACKs).
+    /// Packets the host sent (TCP segments on the wire, or ACKs).
     pub tx_packets: u64,
     /// DMA writes that hit no valid translation.
     pub dma_faults: u64,

@@ -15,36 +15,23 @@ mod tcp;
 
 use super::desc_ring::DescRing;
 use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION};
-use super::{Workload, WorkloadStats};
+use super::net::{self, ACK_FRAME, ETH_HLEN};
+use super::sq::{Seg, SendQueue, CQE_BYTES};
+use super::{Device, Workload, WorkloadStats};
 use crate::host::{Event, Host};
 use crate::scenario::{NicRx, RqKind};
-use crate::sim::{DmaEngine, Time};
+use crate::sim::Time;
 use pages::{PageId, Pages, Source};
 use rq::{Layout, Rq};
 use std::collections::VecDeque;
 use tcp::RxTcp;
 
-/// include/uapi/linux/if_ether.h ETH_HLEN: the Ethernet header the NIC writes before the IP packet.
-const ETH_HLEN: u64 = 14;
-/// IEEE 802.3 per-frame wire overhead: preamble 7 + SFD 1 + header 14 + FCS 4 + inter-frame gap 12 bytes.
-const ETH_WIRE_OVERHEAD: u64 = 38;
-/// IPv4 (20) + TCP (20) + TCP timestamp option (12) header bytes per packet.
-const TCPIP_HLEN: u64 = 52;
-/// A pure ACK frame: Ethernet + IPv4 + TCP with timestamps.
-const ACK_FRAME: u64 = ETH_HLEN + TCPIP_HLEN;
 /// Wire arrivals are generated in batches covering at most this much simulated time (a modelling batch).
 const WIRE_CHUNK_NS: u64 = 1000;
-/// mlx5 CQE (struct mlx5_cqe64) and send-WQE building block (MLX5_SEND_WQE_BB) sizes.
-const CQE_BYTES: u64 = 64;
-const SEND_WQEBB_BYTES: u64 = 64;
 /// RX descriptor bytes: a cyclic RQ's one data segment per page (struct mlx5_wqe_data_seg), a striding
 /// RQ's WQE (next segment + data segment, 64-byte stride).
 const RX_DESC_BYTES_CYCLIC: u64 = 16;
 const RX_DESC_BYTES_STRIDING: u64 = 64;
-/// en.h MLX5E_PARAMS_DEFAULT_LOG_SQ_SIZE: 1024 send WQEs per TX queue, one CQE each.
-const TX_RING_ENTRIES: u64 = 1024;
-/// en/txrx.h MLX5E_TX_CQ_POLL_BUDGET: TX completions reaped per NAPI poll.
-const TX_CQ_POLL_BUDGET: usize = 128;
 /// ACK skb heads come from kmalloc-512 (tcp_send_ack → alloc_skb(MAX_TCP_HEADER)): 8 per slab page. The number
 /// of slab pages a queue's ACKs cycle over is a modelling choice: it only decides which physical page an ACK
 /// head lands in, never a cost.
@@ -64,12 +51,9 @@ struct Completion {
     finished: u8,
 }
 
-/// One queue's TX side as ACKs use it: send ring, completion ring, ACKs awaiting their completion.
+/// One queue's TX side as ACKs use it: the send queue and the slab pages ACK heads come from.
 struct Tx {
-    sq: DescRing,
-    cq: DescRing,
-    /// (device done, DMA address) of each ACK sent, in order.
-    pending: VecDeque<(Time, u64)>,
+    sq: SendQueue,
     slab: u64,
     sent: u64,
 }
@@ -109,7 +93,7 @@ pub struct NicRxWorkload {
     flows: Vec<Flow>,
     pages: Pages,
     tcp: RxTcp,
-    engine: DmaEngine,
+    dev: Device,
     /// Picoseconds per packet on the wire, and the next arrival (ps).
     slot_ps: u64,
     next_arrival_ps: u64,
@@ -129,8 +113,7 @@ impl NicRxWorkload {
         device_buffer_bytes: u64,
     ) -> Self {
         let frame_bytes = cfg.mtu as u64 + ETH_HLEN;
-        let wire_bits = (cfg.mtu as u64 + ETH_WIRE_OVERHEAD) * 8;
-        let payload = cfg.mtu as u64 - TCPIP_HLEN.min(cfg.mtu as u64 - 1);
+        let payload = net::mss(cfg.mtu);
         let (layout, descs) = match cfg.rq {
             RqKind::Cyclic => (Layout::Cyclic, cfg.ring_size),
             RqKind::Mlx5Striding => rq::mlx5_striding(cfg.ring_size, cfg.mtu),
@@ -175,10 +158,8 @@ impl NicRxWorkload {
                 cfg.gro_max_bytes as u64,
                 cfg.rcvbuf_bytes,
             ),
-            engine: DmaEngine::new(translation_slots, link_gbps),
-            slot_ps: ((wire_bits as f64 * 1000.0) / cfg.line_rate_gbps)
-                .round()
-                .max(1.0) as u64,
+            dev: Device::new(translation_slots, link_gbps),
+            slot_ps: net::frame_wire_ps(cfg.mtu, cfg.line_rate_gbps),
             next_arrival_ps: 0,
             frame_bytes,
             payload,
@@ -187,23 +168,6 @@ impl NicRxWorkload {
             skbs: Vec::new(),
             stats: WorkloadStats::default(),
         }
-    }
-
-    /// The device writes or reads `bytes` of packet data at DMA page `dma` no earlier than `t`: its
-    /// completion time.
-    fn device_access(&mut self, host: &mut Host, t: Time, dma: u64, bytes: u64) -> Time {
-        let (lat, fault) = host.dma_page(dma);
-        self.stats.dma_faults += fault as u64;
-        self.engine.issue(t, lat, bytes)
-    }
-
-    /// The next entry of a descriptor ring, accessed by the device: its translation, without the per-packet
-    /// DMA base cost.
-    fn ring_access(&mut self, host: &mut Host, t: Time, ring: &mut DescRing) -> Time {
-        let page = ring.next_page();
-        let (lat, fault) = host.dma_translation(page);
-        self.stats.dma_faults += fault as u64;
-        self.engine.issue(t, lat, ring.entry_bytes())
     }
 
     /// Schedule queue `q`'s poll at `at`, superseding any earlier-scheduled one.
@@ -268,31 +232,26 @@ impl NicRxWorkload {
         };
         tx.sent += 1;
         self.stats.tx_packets += 1;
-        let fetched = self.ring_access(host, t, &mut tx.sq);
-        let read = self.device_access(host, fetched, dma, ACK_FRAME);
-        let done = self.ring_access(host, read, &mut tx.cq);
-        tx.pending.push_back((done, dma));
+        let seg = [Seg {
+            dma,
+            pages: 1,
+            offset: 0,
+            bytes: ACK_FRAME,
+        }];
+        let read = tx.sq.fetch_and_read(&mut self.dev, host, t, 1, &seg);
+        let done = tx.sq.complete(&mut self.dev, host, read, &seg, 0);
         self.queues[q].tx = Some(tx);
         self.completion_event(host, q, done, false);
         t
     }
 
     /// mlx5e_poll_tx_cq(): unmap the ACKs the device completed by `now`.
-    fn reap_tx(&mut self, host: &mut Host, q: usize, now: Time, mut t: Time) -> Time {
+    fn reap_tx(&mut self, host: &mut Host, q: usize, now: Time, t: Time) -> Time {
         let cpu = self.queues[q].cpu;
-        let Some(tx) = self.queues[q].tx.as_mut() else {
-            return t;
-        };
-        for _ in 0..TX_CQ_POLL_BUDGET {
-            match tx.pending.front() {
-                Some(&(at, dma)) if at <= now => {
-                    tx.pending.pop_front();
-                    t = host.dma_unmap(t, cpu, dma, 1);
-                }
-                _ => break,
-            }
+        match self.queues[q].tx.as_mut() {
+            Some(tx) => tx.sq.reap(host, cpu, now, t, |_| {}),
+            None => t,
         }
-        t
     }
 
     /// The packets of the next WIRE_CHUNK_NS of wire time, each at its own arrival time.
@@ -315,7 +274,7 @@ impl NicRxWorkload {
             };
             self.stats.packets_offered += 1;
             let q = self.flows[f].queue;
-            if self.engine.next_start(t) > t + self.buffer_ns {
+            if self.dev.engine.next_start(t) > t + self.buffer_ns {
                 self.stats.drops_device += 1;
                 continue;
             }
@@ -333,7 +292,7 @@ impl NicRxWorkload {
             let mut desc = self.queues[q].desc.take();
             for _ in 0..placed.started {
                 if let Some(ring) = desc.as_mut() {
-                    self.ring_access(host, t, ring);
+                    self.dev.ring_access(host, t, ring);
                 }
             }
             self.queues[q].desc = desc;
@@ -341,14 +300,14 @@ impl NicRxWorkload {
             for &(id, bytes) in &pieces {
                 self.pages.stack_get(id);
                 let dma = self.pages.dma(id).expect("posted pages are mapped");
-                done = self.device_access(host, t, dma, bytes);
+                done = self.dev.access(host, t, dma, bytes);
                 self.stats.dma_pages += 1;
                 self.queues[q].cq_pages.push_back(id);
             }
             // The completion entry is written after the data (PCIe keeps posted writes in order); its
             // translation overlaps the data's transfer.
             if let Some(mut cq) = self.queues[q].rx_cq.take() {
-                done = done.max(self.ring_access(host, t, &mut cq));
+                done = done.max(self.dev.ring_access(host, t, &mut cq));
                 self.queues[q].rx_cq = Some(cq);
             }
             let rq = &mut self.queues[q];
@@ -448,10 +407,14 @@ impl NicRxWorkload {
             let at = self.queues[q].cq[i].ready.max(t);
             self.completion_event(host, q, at, true);
         }
-        let tx_pending = self.queues[q].tx.as_ref().map_or(0, |tx| tx.pending.len());
+        let tx_pending = self.queues[q].tx.as_ref().map_or(0, |tx| tx.sq.pending());
         for i in 0..tx_pending {
-            let at = self.queues[q].tx.as_ref().expect("counted above").pending[i]
-                .0
+            let at = self.queues[q]
+                .tx
+                .as_ref()
+                .expect("counted above")
+                .sq
+                .pending_done(i)
                 .max(t);
             self.completion_event(host, q, at, false);
         }
@@ -517,17 +480,13 @@ impl NicRxWorkload {
         let desc = ring(descs, desc_bytes, &mut t);
         let rx_cq = ring(self.queues[q].rq.cqes(), CQE_BYTES, &mut t);
         let tx = if self.cfg.acks {
-            let sq = ring(TX_RING_ENTRIES, SEND_WQEBB_BYTES, &mut t);
-            let cq = ring(TX_RING_ENTRIES, CQE_BYTES, &mut t);
+            let sq = SendQueue::alloc(host, cpu, t).map(|(sq, t2)| {
+                t = t2;
+                sq
+            });
             let slab = host.pages.alloc_contiguous(ACK_SLAB_PAGES);
-            match (sq, cq, slab) {
-                (Some(sq), Some(cq), Some(slab)) => Some(Tx {
-                    sq,
-                    cq,
-                    pending: VecDeque::new(),
-                    slab,
-                    sent: 0,
-                }),
+            match (sq, slab) {
+                (Some(sq), Some(slab)) => Some(Tx { sq, slab, sent: 0 }),
                 _ => None,
             }
         } else {
@@ -573,6 +532,7 @@ impl Workload for NicRxWorkload {
         WorkloadStats {
             pool_pages_mapped: c.mapped,
             pool_pages_unmapped: c.unmapped,
+            dma_faults: self.dev.faults,
             ..self.stats.clone()
         }
     }

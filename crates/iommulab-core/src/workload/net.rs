@@ -1,0 +1,21 @@
+//! Ethernet, IP and TCP sizes shared by the network workloads.
+
+/// include/uapi/linux/if_ether.h ETH_HLEN: the Ethernet header the NIC writes before the IP packet.
+pub const ETH_HLEN: u64 = 14;
+/// IEEE 802.3 per-frame wire overhead: preamble 7 + SFD 1 + header 14 + FCS 4 + inter-frame gap 12 bytes.
+pub const ETH_WIRE_OVERHEAD: u64 = 38;
+/// IPv4 (20) + TCP (20) + TCP timestamp option (12) header bytes per packet.
+pub const TCPIP_HLEN: u64 = 52;
+/// A pure ACK frame: Ethernet + IPv4 + TCP with timestamps.
+pub const ACK_FRAME: u64 = ETH_HLEN + TCPIP_HLEN;
+
+/// TCP payload per packet at `mtu` (the MSS with timestamps).
+pub fn mss(mtu: u32) -> u64 {
+    mtu as u64 - TCPIP_HLEN.min(mtu as u64 - 1)
+}
+
+/// Picoseconds one frame of `mtu` occupies the wire at `gbps`, overheads included.
+pub fn frame_wire_ps(mtu: u32, gbps: f64) -> u64 {
+    let bits = (mtu as u64 + ETH_WIRE_OVERHEAD) * 8;
+    ((bits as f64 * 1000.0) / gbps).round().max(1.0) as u64
+}

@@ -1,0 +1,209 @@
+//! A NIC send queue as mlx5e drives it. The driver maps an skb's DMA segments (mlx5e_txwqe_build_dsegs:
+//! the linear part unless inlined, then each page frag) and posts a WQE; the device fetches the WQE's
+//! building blocks, reads every page the segments cover and writes a completion entry; NAPI reaps
+//! completions (mlx5e_poll_tx_cq) and unmaps each segment (mlx5e_tx_dma_unmap).
+
+use super::desc_ring::DescRing;
+use super::Device;
+use crate::host::Host;
+use crate::hw::PAGE_SIZE as PAGE;
+use crate::sim::Time;
+use std::collections::VecDeque;
+
+/// en.h MLX5E_PARAMS_DEFAULT_LOG_SQ_SIZE: 1024 send WQE building blocks per TX queue, one CQE each.
+pub const TX_RING_ENTRIES: u64 = 1024;
+/// mlx5 send-WQE building block (MLX5_SEND_WQE_BB) and CQE (struct mlx5_cqe64) sizes.
+pub const SEND_WQEBB_BYTES: u64 = 64;
+pub const CQE_BYTES: u64 = 64;
+/// en/txrx.h MLX5E_TX_CQ_POLL_BUDGET: TX completions reaped per NAPI poll.
+pub const TX_CQ_POLL_BUDGET: usize = 128;
+
+/// One mapped DMA segment: its first DMA page, the pages it spans, the byte offset in the first page and
+/// its length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seg {
+    pub dma: u64,
+    pub pages: u64,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+impl Seg {
+    /// Bytes of the segment in each page it spans, in order.
+    pub fn page_bytes(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut left = self.bytes;
+        let mut off = self.offset;
+        (0..self.pages).map(move |i| {
+            let n = left.min(PAGE - off);
+            left -= n;
+            off = 0;
+            (self.dma + i, n)
+        })
+    }
+}
+
+/// Pages spanned by `bytes` starting `offset` bytes into a page.
+pub fn pages_spanned(offset: u64, bytes: u64) -> u64 {
+    (offset % PAGE + bytes).div_ceil(PAGE).max(1)
+}
+
+struct Posted {
+    /// When the completion entry is visible.
+    done: Time,
+    segs: u32,
+    tag: u32,
+}
+
+pub struct SendQueue {
+    sq: DescRing,
+    cq: DescRing,
+    posted: VecDeque<Posted>,
+    /// The segments of posted WQEs, in order.
+    segs: VecDeque<Seg>,
+}
+
+impl SendQueue {
+    /// The send and completion rings, allocated and mapped on `cpu` at `t` (mlx5e_open_txqsq). None when
+    /// memory or IOVA space ran out.
+    pub fn alloc(host: &mut Host, cpu: usize, t: Time) -> Option<(Self, Time)> {
+        let (sq, t) = DescRing::alloc(host, cpu, TX_RING_ENTRIES, SEND_WQEBB_BYTES, t)?;
+        let (cq, t) = DescRing::alloc(host, cpu, TX_RING_ENTRIES, CQE_BYTES, t)?;
+        Some((
+            SendQueue {
+                sq,
+                cq,
+                posted: VecDeque::new(),
+                segs: VecDeque::new(),
+            },
+            t,
+        ))
+    }
+
+    /// The device fetches `wqebbs` building blocks posted at `t`, then reads every page of `segs`: when the
+    /// last byte has been read.
+    pub fn fetch_and_read(
+        &mut self,
+        dev: &mut Device,
+        host: &mut Host,
+        t: Time,
+        wqebbs: u64,
+        segs: &[Seg],
+    ) -> Time {
+        let mut fetched = t;
+        for _ in 0..wqebbs.max(1) {
+            fetched = fetched.max(dev.ring_access(host, t, &mut self.sq));
+        }
+        let mut read = fetched;
+        for s in segs {
+            for (page, bytes) in s.page_bytes() {
+                read = read.max(dev.access(host, fetched, page, bytes));
+            }
+        }
+        read
+    }
+
+    /// The device writes the WQE's completion entry after `at`: the time it is visible. `tag` comes back
+    /// from `reap`.
+    pub fn complete(
+        &mut self,
+        dev: &mut Device,
+        host: &mut Host,
+        at: Time,
+        segs: &[Seg],
+        tag: u32,
+    ) -> Time {
+        let done = dev.ring_access(host, at, &mut self.cq);
+        self.segs.extend(segs.iter().copied());
+        self.posted.push_back(Posted {
+            done,
+            segs: segs.len() as u32,
+            tag,
+        });
+        done
+    }
+
+    /// mlx5e_poll_tx_cq() on `cpu` at `now`, its CPU busy from `t`: unmap the segments of up to
+    /// TX_CQ_POLL_BUDGET WQEs the device completed by `now`, handing each tag to `done`. The CPU's release
+    /// time.
+    pub fn reap(
+        &mut self,
+        host: &mut Host,
+        cpu: usize,
+        now: Time,
+        mut t: Time,
+        mut done: impl FnMut(u32),
+    ) -> Time {
+        for _ in 0..TX_CQ_POLL_BUDGET {
+            match self.posted.front() {
+                Some(p) if p.done <= now => {}
+                _ => break,
+            }
+            let p = self.posted.pop_front().expect("front checked");
+            for _ in 0..p.segs {
+                let s = self.segs.pop_front().expect("segments of a posted WQE");
+                t = host.dma_unmap(t, cpu, s.dma, s.pages);
+            }
+            done(p.tag);
+        }
+        t
+    }
+
+    /// WQEs posted and not reaped.
+    pub fn pending(&self) -> usize {
+        self.posted.len()
+    }
+
+    /// When the `i`-th pending completion is visible.
+    pub fn pending_done(&self, i: usize) -> Time {
+        self.posted[i].done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_segment_splits_at_page_boundaries() {
+        let s = Seg {
+            dma: 10,
+            pages: pages_spanned(4000, 5000),
+            offset: 4000,
+            bytes: 5000,
+        };
+        assert_eq!(s.pages, 3);
+        let v: Vec<_> = s.page_bytes().collect();
+        assert_eq!(v, vec![(10, 96), (11, 4096), (12, 808)]);
+        assert_eq!(pages_spanned(0, 4096), 1);
+        assert_eq!(pages_spanned(0, 4097), 2);
+    }
+
+    #[test]
+    fn reaping_unmaps_every_segment_of_completed_wqes_in_order() {
+        let mut host = crate::run::test_host("strict");
+        let (mut q, t) = SendQueue::alloc(&mut host, 0, 0).unwrap();
+        let mut dev = Device::new(8, 128.0);
+        let mut tags = Vec::new();
+        let mut last = 0;
+        for tag in 0..3u32 {
+            let phys = host.pages.alloc_contiguous(2).unwrap();
+            let (dma, _) = host.dma_map(t, 0, phys, 2).unwrap();
+            let segs = [Seg {
+                dma,
+                pages: 2,
+                offset: 0,
+                bytes: 8192,
+            }];
+            let read = q.fetch_and_read(&mut dev, &mut host, t, 2, &segs);
+            last = q.complete(&mut dev, &mut host, read, &segs, tag);
+        }
+        assert_eq!(q.pending(), 3);
+        let before = host.dma.core.stats.iova_pages_unmapped;
+        q.reap(&mut host, 0, q.pending_done(0), t, |g| tags.push(g));
+        assert_eq!(tags, vec![0], "only what the device completed");
+        q.reap(&mut host, 0, last, t, |g| tags.push(g));
+        assert_eq!(tags, vec![0, 1, 2]);
+        assert_eq!(host.dma.core.stats.iova_pages_unmapped - before, 6);
+        assert_eq!(dev.faults, 0);
+    }
+}
