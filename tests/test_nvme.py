@@ -60,4 +60,4 @@ def test_one_workload_per_scenario(tmp_path):
     f = tmp_path / "both.toml"
     f.write_text(both)
     p = cli("run", str(f))
-    assert p.returncode == 2 and "not both" in p.stderr and "\n" not in p.stderr.strip(), p.stderr
+    assert p.returncode == 2 and "exactly one workload section" in p.stderr and "\n" not in p.stderr.strip(), p.stderr

@@ -7,7 +7,7 @@ use crate::host::{Event, Host};
 use crate::metrics::{RunInfo, RunResult, Snapshot};
 use crate::scenario::{PolicyName, Scenario, Variant};
 use crate::sim::{Rng, Time, NS_PER_MS};
-use crate::workload::{nic_rx::NicRxWorkload, nvme::NvmeWorkload, Workload};
+use crate::workload::{nic_rx::NicRxWorkload, nic_tx::NicTxWorkload, nvme::NvmeWorkload, Workload};
 
 pub struct Simulation {
     host: Host,
@@ -80,19 +80,21 @@ impl Simulation {
         let sc = &v.scenario;
         let p = &sc.platform;
         let (mut host, policy, policy_reason) = build_host(sc);
-        let mut workload: Box<dyn Workload> = match (&sc.workload.nic_rx, &sc.workload.nvme) {
-            (Some(nic), _) => Box::new(NicRxWorkload::new(
+        let w = &sc.workload;
+        let (link, slots) = (p.pcie.link_gbps, p.pcie.translation_slots);
+        let mut workload: Box<dyn Workload> = if let Some(nic) = &w.nic_rx {
+            Box::new(NicRxWorkload::new(
                 nic,
-                p.pcie.link_gbps,
-                p.pcie.translation_slots,
+                link,
+                slots,
                 p.pcie.device_buffer_bytes,
-            )),
-            (None, Some(nvme)) => Box::new(NvmeWorkload::new(
-                nvme,
-                p.pcie.link_gbps,
-                p.pcie.translation_slots,
-            )),
-            (None, None) => unreachable!("validated: a workload is present"),
+            ))
+        } else if let Some(nic) = &w.nic_tx {
+            Box::new(NicTxWorkload::new(nic, link, slots))
+        } else if let Some(nvme) = &w.nvme {
+            Box::new(NvmeWorkload::new(nvme, link, slots))
+        } else {
+            unreachable!("validated: a workload is present")
         };
         workload.start(&mut host, 0);
         host.schedule(IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);

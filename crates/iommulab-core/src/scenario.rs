@@ -14,6 +14,7 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
     ("c1", include_str!("../data/scenarios/c1.toml")),
     ("c3", include_str!("../data/scenarios/c3.toml")),
     ("nvme", include_str!("../data/scenarios/nvme.toml")),
+    ("tx", include_str!("../data/scenarios/tx.toml")),
 ];
 pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
@@ -304,7 +305,62 @@ fn default_hz() -> u32 {
 #[serde(deny_unknown_fields)]
 pub struct Workload {
     pub nic_rx: Option<NicRx>,
+    pub nic_tx: Option<NicTx>,
     pub nvme: Option<Nvme>,
+}
+
+/// A multi-queue NIC sending bulk TCP (iperf3 client): TSO skbs whose data sits in page frags, each frag
+/// mapped per send and unmapped on TX completion; the peer's ACKs come back through a kept-mapped RX ring.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NicTx {
+    pub line_rate_gbps: f64,
+    /// TX queues (XPS): queue q's completions, and the senders of its flows, run on CPU q.
+    pub queues: u32,
+    /// TCP flows, flow f on queue f % queues.
+    pub flows: u32,
+    pub mtu: u32,
+    /// The largest TSO skb (GSO_MAX_SIZE: 64 KiB without BIG TCP).
+    #[serde(default = "default_gro_max")]
+    pub tso_max_bytes: u32,
+    /// TCP Small Queues: bytes a socket may have queued below TCP (qdisc, driver, NIC) before it waits for
+    /// TX completions (net.ipv4.tcp_limit_output_bytes, 1 MiB since Linux 5.0).
+    #[serde(default = "default_tsq_bytes")]
+    pub tsq_bytes: u64,
+    /// Size of the socket's page-frag chunks that hold the data (sk_page_frag: SKB_FRAG_PAGE_ORDER 3 = 32 KiB).
+    #[serde(default = "default_frag_kb")]
+    pub frag_kb: u32,
+    /// The peer sends one ACK per this many bytes received (a Linux receiver ACKs about once per GRO skb).
+    #[serde(default = "default_gro_max_u64")]
+    pub peer_ack_bytes: u64,
+    /// From a segment leaving the wire to the peer's ACK arriving, µs.
+    #[serde(default = "default_rtt_us")]
+    pub rtt_us: f64,
+    /// RX pages the ACKs land in, one per ACK in turn; page_pool keeps them mapped.
+    #[serde(default = "default_tx_rx_ring")]
+    pub rx_ring_size: u32,
+    #[serde(default = "default_budget")]
+    pub napi_budget: u32,
+    /// RX (ACK) completion-event moderation, as `workload.nic_rx`; TX completions use mlx5's defaults.
+    #[serde(default = "default_irq_usecs")]
+    pub irq_usecs: u32,
+    #[serde(default = "default_irq_frames")]
+    pub irq_frames: u32,
+}
+fn default_tsq_bytes() -> u64 {
+    16 * 65536
+}
+fn default_frag_kb() -> u32 {
+    32
+}
+fn default_gro_max_u64() -> u64 {
+    65536
+}
+fn default_rtt_us() -> f64 {
+    10.0
+}
+fn default_tx_rx_ring() -> u32 {
+    1024
 }
 
 /// fio against NVMe drives (O_DIRECT, closed loop): every I/O maps its buffer with one dma_map_sg() when it
@@ -400,19 +456,22 @@ pub struct NicRx {
     /// GRO's largest merged skb (GRO_MAX_SIZE: 64 KiB without BIG TCP).
     #[serde(default = "default_gro_max")]
     pub gro_max_bytes: u32,
-    /// RX completion-event moderation: the interrupt fires this long after the latest completion, or at
-    /// `irq_frames` pending (mlx5 en.h MLX5E_PARAMS_DEFAULT_RX_CQ_MODERATION_USEC_FROM_CQE = 3 µs and
-    /// _PKTS = 32; DIM's adaptation is not modelled).
+    /// RX completion-event moderation (CQE period mode): the interrupt fires this long after the latest
+    /// completion, or at `irq_frames` pending. Default: where mlx5's DIM (on by default) parks under a bulk
+    /// stream, its top CQE-mode RX profile of 64 µs / 64 packets (lib/dim/net_dim.c rx_profile; with bytes
+    /// and packets per ms unchanged, net_dim_decision() rates fewer interrupts better and walks right to
+    /// the last profile). DIM off (`ethtool -C adaptive-rx off`): mlx5's static 3 µs / 32 (en.h
+    /// MLX5E_PARAMS_DEFAULT_RX_CQ_MODERATION_USEC_FROM_CQE, _PKTS). DIM's adaptation itself is not modelled.
     #[serde(default = "default_irq_usecs")]
     pub irq_usecs: u32,
     #[serde(default = "default_irq_frames")]
     pub irq_frames: u32,
 }
 fn default_irq_usecs() -> u32 {
-    3
+    64
 }
 fn default_irq_frames() -> u32 {
-    32
+    64
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
@@ -585,20 +644,27 @@ impl Scenario {
             "expected CONFIG_HZ in 1..=10000 (e.g. 100, 250, 1000)",
         )?;
         parse_kernel(&self.os.kernel).map_err(|m| (vec!["os".into(), "kernel".into()], m))?;
-        match (&self.workload.nic_rx, &self.workload.nvme) {
-            (Some(nic), None) => nic.validate(cpu.cores),
-            (None, Some(nvme)) => nvme.validate(cpu.cores),
-            (None, None) => check(
-                false,
-                "workload",
-                "expected a workload section, e.g. [workload.nic_rx] or [workload.nvme]",
+        let w = &self.workload;
+        let sections =
+            w.nic_rx.is_some() as u32 + w.nic_tx.is_some() as u32 + w.nvme.is_some() as u32;
+        check(
+            sections == 1,
+            "workload",
+            format!(
+                "expected exactly one workload section ([workload.nic_rx], [workload.nic_tx] or \
+                 [workload.nvme]), found {sections}"
             ),
-            (Some(_), Some(_)) => check(
-                false,
-                "workload",
-                "expected one workload section, not both [workload.nic_rx] and [workload.nvme]",
-            ),
+        )?;
+        if let Some(nic) = &w.nic_rx {
+            nic.validate(cpu.cores)?;
         }
+        if let Some(nic) = &w.nic_tx {
+            nic.validate(cpu.cores)?;
+        }
+        if let Some(nvme) = &w.nvme {
+            nvme.validate(cpu.cores)?;
+        }
+        Ok(())
     }
 }
 
@@ -709,6 +775,77 @@ impl NicRx {
             "expected at least one MTU",
         )?;
         Ok(())
+    }
+}
+
+impl NicTx {
+    fn validate(&self, cores: u32) -> Result<(), (Vec<String>, String)> {
+        let nic = self;
+        check(
+            nic.line_rate_gbps > 0.0 && nic.line_rate_gbps <= 3200.0,
+            "workload.nic_tx.line_rate_gbps",
+            "expected a line rate in (0, 3200] Gbps",
+        )?;
+        check(
+            nic.queues >= 1 && nic.queues <= cores,
+            "workload.nic_tx.queues",
+            format!("expected 1..={cores} queues (one CPU each, platform.cpu.cores)"),
+        )?;
+        check(
+            (1..=65536).contains(&nic.flows),
+            "workload.nic_tx.flows",
+            "expected 1..=65536 flows",
+        )?;
+        check(
+            (128..=65536).contains(&nic.mtu),
+            "workload.nic_tx.mtu",
+            "expected an MTU of 128..=65536 bytes",
+        )?;
+        check(
+            nic.tso_max_bytes >= nic.mtu && nic.tso_max_bytes <= 512 * 1024,
+            "workload.nic_tx.tso_max_bytes",
+            "expected at least one MTU and at most 512 KiB",
+        )?;
+        check(
+            nic.tsq_bytes >= 1 && nic.tsq_bytes <= 1 << 30,
+            "workload.nic_tx.tsq_bytes",
+            "expected 1 byte to 1 GiB",
+        )?;
+        check(
+            nic.frag_kb.is_power_of_two() && (4..=1024).contains(&nic.frag_kb),
+            "workload.nic_tx.frag_kb",
+            "expected a power of two from 4 to 1024 KiB",
+        )?;
+        check(
+            nic.peer_ack_bytes >= 1,
+            "workload.nic_tx.peer_ack_bytes",
+            "expected at least 1 byte",
+        )?;
+        check(
+            nic.rtt_us >= 0.0 && nic.rtt_us <= 1e6,
+            "workload.nic_tx.rtt_us",
+            "expected 0..=1000000 µs",
+        )?;
+        check(
+            (1..=65536).contains(&nic.rx_ring_size),
+            "workload.nic_tx.rx_ring_size",
+            "expected 1..=65536 pages",
+        )?;
+        check(
+            nic.napi_budget >= 1,
+            "workload.nic_tx.napi_budget",
+            "expected at least 1",
+        )?;
+        check(
+            nic.irq_usecs <= 1_000_000,
+            "workload.nic_tx.irq_usecs",
+            "expected 0..=1000000 µs",
+        )?;
+        check(
+            nic.irq_frames >= 1,
+            "workload.nic_tx.irq_frames",
+            "expected at least 1",
+        )
     }
 }
 

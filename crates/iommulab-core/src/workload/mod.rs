@@ -4,6 +4,7 @@ pub mod desc_ring;
 pub mod napi;
 pub mod net;
 pub mod nic_rx;
+pub mod nic_tx;
 pub mod nvme;
 pub mod sq;
 

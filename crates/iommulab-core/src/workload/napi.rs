@@ -1,7 +1,9 @@
-//! NAPI scheduling of one queue with the device's completion-event moderation (mlx5 CQ moderation in
-//! CQE-period mode): an armed interrupt fires `usecs` after the latest completion (the period restarts at
-//! every CQE) or as soon as `frames` are pending; the poll then runs until napi_complete_done() re-arms it.
-//! Each (re)scheduling supersedes the earlier poll event, so a poll event is live only at its own time.
+//! NAPI scheduling of one channel with the device's completion-event moderation (mlx5 CQ moderation). A
+//! channel's RX and TX completion queues arm their interrupts separately: an armed CQ fires `usecs` after
+//! its first completion (EQE period mode) or after its latest one (CQE period mode: the period restarts at
+//! every CQE), or as soon as `frames` are pending; whichever CQ fires first schedules the poll, which runs
+//! until napi_complete_done() re-arms both. Each (re)scheduling supersedes the earlier poll event, so a poll
+//! event is live only at its own time.
 
 use crate::sim::Time;
 
@@ -10,22 +12,37 @@ use crate::sim::Time;
 pub struct Moderation {
     pub usecs: u64,
     pub frames: u32,
+    /// CQE period mode (the period restarts at every completion) rather than EQE mode.
+    pub from_cqe: bool,
 }
 
-/// en.h MLX5E_PARAMS_DEFAULT_TX_CQ_MODERATION_USEC (0x10) and _PKTS (0x20): TX completion-event moderation.
+/// mlx5 TX completion-event moderation: en_main.c mlx5e_build_nic_params() sets EQE period mode for TX;
+/// en.h MLX5E_PARAMS_DEFAULT_TX_CQ_MODERATION_USEC (0x10) and _PKTS (0x20).
 pub const MLX5_TX_CQ_MODERATION: Moderation = Moderation {
     usecs: 16,
     frames: 32,
+    from_cqe: false,
 };
+
+/// The completion queues of a channel.
+pub const RX_CQ: usize = 0;
+pub const TX_CQ: usize = 1;
+
+/// One CQ's interrupt arming.
+#[derive(Debug, Default, Clone, Copy)]
+struct Arm {
+    armed: bool,
+    pending: u32,
+    /// When this CQ's interrupt fires.
+    fire: Option<Time>,
+}
 
 #[derive(Debug, Default)]
 pub struct Napi {
     /// A poll is pending, running or armed to be raised by the device.
     scheduled: bool,
-    /// The interrupt is armed and counting completions.
-    armed: bool,
-    pending: u32,
-    /// The time of the one live poll event (older events for this queue are stale).
+    arms: [Arm; 2],
+    /// The time of the one live poll event (older events for this channel are stale).
     at: Option<Time>,
     /// The poll waits for its CPU and will be delivered again.
     cpu_wait: bool,
@@ -39,35 +56,50 @@ impl Napi {
         self.at = Some(at);
     }
 
-    /// A completion entry becomes visible at `at`: arm the interrupt if NAPI is idle, move an armed one.
-    /// Returns the poll's new time when the caller must deliver a poll event then.
-    pub fn completion(&mut self, at: Time, m: Moderation) -> Option<Time> {
+    /// A completion entry of `cq` becomes visible at `at`: arm the interrupts if NAPI is idle, count it on
+    /// an armed CQ. Returns the poll's new time when the caller must deliver a poll event then.
+    pub fn completion(&mut self, cq: usize, at: Time, m: Moderation) -> Option<Time> {
         if !self.scheduled {
             self.scheduled = true;
-            self.armed = true;
-            self.pending = 0;
+            self.arms = [Arm {
+                armed: true,
+                ..Arm::default()
+            }; 2];
         }
-        if !self.armed {
+        if self.at.is_some_and(|poll| poll <= at) {
+            // Completions are announced ahead of time: the poll comes before this one is visible, and
+            // re-arms for it.
             return None;
         }
-        self.pending += 1;
-        let fire = if self.pending >= m.frames {
-            self.armed = false;
+        let arm = &mut self.arms[cq];
+        if !arm.armed {
+            return None;
+        }
+        arm.pending += 1;
+        let fire = if arm.pending >= m.frames {
+            arm.armed = false;
             at
-        } else {
+        } else if m.from_cqe || arm.fire.is_none() {
             at + m.usecs * 1000
+        } else {
+            return None; // EQE mode: the period runs from the first completion
         };
-        self.schedule(fire);
-        Some(fire)
+        arm.fire = Some(fire);
+        let first = self.arms.iter().filter_map(|a| a.fire).min()?;
+        if self.at == Some(first) {
+            return None;
+        }
+        self.schedule(first);
+        Some(first)
     }
 
-    /// A poll event at `now`: whether it is the live one (not superseded). The interrupt is disarmed.
+    /// A poll event at `now`: whether it is the live one (not superseded). The interrupts are disarmed.
     pub fn begin(&mut self, now: Time) -> bool {
         if !(self.cpu_wait || self.at == Some(now)) {
             return false;
         }
         self.at = None;
-        self.armed = false;
+        self.arms = [Arm::default(); 2];
         true
     }
 
@@ -76,7 +108,7 @@ impl Napi {
         self.cpu_wait = waiting;
     }
 
-    /// napi_complete_done(): idle until the next completion arms the interrupt.
+    /// napi_complete_done(): idle until the next completion arms the interrupts.
     pub fn complete(&mut self) {
         self.scheduled = false;
     }
@@ -89,28 +121,77 @@ mod tests {
     const M: Moderation = Moderation {
         usecs: 3,
         frames: 4,
+        from_cqe: true,
     };
 
     #[test]
     fn the_period_restarts_at_every_completion_and_frames_fire_at_once() {
         let mut n = Napi::default();
-        assert_eq!(n.completion(100, M), Some(3100));
-        assert_eq!(n.completion(200, M), Some(3200));
+        assert_eq!(n.completion(RX_CQ, 100, M), Some(3100));
+        assert_eq!(n.completion(RX_CQ, 200, M), Some(3200));
         assert!(!n.begin(3100), "superseded by the later completion");
-        n.completion(300, M);
+        n.completion(RX_CQ, 300, M);
         assert_eq!(
-            n.completion(400, M),
+            n.completion(RX_CQ, 400, M),
             Some(400),
             "the 4th pending fires at once"
         );
-        assert_eq!(n.completion(500, M), None, "disarmed: the poll will see it");
+        assert_eq!(
+            n.completion(RX_CQ, 500, M),
+            None,
+            "disarmed: the poll will see it"
+        );
         assert!(n.begin(400));
         n.complete();
         assert_eq!(
-            n.completion(600, M),
+            n.completion(RX_CQ, 600, M),
             Some(3600),
             "re-armed after napi_complete_done"
         );
+    }
+
+    #[test]
+    fn a_completion_after_the_armed_interrupt_fires_does_not_delay_it() {
+        let mut n = Napi::default();
+        assert_eq!(n.completion(RX_CQ, 100, M), Some(3100));
+        assert_eq!(
+            n.completion(RX_CQ, 5000, M),
+            None,
+            "the interrupt at 3100 comes first"
+        );
+        assert!(n.begin(3100));
+    }
+
+    #[test]
+    fn in_eqe_mode_the_period_runs_from_the_first_completion() {
+        let eqe = Moderation {
+            from_cqe: false,
+            ..M
+        };
+        let mut n = Napi::default();
+        assert_eq!(n.completion(RX_CQ, 100, eqe), Some(3100));
+        assert_eq!(n.completion(RX_CQ, 200, eqe), None);
+        assert_eq!(n.completion(RX_CQ, 300, eqe), None);
+        assert_eq!(
+            n.completion(RX_CQ, 400, eqe),
+            Some(400),
+            "the 4th pending fires at once"
+        );
+        assert!(n.begin(400));
+    }
+
+    #[test]
+    fn each_cq_arms_on_its_own_and_the_first_to_fire_schedules_the_poll() {
+        let mut n = Napi::default();
+        assert_eq!(n.completion(RX_CQ, 100, M), Some(3100));
+        // A TX completion in EQE mode fires 16 µs after it: later than RX, so the poll stays at 3100.
+        assert_eq!(n.completion(TX_CQ, 200, MLX5_TX_CQ_MODERATION), None);
+        assert_eq!(
+            n.completion(RX_CQ, 300, M),
+            Some(3300),
+            "RX's period restarts"
+        );
+        assert!(n.begin(3300));
     }
 
     #[test]

@@ -14,7 +14,7 @@ mod rq;
 mod tcp;
 
 use super::desc_ring::DescRing;
-use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION};
+use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION, RX_CQ, TX_CQ};
 use super::net::{self, ACK_FRAME, ETH_HLEN};
 use super::sq::{Seg, SendQueue, CQE_BYTES};
 use super::{Device, Workload, WorkloadStats};
@@ -182,11 +182,15 @@ impl NicRxWorkload {
             Moderation {
                 usecs: self.cfg.irq_usecs as u64,
                 frames: self.cfg.irq_frames,
+                from_cqe: true,
             }
         } else {
             MLX5_TX_CQ_MODERATION
         };
-        if let Some(fire) = self.queues[q].napi.completion(at, m) {
+        if let Some(fire) = self.queues[q]
+            .napi
+            .completion(if rx { RX_CQ } else { TX_CQ }, at, m)
+        {
             host.schedule(fire, napi_event(q));
         }
     }

@@ -1,0 +1,556 @@
+//! Multi-queue NIC transmit of bulk TCP (iperf3 client).
+//!
+//! Each flow's sender runs on its queue's CPU (XPS) and builds one TSO skb at a time: tcp_sendmsg() copies
+//! the data into the socket's page-frag chunks, tcp_write_xmit() cuts an skb of the TSO size goal, and
+//! mlx5e_xmit() inlines the headers into the WQE and maps each page frag (skb_frag_dma_map), so every skb
+//! costs one mapping per frag (`sq`). The device fetches the WQE, reads the data through the IOMMU,
+//! serialises the segments onto the wire and writes a completion; NAPI reaps completions and unmaps the
+//! frags, and the freed skbs return the socket's TCP Small Queues budget (tcp_wfree → tcp_tsq_handler),
+//! which is what paces a sender the NIC cannot keep up with. The peer's ACKs arrive one round trip after
+//! the data left the wire and are written into RX pages page_pool keeps mapped; NAPI handles them.
+//!
+//! Simplifications: the peer and the network never limit the senders (no congestion window, no loss);
+//! ACKs free no DMA state (the clone the NIC read was freed at completion), so they cost CPU and device
+//! accesses only; a flow's chunks are reused in turn, enough of them that data in flight is never
+//! overwritten.
+
+use super::desc_ring::DescRing;
+use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION, RX_CQ, TX_CQ};
+use super::net::{self, ACK_FRAME, ETH_HLEN, ETH_WIRE_OVERHEAD, TCPIP_HLEN};
+use super::sq::{pages_spanned, Seg, SendQueue, CQE_BYTES, TX_CQ_POLL_BUDGET};
+use super::{Device, Workload, WorkloadStats};
+use crate::host::{Event, Host};
+use crate::hw::PAGE_SIZE as PAGE;
+use crate::scenario::NicTx;
+use crate::sim::Time;
+use std::collections::VecDeque;
+
+/// include/net/tcp.h MAX_TCP_HEADER (128 + MAX_HEADER, cache-aligned; 320 on x86-64 distribution
+/// configs): tcp_xmit_size_goal() keeps an skb below GSO_MAX_SIZE - 1 - MAX_TCP_HEADER.
+const MAX_TCP_HEADER: u64 = 320;
+/// mlx5 WQE layout (en/tx.c mlx5e_sq_xmit_wqe): 16-byte data segments, four per 64-byte building block; a
+/// control and an Ethernet segment, the inlined headers beyond the Ethernet segment's first 2 bytes
+/// (MLX5E_INLINE_HDR_START_SZ), then one segment per mapped frag.
+const WQE_DS_BYTES: u64 = 16;
+const WQEBB_DS: u64 = 4;
+const INLINE_HDR_START: u64 = 2;
+/// Cyclic RQ descriptor (struct mlx5_wqe_data_seg), as `nic_rx`.
+const RX_DESC_BYTES: u64 = 16;
+/// A sender whose mapping found no IOVA space retries this much later (a modelling choice: the skb is
+/// dropped by the driver and retransmitted; no scenario here runs out).
+const RETRY_NS: u64 = 10_000;
+
+const EV_SEND: u16 = 0;
+const EV_NAPI: u16 = 1;
+const EV_ACK: u16 = 2;
+
+struct Flow {
+    queue: usize,
+    /// Bytes in skbs handed to the device and not yet completed (sk_wmem_alloc as TSQ sees it).
+    in_flight: u64,
+    /// TSQ_THROTTLED: waiting for completions to free budget.
+    throttled: bool,
+    /// A send event is pending.
+    scheduled: bool,
+    /// Physical first page of each page-frag chunk, and the write position in the chunk stream (bytes).
+    chunks: Vec<u64>,
+    pos: u64,
+    /// Bytes sent since the peer's last ACK.
+    unacked: u64,
+}
+
+/// The pages the peer's ACKs land in, kept mapped (page_pool), and their rings.
+struct AckRx {
+    pages: Vec<u64>,
+    next: usize,
+    desc: DescRing,
+    cq: DescRing,
+    /// When each written ACK's completion is visible.
+    pending: VecDeque<Time>,
+}
+
+struct TxQueue {
+    cpu: usize,
+    sq: Option<SendQueue>,
+    rx: Option<AckRx>,
+    napi: Napi,
+}
+
+pub struct NicTxWorkload {
+    cfg: NicTx,
+    queues: Vec<TxQueue>,
+    flows: Vec<Flow>,
+    dev: Device,
+    /// Payload per skb (the TSO size goal) and segments per skb.
+    skb_bytes: u64,
+    segs_per_skb: u64,
+    chunk_bytes: u64,
+    /// The port's wire is busy until then.
+    wire_free: Time,
+    segs: Vec<Seg>,
+    reaped: Vec<u32>,
+    stats: WorkloadStats,
+}
+
+fn ev(kind: u16, id: usize) -> Event {
+    Event::Workload {
+        kind,
+        id: id as u32,
+    }
+}
+
+impl NicTxWorkload {
+    pub fn new(cfg: &NicTx, link_gbps: f64, translation_slots: u32) -> Self {
+        let mss = net::mss(cfg.mtu);
+        // tcp_xmit_size_goal(): whole segments below the GSO limit.
+        let goal = (cfg.tso_max_bytes as u64).saturating_sub(1 + MAX_TCP_HEADER);
+        let segs_per_skb = (goal / mss).max(1);
+        let skb_bytes = segs_per_skb * mss;
+        let chunk_bytes = cfg.frag_kb as u64 * 1024;
+        // Enough chunks for the TSQ budget, one skb over it, and the chunk being filled.
+        let chunks = (cfg.tsq_bytes + 2 * skb_bytes).div_ceil(chunk_bytes) + 1;
+        NicTxWorkload {
+            cfg: cfg.clone(),
+            queues: (0..cfg.queues as usize)
+                .map(|q| TxQueue {
+                    cpu: q,
+                    sq: None,
+                    rx: None,
+                    napi: Napi::default(),
+                })
+                .collect(),
+            flows: (0..cfg.flows as usize)
+                .map(|f| Flow {
+                    queue: f % cfg.queues as usize,
+                    in_flight: 0,
+                    throttled: false,
+                    scheduled: false,
+                    chunks: vec![0; chunks as usize],
+                    pos: 0,
+                    unacked: 0,
+                })
+                .collect(),
+            dev: Device::new(translation_slots, link_gbps),
+            skb_bytes,
+            segs_per_skb,
+            chunk_bytes,
+            wire_free: 0,
+            segs: Vec::new(),
+            reaped: Vec::new(),
+            stats: WorkloadStats::default(),
+        }
+    }
+
+    /// Wire time of one skb's segments, headers and framing included, in ns.
+    fn wire_ns(&self) -> u64 {
+        let bytes = self.skb_bytes + self.segs_per_skb * (ETH_WIRE_OVERHEAD + TCPIP_HLEN);
+        (bytes as f64 * 8.0 / self.cfg.line_rate_gbps).ceil() as u64
+    }
+
+    /// WQE building blocks of an skb with `frags` mapped frags and its headers inlined.
+    fn wqebbs(frags: usize) -> u64 {
+        let inline = (ETH_HLEN + TCPIP_HLEN - INLINE_HDR_START).div_ceil(WQE_DS_BYTES);
+        (2 + inline + frags as u64).div_ceil(WQEBB_DS)
+    }
+
+    fn schedule_send(&mut self, host: &mut Host, f: usize, at: Time) {
+        if !self.flows[f].scheduled {
+            self.flows[f].scheduled = true;
+            host.schedule(at, ev(EV_SEND, f));
+        }
+    }
+
+    fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, rx: bool) {
+        let m = if rx {
+            Moderation {
+                usecs: self.cfg.irq_usecs as u64,
+                frames: self.cfg.irq_frames,
+                from_cqe: true,
+            }
+        } else {
+            MLX5_TX_CQ_MODERATION
+        };
+        if let Some(fire) = self.queues[q]
+            .napi
+            .completion(if rx { RX_CQ } else { TX_CQ }, at, m)
+        {
+            host.schedule(fire, ev(EV_NAPI, q));
+        }
+    }
+
+    /// Map the next skb's data: one segment per page-frag piece (a frag never crosses a chunk). None if
+    /// IOVA space ran out (what was mapped is unmapped again).
+    fn map_skb(&mut self, host: &mut Host, f: usize, cpu: usize, mut t: Time) -> (bool, Time) {
+        let mut segs = std::mem::take(&mut self.segs);
+        segs.clear();
+        let flow = &self.flows[f];
+        let stream = flow.chunks.len() as u64 * self.chunk_bytes;
+        let (mut pos, mut left) = (flow.pos, self.skb_bytes);
+        let mut ok = true;
+        while left > 0 {
+            let in_chunk = pos % self.chunk_bytes;
+            let bytes = left.min(self.chunk_bytes - in_chunk);
+            let chunk = self.flows[f].chunks[(pos / self.chunk_bytes) as usize];
+            let offset = in_chunk % PAGE;
+            let pages = pages_spanned(offset, bytes);
+            match host.dma_map(t, cpu, chunk + in_chunk / PAGE, pages) {
+                Some((dma, t2)) => {
+                    t = t2;
+                    segs.push(Seg {
+                        dma,
+                        pages,
+                        offset,
+                        bytes,
+                    });
+                }
+                None => {
+                    ok = false;
+                    break;
+                }
+            }
+            pos = (pos + bytes) % stream;
+            left -= bytes;
+        }
+        if ok {
+            self.flows[f].pos = pos;
+        } else {
+            for s in segs.drain(..) {
+                t = host.dma_unmap(t, cpu, s.dma, s.pages);
+            }
+        }
+        self.segs = segs;
+        (ok, t)
+    }
+
+    /// The sender of flow `f`: one skb per event while TSQ allows (tcp_sendmsg, tcp_write_xmit,
+    /// dev_queue_xmit, mlx5e_xmit).
+    fn send(&mut self, host: &mut Host, now: Time, f: usize) {
+        if self.flows[f].in_flight >= self.cfg.tsq_bytes {
+            // tcp_small_queue_check(): wait for TX completions.
+            self.flows[f].scheduled = false;
+            self.flows[f].throttled = true;
+            return;
+        }
+        let q = self.flows[f].queue;
+        let cpu = self.queues[q].cpu;
+        if !host.cpu_acquire(cpu, now, ev(EV_SEND, f)) {
+            return;
+        }
+        self.flows[f].scheduled = false;
+        let cpu_cfg = &host.platform.cpu;
+        let copy_ns = (self.skb_bytes as f64 * cpu_cfg.copy_ns_per_byte).round() as u64;
+        let t = now + copy_ns + cpu_cfg.tx_packet_ns;
+        let (ok, t) = self.map_skb(host, f, cpu, t);
+        if !ok {
+            self.stats.drops_device += 1;
+            host.cpus[cpu].account(now, t);
+            self.flows[f].scheduled = true;
+            host.schedule(t + RETRY_NS, ev(EV_SEND, f));
+            return;
+        }
+        let segs = std::mem::take(&mut self.segs);
+        let mut sq = self.queues[q]
+            .sq
+            .take()
+            .expect("send queue set up at start");
+        let wqebbs = Self::wqebbs(segs.len());
+        let read = sq.fetch_and_read(&mut self.dev, host, t, wqebbs, &segs);
+        // Segments leave back to back once the port is free; the last cannot leave before its data is read.
+        let frame_ns = self.wire_ns() / self.segs_per_skb;
+        let wire_end = (self.wire_free.max(t) + self.wire_ns()).max(read + frame_ns);
+        self.wire_free = wire_end;
+        let done = sq.complete(&mut self.dev, host, wire_end, &segs, f as u32);
+        self.queues[q].sq = Some(sq);
+        self.stats.dma_pages += segs.iter().map(|s| s.pages).sum::<u64>();
+        self.segs = segs;
+        self.stats.packets_offered += self.segs_per_skb;
+        self.stats.bytes_received += self.skb_bytes;
+        self.completion_event(host, q, done, false);
+        let flow = &mut self.flows[f];
+        flow.in_flight += self.skb_bytes;
+        flow.unacked += self.skb_bytes;
+        let rtt = (self.cfg.rtt_us * 1000.0).round() as u64;
+        while flow.unacked >= self.cfg.peer_ack_bytes {
+            flow.unacked -= self.cfg.peer_ack_bytes;
+            host.schedule(wire_end + rtt, ev(EV_ACK, q));
+        }
+        host.cpus[cpu].account(now, t);
+        self.schedule_send(host, f, t);
+    }
+
+    /// A peer ACK reaches queue `q`: the device fetches the next RX descriptor, writes the frame into its
+    /// page and a completion entry.
+    fn ack_arrives(&mut self, host: &mut Host, now: Time, q: usize) {
+        let Some(mut rx) = self.queues[q].rx.take() else {
+            return;
+        };
+        let page = rx.pages[rx.next];
+        rx.next = (rx.next + 1) % rx.pages.len();
+        self.dev.ring_access(host, now, &mut rx.desc);
+        let written = self.dev.access(host, now, page, ACK_FRAME);
+        let done = written.max(self.dev.ring_access(host, now, &mut rx.cq));
+        rx.pending.push_back(done);
+        self.queues[q].rx = Some(rx);
+        self.completion_event(host, q, done, true);
+    }
+
+    /// mlx5e_napi_poll(): reap TX completions (unmapping the frags, returning TSQ budget), then the ACKs.
+    fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
+        let cpu = self.queues[q].cpu;
+        if !self.queues[q].napi.begin(now) {
+            return; // superseded
+        }
+        let waiting = !host.cpu_acquire(cpu, now, ev(EV_NAPI, q));
+        self.queues[q].napi.set_cpu_wait(waiting);
+        if waiting {
+            return;
+        }
+        let mut reaped = std::mem::take(&mut self.reaped);
+        reaped.clear();
+        let mut t = match self.queues[q].sq.as_mut() {
+            Some(sq) => sq.reap(host, cpu, now, now, |f| reaped.push(f)),
+            None => now,
+        };
+        for &f in &reaped {
+            let f = f as usize;
+            self.stats.bytes_delivered += self.skb_bytes;
+            self.stats.packets_delivered += self.segs_per_skb;
+            self.stats.tx_packets += self.segs_per_skb;
+            let flow = &mut self.flows[f];
+            flow.in_flight -= self.skb_bytes;
+            // tcp_wfree(): a throttled socket's tcp_tsq_handler() runs from this CPU's tasklet.
+            if flow.throttled && flow.in_flight < self.cfg.tsq_bytes {
+                flow.throttled = false;
+                self.schedule_send(host, f, t);
+            }
+        }
+        let tx_busy = reaped.len() == TX_CQ_POLL_BUDGET;
+        self.reaped = reaped;
+        let stack_ns = host.platform.cpu.stack_ns_per_packet;
+        let mut acks = 0;
+        if let Some(rx) = self.queues[q].rx.as_mut() {
+            while acks < self.cfg.napi_budget {
+                match rx.pending.front() {
+                    Some(&at) if at <= t => {
+                        rx.pending.pop_front();
+                        t += stack_ns; // tcp_v4_rcv → tcp_ack
+                        acks += 1;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        host.cpus[cpu].account(now, t);
+        if tx_busy || acks == self.cfg.napi_budget {
+            self.queues[q].napi.schedule(t);
+            host.schedule(t, ev(EV_NAPI, q));
+            return;
+        }
+        self.queues[q].napi.complete();
+        let sq_pending = self.queues[q].sq.as_ref().map_or(0, |sq| sq.pending());
+        for i in 0..sq_pending {
+            let at = self.queues[q].sq.as_ref().expect("counted").pending_done(i);
+            self.completion_event(host, q, at.max(t), false);
+        }
+        let rx_pending = self.queues[q].rx.as_ref().map_or(0, |rx| rx.pending.len());
+        for i in 0..rx_pending {
+            let at = self.queues[q].rx.as_ref().expect("counted").pending[i];
+            self.completion_event(host, q, at.max(t), true);
+        }
+    }
+
+    /// Queue `q` at probe: its send queue, the ACK RX ring (pages allocated and mapped by page_pool), and
+    /// the page-frag chunks of its flows.
+    fn setup(&mut self, host: &mut Host, q: usize, mut t: Time) -> Time {
+        let cpu = self.queues[q].cpu;
+        if let Some((sq, t2)) = SendQueue::alloc(host, cpu, t) {
+            self.queues[q].sq = Some(sq);
+            t = t2;
+        }
+        let n = self.cfg.rx_ring_size as u64;
+        let mut pages = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let Some(phys) = host.pages.alloc() else {
+                break;
+            };
+            let Some((dma, t2)) = host.dma_map(t, cpu, phys, 1) else {
+                break;
+            };
+            t = t2;
+            pages.push(dma);
+        }
+        let desc = DescRing::alloc(host, cpu, n, RX_DESC_BYTES, t);
+        let cq = desc
+            .as_ref()
+            .and_then(|(_, t2)| DescRing::alloc(host, cpu, n, CQE_BYTES, *t2));
+        if let (Some((desc, _)), Some((cq, t2)), false) = (desc, cq, pages.is_empty()) {
+            t = t2;
+            self.queues[q].rx = Some(AckRx {
+                pages,
+                next: 0,
+                desc,
+                cq,
+                pending: VecDeque::new(),
+            });
+        }
+        let pages_per_chunk = self.chunk_bytes / PAGE;
+        for f in (q..self.flows.len()).step_by(self.queues.len()) {
+            for c in 0..self.flows[f].chunks.len() {
+                self.flows[f].chunks[c] = host
+                    .pages
+                    .alloc_contiguous(pages_per_chunk)
+                    .expect("memory for the socket's page frags");
+            }
+        }
+        t
+    }
+}
+
+impl Workload for NicTxWorkload {
+    fn start(&mut self, host: &mut Host, now: Time) {
+        for q in 0..self.queues.len() {
+            let t = self.setup(host, q, now);
+            let cpu = self.queues[q].cpu;
+            host.cpus[cpu].account(now, t);
+        }
+        for f in 0..self.flows.len() {
+            self.schedule_send(host, f, now);
+        }
+    }
+
+    fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32) {
+        match kind {
+            EV_SEND => self.send(host, now, id as usize),
+            EV_NAPI => self.napi_poll(host, now, id as usize),
+            EV_ACK => self.ack_arrives(host, now, id as usize),
+            _ => unreachable!("nic_tx event kind {kind}"),
+        }
+    }
+
+    fn stats(&self) -> WorkloadStats {
+        WorkloadStats {
+            dma_faults: self.dev.faults,
+            ..self.stats.clone()
+        }
+    }
+
+    fn cpus(&self) -> Vec<usize> {
+        self.queues.iter().map(|q| q.cpu).collect()
+    }
+
+    fn line_rate_gbps(&self) -> f64 {
+        self.cfg.line_rate_gbps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> NicTx {
+        let sc = "[run]\nduration_ms = 1\n[platform]\nprofile = \"vtd-server\"\n[os]\npolicy = \"strict\"\n\
+                  [workload.nic_tx]\nline_rate_gbps = 100\nqueues = 2\nflows = 2\nmtu = 1500\n";
+        let v = crate::scenario::load(
+            crate::scenario::Source::Text {
+                name: "t.toml",
+                text: sc,
+            },
+            &[],
+        )
+        .unwrap();
+        v[0].scenario.workload.nic_tx.clone().unwrap()
+    }
+
+    #[test]
+    fn the_tso_size_goal_is_whole_segments_below_gso_max_size() {
+        let w = NicTxWorkload::new(&cfg(), 128.0, 1);
+        // (65536 - 1 - 320) / 1448 = 45 segments.
+        assert_eq!(
+            (net::mss(1500), w.segs_per_skb, w.skb_bytes),
+            (1448, 45, 65160)
+        );
+        // ctrl + eth + 4 inline (64 header bytes) + 3 frags = 9 segments: 3 building blocks.
+        assert_eq!(NicTxWorkload::wqebbs(3), 3);
+        assert_eq!(NicTxWorkload::wqebbs(2), 2);
+    }
+
+    #[test]
+    fn an_skb_maps_one_segment_per_frag_piece_and_never_crosses_a_chunk() {
+        let mut host = crate::run::test_host("strict");
+        let mut w = NicTxWorkload::new(&cfg(), 128.0, 1);
+        w.setup(&mut host, 0, 0);
+        let mut total = 0;
+        for _ in 0..20 {
+            let (ok, _) = w.map_skb(&mut host, 0, 0, 0);
+            assert!(ok);
+            let bytes: u64 = w.segs.iter().map(|s| s.bytes).sum();
+            assert_eq!(bytes, w.skb_bytes);
+            assert!((2..=4).contains(&w.segs.len()), "{:?}", w.segs);
+            for s in &w.segs {
+                assert!(s.offset + s.bytes <= s.pages * PAGE);
+                assert!(s.bytes <= w.chunk_bytes);
+            }
+            total += bytes;
+        }
+        assert_eq!(
+            w.flows[0].pos,
+            total % (w.flows[0].chunks.len() as u64 * w.chunk_bytes)
+        );
+    }
+
+    fn run_tx(policy: &str, extra: &[(&str, &str)]) -> crate::metrics::RunResult {
+        let mut ov = vec![
+            ("os.policy".to_string(), policy.to_string()),
+            ("run.duration_ms".to_string(), "4".to_string()),
+            ("run.warmup_ms".to_string(), "2".to_string()),
+        ];
+        ov.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let v = crate::scenario::load(crate::scenario::Source::Builtin("tx"), &ov).unwrap();
+        crate::run::run_variant(&v[0])
+    }
+
+    #[test]
+    fn strict_invalidates_once_per_frag_and_never_serves_a_stale_translation() {
+        let r = run_tx("strict", &[]);
+        assert!(r.throughput_gbps > 10.0, "{r:?}");
+        assert_eq!(r.dma_faults, 0);
+        assert_eq!(r.stale_translations, 0);
+        // One PSI per unmapped frag, each frag spanning 8 or 9 pages of a 32 KiB chunk (a 64 KiB skb has
+        // 2 to 4 frags): fewer invalidations than pages, more than one per 16 pages.
+        assert!(
+            r.inv_per_page > 1.0 / 16.0 && r.inv_per_page < 0.5,
+            "{}",
+            r.inv_per_page
+        );
+        assert!(r.iova_pages_unmapped > 0);
+    }
+
+    #[test]
+    fn the_policies_order_as_their_costs_and_passthrough_reaches_the_line_rate() {
+        let pt = run_tx("passthrough", &[]);
+        let lazy = run_tx("lazy", &[]);
+        let strict = run_tx("strict", &[]);
+        // 1448 of every 1538 bytes on the wire are payload.
+        assert!(
+            pt.throughput_gbps > 0.97 * 100.0 * 1448.0 / 1538.0,
+            "{}",
+            pt.throughput_gbps
+        );
+        assert!(strict.throughput_gbps < lazy.throughput_gbps);
+        assert!(lazy.throughput_gbps < pt.throughput_gbps);
+        assert!(strict.cpu_inv_wait_share > lazy.cpu_inv_wait_share);
+    }
+
+    #[test]
+    fn tcp_small_queues_pace_a_sender_the_nic_cannot_keep_up_with() {
+        // A 10 Gbps port under 4 flows: TSQ holds each socket to about its budget in flight, so the link,
+        // not the CPUs, is the limit, and the senders mostly wait.
+        let r = run_tx("passthrough", &[("workload.nic_tx.line_rate_gbps", "10")]);
+        assert!(
+            r.throughput_gbps > 9.0 && r.throughput_gbps < 10.0,
+            "{}",
+            r.throughput_gbps
+        );
+        assert!(r.cpu_busy < 0.2, "{}", r.cpu_busy);
+    }
+}
