@@ -1,5 +1,7 @@
 //! Counters, snapshots and the result of a run: what was measured between the end of warm-up and the end.
 
+pub mod hist;
+
 use crate::dma::iova::IovaStats;
 use crate::dma::DmaStats;
 use crate::hw::{InvKind, IommuCounters};
@@ -115,6 +117,9 @@ pub struct RunResult {
     pub window_limited_share: f64,
     pub flush_queue_flushes: FlushQueueFlushes,
     pub iova_rcache_hit_rate: f64,
+    /// Request latency percentiles (request/response workloads only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency: Option<hist::Latency>,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -236,6 +241,7 @@ impl RunResult {
                 timer: b.dma.fq_flush_timer - a.dma.fq_flush_timer,
             },
             iova_rcache_hit_rate: r6(ratio(rc_hits, rc_total)),
+            latency: b.wl.latency.since(&a.wl.latency).latency(r6),
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod nvme;
 pub mod sq;
 
 use crate::host::Host;
+use crate::metrics::hist::Histogram;
 use crate::sim::{DmaEngine, Time};
 use desc_ring::DescRing;
 use serde::Serialize;
@@ -67,6 +68,9 @@ pub struct WorkloadStats {
     pub tx_packets: u64,
     /// DMA writes that hit no valid translation.
     pub dma_faults: u64,
+    /// Latency of each request served (request/response workloads), ns.
+    #[serde(skip)]
+    pub latency: Histogram,
 }
 
 pub trait Workload: Send + Sync {

@@ -17,10 +17,9 @@
 use super::desc_ring::DescRing;
 use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION, RX_CQ, TX_CQ};
 use super::net::{self, ACK_FRAME, ETH_HLEN, ETH_WIRE_OVERHEAD, TCPIP_HLEN};
-use super::sq::{pages_spanned, Seg, SendQueue, CQE_BYTES, TX_CQ_POLL_BUDGET};
+use super::sq::{FragStream, Seg, SendQueue, CQE_BYTES, TX_CQ_POLL_BUDGET};
 use super::{Device, Workload, WorkloadStats};
 use crate::host::{Event, Host};
-use crate::hw::PAGE_SIZE as PAGE;
 use crate::scenario::NicTx;
 use crate::sim::Time;
 use std::collections::VecDeque;
@@ -52,9 +51,8 @@ struct Flow {
     throttled: bool,
     /// A send event is pending.
     scheduled: bool,
-    /// Physical first page of each page-frag chunk, and the write position in the chunk stream (bytes).
-    chunks: Vec<u64>,
-    pos: u64,
+    /// The socket's page-frag chunks (allocated at start).
+    frags: Option<FragStream>,
     /// Bytes sent since the peer's last ACK.
     unacked: u64,
 }
@@ -107,8 +105,6 @@ impl NicTxWorkload {
         let segs_per_skb = (goal / mss).max(1);
         let skb_bytes = segs_per_skb * mss;
         let chunk_bytes = cfg.frag_kb as u64 * 1024;
-        // Enough chunks for the TSQ budget, one skb over it, and the chunk being filled.
-        let chunks = (cfg.tsq_bytes + 2 * skb_bytes).div_ceil(chunk_bytes) + 1;
         NicTxWorkload {
             cfg: cfg.clone(),
             queues: (0..cfg.queues as usize)
@@ -125,8 +121,7 @@ impl NicTxWorkload {
                     in_flight: 0,
                     throttled: false,
                     scheduled: false,
-                    chunks: vec![0; chunks as usize],
-                    pos: 0,
+                    frags: None,
                     unacked: 0,
                 })
                 .collect(),
@@ -178,48 +173,14 @@ impl NicTxWorkload {
         }
     }
 
-    /// Map the next skb's data: one segment per page-frag piece (a frag never crosses a chunk). None if
-    /// IOVA space ran out (what was mapped is unmapped again).
-    fn map_skb(&mut self, host: &mut Host, f: usize, cpu: usize, mut t: Time) -> (bool, Time) {
-        let mut segs = std::mem::take(&mut self.segs);
-        segs.clear();
-        let flow = &self.flows[f];
-        let stream = flow.chunks.len() as u64 * self.chunk_bytes;
-        let (mut pos, mut left) = (flow.pos, self.skb_bytes);
-        let mut ok = true;
-        while left > 0 {
-            let in_chunk = pos % self.chunk_bytes;
-            let bytes = left.min(self.chunk_bytes - in_chunk);
-            let chunk = self.flows[f].chunks[(pos / self.chunk_bytes) as usize];
-            let offset = in_chunk % PAGE;
-            let pages = pages_spanned(offset, bytes);
-            match host.dma_map(t, cpu, chunk + in_chunk / PAGE, pages) {
-                Some((dma, t2)) => {
-                    t = t2;
-                    segs.push(Seg {
-                        dma,
-                        pages,
-                        offset,
-                        bytes,
-                    });
-                }
-                None => {
-                    ok = false;
-                    break;
-                }
-            }
-            pos = (pos + bytes) % stream;
-            left -= bytes;
-        }
-        if ok {
-            self.flows[f].pos = pos;
-        } else {
-            for s in segs.drain(..) {
-                t = host.dma_unmap(t, cpu, s.dma, s.pages);
-            }
-        }
-        self.segs = segs;
-        (ok, t)
+    /// Map the next skb's data: one segment per page-frag piece. False if IOVA space ran out.
+    fn map_skb(&mut self, host: &mut Host, f: usize, cpu: usize, t: Time) -> (bool, Time) {
+        self.segs.clear();
+        let frags = self.flows[f]
+            .frags
+            .as_mut()
+            .expect("frags allocated at start");
+        frags.map(host, cpu, t, self.skb_bytes, &mut self.segs)
     }
 
     /// The sender of flow `f`: one skb per event while TSQ allows (tcp_sendmsg, tcp_write_xmit,
@@ -393,14 +354,13 @@ impl NicTxWorkload {
                 pending: VecDeque::new(),
             });
         }
-        let pages_per_chunk = self.chunk_bytes / PAGE;
+        // Enough chunks for the TSQ budget, one skb over it, and the chunk being filled.
+        let chunks = (self.cfg.tsq_bytes + 2 * self.skb_bytes).div_ceil(self.chunk_bytes) + 1;
         for f in (q..self.flows.len()).step_by(self.queues.len()) {
-            for c in 0..self.flows[f].chunks.len() {
-                self.flows[f].chunks[c] = host
-                    .pages
-                    .alloc_contiguous(pages_per_chunk)
-                    .expect("memory for the socket's page frags");
-            }
+            self.flows[f].frags = Some(
+                FragStream::alloc(host, self.chunk_bytes, chunks)
+                    .expect("memory for the socket's page frags"),
+            );
         }
         t
     }
@@ -446,6 +406,7 @@ impl Workload for NicTxWorkload {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hw::PAGE_SIZE as PAGE;
 
     fn cfg() -> NicTx {
         let sc = "[run]\nduration_ms = 1\n[platform]\nprofile = \"vtd-server\"\n[os]\npolicy = \"strict\"\n\
@@ -492,10 +453,8 @@ mod tests {
             }
             total += bytes;
         }
-        assert_eq!(
-            w.flows[0].pos,
-            total % (w.flows[0].chunks.len() as u64 * w.chunk_bytes)
-        );
+        let frags = w.flows[0].frags.as_ref().unwrap();
+        assert_eq!(frags.position(), total % frags.len_bytes());
     }
 
     fn run_tx(policy: &str, extra: &[(&str, &str)]) -> crate::metrics::RunResult {

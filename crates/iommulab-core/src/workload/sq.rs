@@ -47,6 +47,104 @@ pub fn pages_spanned(offset: u64, bytes: u64) -> u64 {
     (offset % PAGE + bytes).div_ceil(PAGE).max(1)
 }
 
+/// skb heads come from kmalloc-512 (alloc_skb(MAX_TCP_HEADER) for ACKs and small sends): 8 per slab page. The
+/// number of slab pages a queue's heads cycle over is a modelling choice: it only decides which physical page
+/// a head lands in, never a cost.
+const HEADS_PER_PAGE: u64 = 8;
+const HEAD_SLAB_PAGES: u64 = 4;
+
+/// The slab pages a queue's skb heads come from, used in turn.
+pub struct HeadSlab {
+    base: u64,
+    used: u64,
+}
+
+impl HeadSlab {
+    pub fn alloc(host: &mut Host) -> Option<Self> {
+        let base = host.pages.alloc_contiguous(HEAD_SLAB_PAGES)?;
+        Some(HeadSlab { base, used: 0 })
+    }
+
+    /// The physical page of the next head (not yet taken).
+    pub fn next_page(&self) -> u64 {
+        self.base + (self.used / HEADS_PER_PAGE) % HEAD_SLAB_PAGES
+    }
+
+    /// The next head was taken.
+    pub fn take(&mut self) {
+        self.used += 1;
+    }
+}
+
+/// A socket's page-frag chunks (sk_page_frag: physically contiguous chunks that tcp_sendmsg() copies data
+/// into), used in turn; the owner sizes them so data in flight is never overwritten.
+pub struct FragStream {
+    chunks: Vec<u64>,
+    chunk_bytes: u64,
+    pos: u64,
+}
+
+impl FragStream {
+    /// `n` chunks of `chunk_bytes` (a multiple of the page size). None when memory ran out.
+    pub fn alloc(host: &mut Host, chunk_bytes: u64, n: u64) -> Option<Self> {
+        let chunks = (0..n.max(1))
+            .map(|_| host.pages.alloc_contiguous(chunk_bytes / PAGE))
+            .collect::<Option<Vec<_>>>()?;
+        Some(FragStream {
+            chunks,
+            chunk_bytes,
+            pos: 0,
+        })
+    }
+
+    /// Bytes the stream holds before it wraps, and its write position.
+    pub fn len_bytes(&self) -> u64 {
+        self.chunks.len() as u64 * self.chunk_bytes
+    }
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// Map the next `bytes` of the stream on `cpu` from `t` (skb_frag_dma_map): one segment per chunk piece,
+    /// since a frag never crosses a chunk, appended to `segs`. False if IOVA space ran out: what was mapped
+    /// is unmapped again and the stream does not advance.
+    pub fn map(
+        &mut self,
+        host: &mut Host,
+        cpu: usize,
+        mut t: Time,
+        bytes: u64,
+        segs: &mut Vec<Seg>,
+    ) -> (bool, Time) {
+        let first = segs.len();
+        let (mut pos, mut left) = (self.pos, bytes);
+        while left > 0 {
+            let in_chunk = pos % self.chunk_bytes;
+            let n = left.min(self.chunk_bytes - in_chunk);
+            let chunk = self.chunks[(pos / self.chunk_bytes) as usize];
+            let offset = in_chunk % PAGE;
+            let pages = pages_spanned(offset, n);
+            let Some((dma, t2)) = host.dma_map(t, cpu, chunk + in_chunk / PAGE, pages) else {
+                for s in segs.drain(first..) {
+                    t = host.dma_unmap(t, cpu, s.dma, s.pages);
+                }
+                return (false, t);
+            };
+            t = t2;
+            segs.push(Seg {
+                dma,
+                pages,
+                offset,
+                bytes: n,
+            });
+            pos = (pos + n) % self.len_bytes();
+            left -= n;
+        }
+        self.pos = pos;
+        (true, t)
+    }
+}
+
 struct Posted {
     /// When the completion entry is visible.
     done: Time,

@@ -16,7 +16,7 @@ mod tcp;
 use super::desc_ring::DescRing;
 use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION, RX_CQ, TX_CQ};
 use super::net::{self, ACK_FRAME, ETH_HLEN};
-use super::sq::{Seg, SendQueue, CQE_BYTES};
+use super::sq::{HeadSlab, Seg, SendQueue, CQE_BYTES};
 use super::{Device, Workload, WorkloadStats};
 use crate::host::{Event, Host};
 use crate::scenario::{NicRx, RqKind};
@@ -32,11 +32,6 @@ const WIRE_CHUNK_NS: u64 = 1000;
 /// RQ's WQE (next segment + data segment, 64-byte stride).
 const RX_DESC_BYTES_CYCLIC: u64 = 16;
 const RX_DESC_BYTES_STRIDING: u64 = 64;
-/// ACK skb heads come from kmalloc-512 (tcp_send_ack → alloc_skb(MAX_TCP_HEADER)): 8 per slab page. The number
-/// of slab pages a queue's ACKs cycle over is a modelling choice: it only decides which physical page an ACK
-/// head lands in, never a cost.
-const ACK_HEADS_PER_PAGE: u64 = 8;
-const ACK_SLAB_PAGES: u64 = 4;
 
 const EV_WIRE: u16 = 0;
 const EV_NAPI: u16 = 1;
@@ -54,8 +49,7 @@ struct Completion {
 /// One queue's TX side as ACKs use it: the send queue and the slab pages ACK heads come from.
 struct Tx {
     sq: SendQueue,
-    slab: u64,
-    sent: u64,
+    heads: HeadSlab,
 }
 
 struct RxQueue {
@@ -229,12 +223,12 @@ impl NicRxWorkload {
             return t;
         };
         let t = t + host.platform.cpu.tx_packet_ns;
-        let phys = tx.slab + (tx.sent / ACK_HEADS_PER_PAGE) % ACK_SLAB_PAGES;
+        let phys = tx.heads.next_page();
         let Some((dma, t)) = host.dma_map(t, cpu, phys, 1) else {
             self.queues[q].tx = Some(tx);
             return t;
         };
-        tx.sent += 1;
+        tx.heads.take();
         self.stats.tx_packets += 1;
         let seg = [Seg {
             dma,
@@ -488,9 +482,8 @@ impl NicRxWorkload {
                 t = t2;
                 sq
             });
-            let slab = host.pages.alloc_contiguous(ACK_SLAB_PAGES);
-            match (sq, slab) {
-                (Some(sq), Some(slab)) => Some(Tx { sq, slab, sent: 0 }),
+            match (sq, HeadSlab::alloc(host)) {
+                (Some(sq), Some(heads)) => Some(Tx { sq, heads }),
                 _ => None,
             }
         } else {
