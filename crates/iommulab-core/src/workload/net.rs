@@ -19,3 +19,27 @@ pub fn frame_wire_ps(mtu: u32, gbps: f64) -> u64 {
     let bits = (mtu as u64 + ETH_WIRE_OVERHEAD) * 8;
     ((bits as f64 * 1000.0) / gbps).round().max(1.0) as u64
 }
+
+/// A NIC port's transmit side: an skb's segments leave back to back at the line rate once the port is free,
+/// and the last cannot leave before the skb's data has been read from memory.
+pub struct Port {
+    free: u64,
+    gbps: f64,
+}
+
+impl Port {
+    pub fn new(gbps: f64) -> Self {
+        Port { free: 0, gbps }
+    }
+
+    /// An skb of `payload` bytes in `segs` TCP segments, posted at `t`, its data read by `read`: when its
+    /// last frame has left the port (ns).
+    pub fn send(&mut self, t: u64, payload: u64, segs: u64, read: u64) -> u64 {
+        let segs = segs.max(1);
+        let bytes = payload + segs * (ETH_WIRE_OVERHEAD + TCPIP_HLEN);
+        let ns = (bytes as f64 * 8.0 / self.gbps).ceil() as u64;
+        let end = (self.free.max(t) + ns).max(read + ns / segs);
+        self.free = end;
+        end
+    }
+}

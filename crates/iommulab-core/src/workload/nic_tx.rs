@@ -14,27 +14,18 @@
 //! accesses only; a flow's chunks are reused in turn, enough of them that data in flight is never
 //! overwritten.
 
-use super::desc_ring::DescRing;
 use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION, RX_CQ, TX_CQ};
-use super::net::{self, ACK_FRAME, ETH_HLEN, ETH_WIRE_OVERHEAD, TCPIP_HLEN};
-use super::sq::{FragStream, Seg, SendQueue, CQE_BYTES, TX_CQ_POLL_BUDGET};
+use super::net::{self, Port, ACK_FRAME, ETH_HLEN, TCPIP_HLEN};
+use super::rxq::KeptRxRing;
+use super::sq::{wqebbs, FragStream, Seg, SendQueue, TX_CQ_POLL_BUDGET};
 use super::{Device, Workload, WorkloadStats};
 use crate::host::{Event, Host};
 use crate::scenario::NicTx;
 use crate::sim::Time;
-use std::collections::VecDeque;
 
 /// include/net/tcp.h MAX_TCP_HEADER (128 + MAX_HEADER, cache-aligned; 320 on x86-64 distribution
 /// configs): tcp_xmit_size_goal() keeps an skb below GSO_MAX_SIZE - 1 - MAX_TCP_HEADER.
 const MAX_TCP_HEADER: u64 = 320;
-/// mlx5 WQE layout (en/tx.c mlx5e_sq_xmit_wqe): 16-byte data segments, four per 64-byte building block; a
-/// control and an Ethernet segment, the inlined headers beyond the Ethernet segment's first 2 bytes
-/// (MLX5E_INLINE_HDR_START_SZ), then one segment per mapped frag.
-const WQE_DS_BYTES: u64 = 16;
-const WQEBB_DS: u64 = 4;
-const INLINE_HDR_START: u64 = 2;
-/// Cyclic RQ descriptor (struct mlx5_wqe_data_seg), as `nic_rx`.
-const RX_DESC_BYTES: u64 = 16;
 /// A sender whose mapping found no IOVA space retries this much later (a modelling choice: the skb is
 /// dropped by the driver and retransmitted; no scenario here runs out).
 const RETRY_NS: u64 = 10_000;
@@ -57,20 +48,10 @@ struct Flow {
     unacked: u64,
 }
 
-/// The pages the peer's ACKs land in, kept mapped (page_pool), and their rings.
-struct AckRx {
-    pages: Vec<u64>,
-    next: usize,
-    desc: DescRing,
-    cq: DescRing,
-    /// When each written ACK's completion is visible.
-    pending: VecDeque<Time>,
-}
-
 struct TxQueue {
     cpu: usize,
     sq: Option<SendQueue>,
-    rx: Option<AckRx>,
+    rx: Option<KeptRxRing<()>>,
     napi: Napi,
 }
 
@@ -83,8 +64,7 @@ pub struct NicTxWorkload {
     skb_bytes: u64,
     segs_per_skb: u64,
     chunk_bytes: u64,
-    /// The port's wire is busy until then.
-    wire_free: Time,
+    port: Port,
     segs: Vec<Seg>,
     reaped: Vec<u32>,
     stats: WorkloadStats,
@@ -129,23 +109,11 @@ impl NicTxWorkload {
             skb_bytes,
             segs_per_skb,
             chunk_bytes,
-            wire_free: 0,
+            port: Port::new(cfg.line_rate_gbps),
             segs: Vec::new(),
             reaped: Vec::new(),
             stats: WorkloadStats::default(),
         }
-    }
-
-    /// Wire time of one skb's segments, headers and framing included, in ns.
-    fn wire_ns(&self) -> u64 {
-        let bytes = self.skb_bytes + self.segs_per_skb * (ETH_WIRE_OVERHEAD + TCPIP_HLEN);
-        (bytes as f64 * 8.0 / self.cfg.line_rate_gbps).ceil() as u64
-    }
-
-    /// WQE building blocks of an skb with `frags` mapped frags and its headers inlined.
-    fn wqebbs(frags: usize) -> u64 {
-        let inline = (ETH_HLEN + TCPIP_HLEN - INLINE_HDR_START).div_ceil(WQE_DS_BYTES);
-        (2 + inline + frags as u64).div_ceil(WQEBB_DS)
     }
 
     fn schedule_send(&mut self, host: &mut Host, f: usize, at: Time) {
@@ -214,12 +182,9 @@ impl NicTxWorkload {
             .sq
             .take()
             .expect("send queue set up at start");
-        let wqebbs = Self::wqebbs(segs.len());
+        let wqebbs = wqebbs(ETH_HLEN + TCPIP_HLEN, segs.len());
         let read = sq.fetch_and_read(&mut self.dev, host, t, wqebbs, &segs);
-        // Segments leave back to back once the port is free; the last cannot leave before its data is read.
-        let frame_ns = self.wire_ns() / self.segs_per_skb;
-        let wire_end = (self.wire_free.max(t) + self.wire_ns()).max(read + frame_ns);
-        self.wire_free = wire_end;
+        let wire_end = self.port.send(t, self.skb_bytes, self.segs_per_skb, read);
         let done = sq.complete(&mut self.dev, host, wire_end, &segs, f as u32);
         self.queues[q].sq = Some(sq);
         self.stats.dma_pages += segs.iter().map(|s| s.pages).sum::<u64>();
@@ -242,16 +207,10 @@ impl NicTxWorkload {
     /// A peer ACK reaches queue `q`: the device fetches the next RX descriptor, writes the frame into its
     /// page and a completion entry.
     fn ack_arrives(&mut self, host: &mut Host, now: Time, q: usize) {
-        let Some(mut rx) = self.queues[q].rx.take() else {
+        let Some(rx) = self.queues[q].rx.as_mut() else {
             return;
         };
-        let page = rx.pages[rx.next];
-        rx.next = (rx.next + 1) % rx.pages.len();
-        self.dev.ring_access(host, now, &mut rx.desc);
-        let written = self.dev.access(host, now, page, ACK_FRAME);
-        let done = written.max(self.dev.ring_access(host, now, &mut rx.cq));
-        rx.pending.push_back(done);
-        self.queues[q].rx = Some(rx);
+        let done = rx.receive(&mut self.dev, host, now, ACK_FRAME, ());
         self.completion_event(host, q, done, true);
     }
 
@@ -290,15 +249,9 @@ impl NicTxWorkload {
         let stack_ns = host.platform.cpu.stack_ns_per_packet;
         let mut acks = 0;
         if let Some(rx) = self.queues[q].rx.as_mut() {
-            while acks < self.cfg.napi_budget {
-                match rx.pending.front() {
-                    Some(&at) if at <= t => {
-                        rx.pending.pop_front();
-                        t += stack_ns; // tcp_v4_rcv → tcp_ack
-                        acks += 1;
-                    }
-                    _ => break,
-                }
+            while acks < self.cfg.napi_budget && rx.pop_ready(t).is_some() {
+                t += stack_ns; // tcp_v4_rcv → tcp_ack
+                acks += 1;
             }
         }
         host.cpus[cpu].account(now, t);
@@ -315,7 +268,7 @@ impl NicTxWorkload {
         }
         let rx_pending = self.queues[q].rx.as_ref().map_or(0, |rx| rx.pending.len());
         for i in 0..rx_pending {
-            let at = self.queues[q].rx.as_ref().expect("counted").pending[i];
+            let at = self.queues[q].rx.as_ref().expect("counted").pending[i].0;
             self.completion_event(host, q, at.max(t), true);
         }
     }
@@ -328,31 +281,9 @@ impl NicTxWorkload {
             self.queues[q].sq = Some(sq);
             t = t2;
         }
-        let n = self.cfg.rx_ring_size as u64;
-        let mut pages = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            let Some(phys) = host.pages.alloc() else {
-                break;
-            };
-            let Some((dma, t2)) = host.dma_map(t, cpu, phys, 1) else {
-                break;
-            };
+        if let Some((rx, t2)) = KeptRxRing::alloc(host, cpu, self.cfg.rx_ring_size as u64, t) {
+            self.queues[q].rx = Some(rx);
             t = t2;
-            pages.push(dma);
-        }
-        let desc = DescRing::alloc(host, cpu, n, RX_DESC_BYTES, t);
-        let cq = desc
-            .as_ref()
-            .and_then(|(_, t2)| DescRing::alloc(host, cpu, n, CQE_BYTES, *t2));
-        if let (Some((desc, _)), Some((cq, t2)), false) = (desc, cq, pages.is_empty()) {
-            t = t2;
-            self.queues[q].rx = Some(AckRx {
-                pages,
-                next: 0,
-                desc,
-                cq,
-                pending: VecDeque::new(),
-            });
         }
         // Enough chunks for the TSQ budget, one skb over it, and the chunk being filled.
         let chunks = (self.cfg.tsq_bytes + 2 * self.skb_bytes).div_ceil(self.chunk_bytes) + 1;
@@ -431,8 +362,8 @@ mod tests {
             (1448, 45, 65160)
         );
         // ctrl + eth + 4 inline (64 header bytes) + 3 frags = 9 segments: 3 building blocks.
-        assert_eq!(NicTxWorkload::wqebbs(3), 3);
-        assert_eq!(NicTxWorkload::wqebbs(2), 2);
+        assert_eq!(wqebbs(66, 3), 3);
+        assert_eq!(wqebbs(66, 2), 2);
     }
 
     #[test]

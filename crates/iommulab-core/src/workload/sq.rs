@@ -18,6 +18,22 @@ pub const CQE_BYTES: u64 = 64;
 /// en/txrx.h MLX5E_TX_CQ_POLL_BUDGET: TX completions reaped per NAPI poll.
 pub const TX_CQ_POLL_BUDGET: usize = 128;
 
+/// mlx5 WQE layout (en/tx.c mlx5e_sq_xmit_wqe): 16-byte data segments, four per 64-byte building block; a
+/// control and an Ethernet segment, the inlined headers beyond the Ethernet segment's first 2 bytes
+/// (MLX5E_INLINE_HDR_START_SZ), then one segment per mapped buffer.
+const WQE_DS_BYTES: u64 = 16;
+const WQEBB_DS: u64 = 4;
+const INLINE_HDR_START: u64 = 2;
+
+/// Building blocks of a WQE that inlines `inline_bytes` of headers (TSO: all of them; 0 when the NIC needs
+/// none inlined and the head is mapped) and maps `segs` buffers.
+pub fn wqebbs(inline_bytes: u64, segs: usize) -> u64 {
+    let inline = inline_bytes
+        .saturating_sub(INLINE_HDR_START)
+        .div_ceil(WQE_DS_BYTES);
+    (2 + inline + segs as u64).div_ceil(WQEBB_DS)
+}
+
 /// One mapped DMA segment: its first DMA page, the pages it spans, the byte offset in the first page and
 /// its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
