@@ -25,7 +25,22 @@ COLUMNS = [
 ]
 
 
+def _lat(r, key: str) -> str:
+    lat = getattr(r, "latency", None)
+    return f"{lat[key]:.1f}" if lat else "-"
+
+
+LATENCY_COLUMNS = [
+    ("kreq/s", 9, lambda r: f"{r.packets_per_sec / 1e3:.0f}"),
+    ("p50 µs", 8, lambda r: _lat(r, "p50_us")),
+    ("p99 µs", 8, lambda r: _lat(r, "p99_us")),
+]
+
+
 def format_table(scenario: dict[str, Any], results: list) -> str:
+    columns = COLUMNS
+    if any(getattr(r, "latency", None) for r in results):
+        columns = COLUMNS[:1] + LATENCY_COLUMNS + COLUMNS[1:]
     run = scenario["run"]
     plat = scenario["platform"]
     os_ = scenario["os"]
@@ -36,12 +51,12 @@ def format_table(scenario: dict[str, Any], results: list) -> str:
         "",
     ]
     lw = max([len("run")] + [len(r.label) for r in results])
-    head = f"{'run':<{lw}}" + "".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
-    width = max([len(head)] + [len(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in COLUMNS[:-1]))
+    head = f"{'run':<{lw}}" + "".join(f"{h:>{w}}" for h, w, _ in columns)
+    width = max([len(head)] + [len(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in columns[:-1]))
                                + 2 + len(_by_type(r)) for r in results])
     lines += [head, "-" * width]
     for r in results:
-        lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in COLUMNS[:-1])
+        lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in columns[:-1])
                      + "  " + _by_type(r))
     lines += [
         "",
@@ -50,4 +65,7 @@ def format_table(scenario: dict[str, Any], results: list) -> str:
         "invalidations: IOMMU TLB invalidation descriptors/commands (by type: psi/dsi/global for VT-d) · inv/page: "
         "invalidations per IOVA page unmapped · IOTLB miss/pg: IOTLB misses per 4 KiB of data delivered",
     ]
+    if columns is not COLUMNS:
+        lines.append("kreq/s: responses per second · p50/p99 µs: request latency as the client sees it (at a fixed "
+                     "rate, from when each request was due)")
     return "\n".join(lines) + "\n"

@@ -7,7 +7,9 @@ use crate::host::{Event, Host};
 use crate::metrics::{RunInfo, RunResult, Snapshot};
 use crate::scenario::{PolicyName, Scenario, Variant};
 use crate::sim::{Rng, Time, NS_PER_MS};
-use crate::workload::{nic_rx::NicRxWorkload, nic_tx::NicTxWorkload, nvme::NvmeWorkload, Workload};
+use crate::workload::{
+    nic_rx::NicRxWorkload, nic_tx::NicTxWorkload, nvme::NvmeWorkload, rr::RrWorkload, Workload,
+};
 
 pub struct Simulation {
     host: Host,
@@ -91,6 +93,8 @@ impl Simulation {
             ))
         } else if let Some(nic) = &w.nic_tx {
             Box::new(NicTxWorkload::new(nic, link, slots))
+        } else if let Some(rr) = &w.rr {
+            Box::new(RrWorkload::new(rr, link, slots))
         } else if let Some(nvme) = &w.nvme {
             Box::new(NvmeWorkload::new(nvme, link, slots))
         } else {

@@ -15,6 +15,7 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
     ("c3", include_str!("../data/scenarios/c3.toml")),
     ("nvme", include_str!("../data/scenarios/nvme.toml")),
     ("tx", include_str!("../data/scenarios/tx.toml")),
+    ("rr", include_str!("../data/scenarios/rr.toml")),
 ];
 pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
@@ -306,7 +307,69 @@ fn default_hz() -> u32 {
 pub struct Workload {
     pub nic_rx: Option<NicRx>,
     pub nic_tx: Option<NicTx>,
+    pub rr: Option<Rr>,
     pub nvme: Option<Nvme>,
+}
+
+/// Request/response over TCP (memcached- or HTTP-like): small requests in, a server thread per queue sends
+/// each response (mapped per send, unmapped on TX completion); closed loop or a fixed rate as wrk2.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Rr {
+    pub line_rate_gbps: f64,
+    /// NIC queues; queue q's NAPI and server thread run on CPU q.
+    pub queues: u32,
+    /// Client connections; connection c is steered to queue c % queues.
+    pub connections: u32,
+    #[serde(default = "default_rr_mtu")]
+    pub mtu: u32,
+    /// Request payload (one segment).
+    #[serde(default = "default_request_bytes")]
+    pub request_bytes: u32,
+    /// Response payload: one segment (head and frag mapped) or a TSO skb (frags mapped).
+    #[serde(default = "default_response_bytes")]
+    pub response_bytes: u32,
+    /// Requests per second over all connections, due at a constant rate (wrk2 -R); latency counts from when
+    /// each was due. 0: closed loop, each connection sends its next request when its response arrives.
+    #[serde(default)]
+    pub rate_rps: f64,
+    /// Server CPU per request besides the network stack and the send (parse, look up, build), ns.
+    #[serde(default = "default_service_ns")]
+    pub service_ns: u64,
+    /// Client-to-server round trip outside the host (wire, switch, the client's stack), µs.
+    #[serde(default = "default_rtt_us")]
+    pub rtt_us: f64,
+    /// Kept-mapped RX pages the requests land in, one per request in turn.
+    #[serde(default = "default_tx_rx_ring")]
+    pub rx_ring_size: u32,
+    #[serde(default = "default_budget")]
+    pub napi_budget: u32,
+    /// RX completion-event moderation (CQE period mode). Default: mlx5's static 3 µs / 32 packets (en.h
+    /// MLX5E_PARAMS_DEFAULT_RX_CQ_MODERATION_USEC_FROM_CQE, _PKTS), DIM off as latency-tuned servers run.
+    #[serde(default = "default_rr_irq_usecs")]
+    pub irq_usecs: u32,
+    #[serde(default = "default_rr_irq_frames")]
+    pub irq_frames: u32,
+}
+fn default_rr_mtu() -> u32 {
+    1500
+}
+fn default_request_bytes() -> u32 {
+    128
+}
+fn default_response_bytes() -> u32 {
+    1024
+}
+/// Estimate: a key-value lookup or a small static HTTP response, ~2 µs of application work per request.
+pub const RR_SERVICE_NS: u64 = 2000;
+fn default_service_ns() -> u64 {
+    RR_SERVICE_NS
+}
+fn default_rr_irq_usecs() -> u32 {
+    3
+}
+fn default_rr_irq_frames() -> u32 {
+    32
 }
 
 /// A multi-queue NIC sending bulk TCP (iperf3 client): TSO skbs whose data sits in page frags, each frag
@@ -645,14 +708,16 @@ impl Scenario {
         )?;
         parse_kernel(&self.os.kernel).map_err(|m| (vec!["os".into(), "kernel".into()], m))?;
         let w = &self.workload;
-        let sections =
-            w.nic_rx.is_some() as u32 + w.nic_tx.is_some() as u32 + w.nvme.is_some() as u32;
+        let sections = w.nic_rx.is_some() as u32
+            + w.nic_tx.is_some() as u32
+            + w.rr.is_some() as u32
+            + w.nvme.is_some() as u32;
         check(
             sections == 1,
             "workload",
             format!(
-                "expected exactly one workload section ([workload.nic_rx], [workload.nic_tx] or \
-                 [workload.nvme]), found {sections}"
+                "expected exactly one workload section ([workload.nic_rx], [workload.nic_tx], \
+                 [workload.rr] or [workload.nvme]), found {sections}"
             ),
         )?;
         if let Some(nic) = &w.nic_rx {
@@ -660,6 +725,9 @@ impl Scenario {
         }
         if let Some(nic) = &w.nic_tx {
             nic.validate(cpu.cores)?;
+        }
+        if let Some(rr) = &w.rr {
+            rr.validate(cpu.cores)?;
         }
         if let Some(nvme) = &w.nvme {
             nvme.validate(cpu.cores)?;
@@ -844,6 +912,77 @@ impl NicTx {
         check(
             nic.irq_frames >= 1,
             "workload.nic_tx.irq_frames",
+            "expected at least 1",
+        )
+    }
+}
+
+impl Rr {
+    fn validate(&self, cores: u32) -> Result<(), (Vec<String>, String)> {
+        check(
+            self.line_rate_gbps > 0.0 && self.line_rate_gbps <= 3200.0,
+            "workload.rr.line_rate_gbps",
+            "expected a line rate in (0, 3200] Gbps",
+        )?;
+        check(
+            self.queues >= 1 && self.queues <= cores,
+            "workload.rr.queues",
+            format!("expected 1..={cores} queues (one CPU each, platform.cpu.cores)"),
+        )?;
+        check(
+            (1..=1 << 20).contains(&self.connections),
+            "workload.rr.connections",
+            "expected 1..=1048576 connections",
+        )?;
+        check(
+            (128..=65536).contains(&self.mtu),
+            "workload.rr.mtu",
+            "expected an MTU of 128..=65536 bytes",
+        )?;
+        check(
+            self.request_bytes >= 1
+                && self.request_bytes as u64 <= crate::workload::net::mss(self.mtu),
+            "workload.rr.request_bytes",
+            "expected 1 byte up to one segment (the MTU less 52 bytes of headers)",
+        )?;
+        check(
+            (1..=16 << 20).contains(&self.response_bytes),
+            "workload.rr.response_bytes",
+            "expected 1 byte to 16 MiB",
+        )?;
+        check(
+            self.rate_rps >= 0.0 && self.rate_rps <= 1e9,
+            "workload.rr.rate_rps",
+            "expected 0 (closed loop) or a rate up to 1e9 requests per second",
+        )?;
+        check(
+            self.service_ns <= 1_000_000_000,
+            "workload.rr.service_ns",
+            "expected 0..=1e9 ns",
+        )?;
+        check(
+            self.rtt_us >= 0.0 && self.rtt_us <= 1e6,
+            "workload.rr.rtt_us",
+            "expected 0..=1000000 µs",
+        )?;
+        check(
+            (1..=65536).contains(&self.rx_ring_size),
+            "workload.rr.rx_ring_size",
+            "expected 1..=65536 pages",
+        )?;
+        check(
+            self.napi_budget >= 1,
+            "workload.rr.napi_budget",
+            "expected at least 1",
+        )?;
+        check(
+            self.irq_usecs <= 1_000_000,
+            "workload.rr.irq_usecs",
+            "expected 0..=1000000 µs",
+        )?;
+        check(
+            self.irq_frames >= 1,
+            "workload.rr.irq_frames",
             "expected at least 1",
         )
     }

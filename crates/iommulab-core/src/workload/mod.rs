@@ -6,6 +6,7 @@ pub mod net;
 pub mod nic_rx;
 pub mod nic_tx;
 pub mod nvme;
+pub mod rr;
 pub mod rxq;
 pub mod sq;
 
