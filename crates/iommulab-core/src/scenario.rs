@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
     ("default", include_str!("../data/scenarios/default.toml")),
     ("c1", include_str!("../data/scenarios/c1.toml")),
+    ("c2", include_str!("../data/scenarios/c2.toml")),
     ("c3", include_str!("../data/scenarios/c3.toml")),
     ("nvme", include_str!("../data/scenarios/nvme.toml")),
     ("tx", include_str!("../data/scenarios/tx.toml")),
