@@ -775,15 +775,14 @@ impl Nvme {
 impl NicRx {
     fn validate(&self, cores: u32) -> Result<(), (Vec<String>, String)> {
         let nic = self;
-        check(
-            nic.line_rate_gbps > 0.0 && nic.line_rate_gbps <= 3200.0,
-            "workload.nic_rx.line_rate_gbps",
-            "expected a line rate in (0, 3200] Gbps",
-        )?;
-        check(
-            nic.queues >= 1 && nic.queues <= cores,
-            "workload.nic_rx.queues",
-            format!("expected 1..={cores} queues (one CPU each, platform.cpu.cores)"),
+        check_nic(
+            "workload.nic_rx",
+            nic.line_rate_gbps,
+            nic.queues,
+            cores,
+            nic.napi_budget,
+            nic.irq_usecs,
+            nic.irq_frames,
         )?;
         check(
             (1..=65536).contains(&nic.flows),
@@ -799,11 +798,6 @@ impl NicRx {
             (2..=65536).contains(&nic.ring_size),
             "workload.nic_rx.ring_size",
             "expected 2..=65536 descriptors",
-        )?;
-        check(
-            nic.napi_budget >= 1,
-            "workload.nic_rx.napi_budget",
-            "expected at least 1",
         )?;
         check(
             (1..=PP_MAX_POOL_SIZE).contains(&nic.pool_size),
@@ -824,16 +818,6 @@ impl NicRx {
             "expected 0, or a power of two in 2..=65536 with page_pool = true",
         )?;
         check(
-            nic.irq_usecs <= 1_000_000,
-            "workload.nic_rx.irq_usecs",
-            "expected 0..=1000000 µs",
-        )?;
-        check(
-            nic.irq_frames >= 1,
-            "workload.nic_rx.irq_frames",
-            "expected at least 1",
-        )?;
-        check(
             nic.gro_max_bytes >= nic.mtu,
             "workload.nic_rx.gro_max_bytes",
             "expected at least one MTU",
@@ -850,15 +834,14 @@ impl NicRx {
 impl NicTx {
     fn validate(&self, cores: u32) -> Result<(), (Vec<String>, String)> {
         let nic = self;
-        check(
-            nic.line_rate_gbps > 0.0 && nic.line_rate_gbps <= 3200.0,
-            "workload.nic_tx.line_rate_gbps",
-            "expected a line rate in (0, 3200] Gbps",
-        )?;
-        check(
-            nic.queues >= 1 && nic.queues <= cores,
-            "workload.nic_tx.queues",
-            format!("expected 1..={cores} queues (one CPU each, platform.cpu.cores)"),
+        check_nic(
+            "workload.nic_tx",
+            nic.line_rate_gbps,
+            nic.queues,
+            cores,
+            nic.napi_budget,
+            nic.irq_usecs,
+            nic.irq_frames,
         )?;
         check(
             (1..=65536).contains(&nic.flows),
@@ -900,35 +883,20 @@ impl NicTx {
             "workload.nic_tx.rx_ring_size",
             "expected 1..=65536 pages",
         )?;
-        check(
-            nic.napi_budget >= 1,
-            "workload.nic_tx.napi_budget",
-            "expected at least 1",
-        )?;
-        check(
-            nic.irq_usecs <= 1_000_000,
-            "workload.nic_tx.irq_usecs",
-            "expected 0..=1000000 µs",
-        )?;
-        check(
-            nic.irq_frames >= 1,
-            "workload.nic_tx.irq_frames",
-            "expected at least 1",
-        )
+        Ok(())
     }
 }
 
 impl Rr {
     fn validate(&self, cores: u32) -> Result<(), (Vec<String>, String)> {
-        check(
-            self.line_rate_gbps > 0.0 && self.line_rate_gbps <= 3200.0,
-            "workload.rr.line_rate_gbps",
-            "expected a line rate in (0, 3200] Gbps",
-        )?;
-        check(
-            self.queues >= 1 && self.queues <= cores,
-            "workload.rr.queues",
-            format!("expected 1..={cores} queues (one CPU each, platform.cpu.cores)"),
+        check_nic(
+            "workload.rr",
+            self.line_rate_gbps,
+            self.queues,
+            cores,
+            self.napi_budget,
+            self.irq_usecs,
+            self.irq_frames,
         )?;
         check(
             (1..=1 << 20).contains(&self.connections),
@@ -971,22 +939,38 @@ impl Rr {
             "workload.rr.rx_ring_size",
             "expected 1..=65536 pages",
         )?;
-        check(
-            self.napi_budget >= 1,
-            "workload.rr.napi_budget",
-            "expected at least 1",
-        )?;
-        check(
-            self.irq_usecs <= 1_000_000,
-            "workload.rr.irq_usecs",
-            "expected 0..=1000000 µs",
-        )?;
-        check(
-            self.irq_frames >= 1,
-            "workload.rr.irq_frames",
-            "expected at least 1",
-        )
+        Ok(())
     }
+}
+
+/// What every NIC workload section checks: line rate, one CPU per queue, NAPI budget, RX moderation.
+fn check_nic(
+    section: &str,
+    line_rate_gbps: f64,
+    queues: u32,
+    cores: u32,
+    napi_budget: u32,
+    irq_usecs: u32,
+    irq_frames: u32,
+) -> Result<(), (Vec<String>, String)> {
+    let key = |k: &str| format!("{section}.{k}");
+    check(
+        line_rate_gbps > 0.0 && line_rate_gbps <= 3200.0,
+        &key("line_rate_gbps"),
+        "expected a line rate in (0, 3200] Gbps",
+    )?;
+    check(
+        queues >= 1 && queues <= cores,
+        &key("queues"),
+        format!("expected 1..={cores} queues (one CPU each, platform.cpu.cores)"),
+    )?;
+    check(napi_budget >= 1, &key("napi_budget"), "expected at least 1")?;
+    check(
+        irq_usecs <= 1_000_000,
+        &key("irq_usecs"),
+        "expected 0..=1000000 µs",
+    )?;
+    check(irq_frames >= 1, &key("irq_frames"), "expected at least 1")
 }
 
 /// Bounds that keep a typo from allocating the machine away.

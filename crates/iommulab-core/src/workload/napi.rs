@@ -5,6 +5,7 @@
 //! until napi_complete_done() re-arms both. Each (re)scheduling supersedes the earlier poll event, so a poll
 //! event is live only at its own time.
 
+use crate::host::{Event, Host};
 use crate::sim::Time;
 
 /// A completion queue's event moderation.
@@ -14,6 +15,17 @@ pub struct Moderation {
     pub frames: u32,
     /// CQE period mode (the period restarts at every completion) rather than EQE mode.
     pub from_cqe: bool,
+}
+
+impl Moderation {
+    /// CQE period mode: `usecs` after the latest completion or `frames` pending (mlx5 RX).
+    pub fn cqe(usecs: u32, frames: u32) -> Self {
+        Moderation {
+            usecs: usecs as u64,
+            frames,
+            from_cqe: true,
+        }
+    }
 }
 
 /// mlx5 TX completion-event moderation: en_main.c mlx5e_build_nic_params() sets EQE period mode for TX;
@@ -103,6 +115,16 @@ impl Napi {
         true
     }
 
+    /// A poll event at `now` for a queue on `cpu`: true when it is live and has the CPU. A superseded event
+    /// is dropped; a live one that finds its CPU busy is redelivered (as `ev`) when the CPU frees.
+    pub fn enter(&mut self, host: &mut Host, cpu: usize, now: Time, ev: Event) -> bool {
+        if !self.begin(now) {
+            return false;
+        }
+        self.cpu_wait = !host.cpu_acquire(cpu, now, ev);
+        !self.cpu_wait
+    }
+
     /// The poll could not get its CPU (`true`) and will be delivered again when the CPU frees.
     pub fn set_cpu_wait(&mut self, waiting: bool) {
         self.cpu_wait = waiting;
@@ -111,6 +133,27 @@ impl Napi {
     /// napi_complete_done(): idle until the next completion arms the interrupts.
     pub fn complete(&mut self) {
         self.scheduled = false;
+    }
+
+    /// napi_complete_done() at `t`, then re-arm for the RX and TX completions already on their way: the
+    /// poll time to deliver, if any.
+    pub fn complete_and_rearm(
+        &mut self,
+        t: Time,
+        rx: impl IntoIterator<Item = Time>,
+        rx_m: Moderation,
+        tx: impl IntoIterator<Item = Time>,
+        tx_m: Moderation,
+    ) -> Option<Time> {
+        self.complete();
+        let mut poll = None;
+        for at in tx {
+            poll = self.completion(TX_CQ, at.max(t), tx_m).or(poll);
+        }
+        for at in rx {
+            poll = self.completion(RX_CQ, at.max(t), rx_m).or(poll);
+        }
+        poll.filter(|&p| self.at == Some(p))
     }
 }
 

@@ -124,19 +124,15 @@ impl NicTxWorkload {
     }
 
     fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, rx: bool) {
-        let m = if rx {
-            Moderation {
-                usecs: self.cfg.irq_usecs as u64,
-                frames: self.cfg.irq_frames,
-                from_cqe: true,
-            }
+        let fire = if rx {
+            let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
+            self.queues[q].napi.completion(RX_CQ, at, m)
         } else {
-            MLX5_TX_CQ_MODERATION
+            self.queues[q]
+                .napi
+                .completion(TX_CQ, at, MLX5_TX_CQ_MODERATION)
         };
-        if let Some(fire) = self.queues[q]
-            .napi
-            .completion(if rx { RX_CQ } else { TX_CQ }, at, m)
-        {
+        if let Some(fire) = fire {
             host.schedule(fire, ev(EV_NAPI, q));
         }
     }
@@ -217,13 +213,8 @@ impl NicTxWorkload {
     /// mlx5e_napi_poll(): reap TX completions (unmapping the frags, returning TSQ budget), then the ACKs.
     fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
         let cpu = self.queues[q].cpu;
-        if !self.queues[q].napi.begin(now) {
-            return; // superseded
-        }
-        let waiting = !host.cpu_acquire(cpu, now, ev(EV_NAPI, q));
-        self.queues[q].napi.set_cpu_wait(waiting);
-        if waiting {
-            return;
+        if !self.queues[q].napi.enter(host, cpu, now, ev(EV_NAPI, q)) {
+            return; // superseded, or waiting for the CPU
         }
         let mut reaped = std::mem::take(&mut self.reaped);
         reaped.clear();
@@ -260,16 +251,15 @@ impl NicTxWorkload {
             host.schedule(t, ev(EV_NAPI, q));
             return;
         }
-        self.queues[q].napi.complete();
-        let sq_pending = self.queues[q].sq.as_ref().map_or(0, |sq| sq.pending());
-        for i in 0..sq_pending {
-            let at = self.queues[q].sq.as_ref().expect("counted").pending_done(i);
-            self.completion_event(host, q, at.max(t), false);
-        }
-        let rx_pending = self.queues[q].rx.as_ref().map_or(0, |rx| rx.pending.len());
-        for i in 0..rx_pending {
-            let at = self.queues[q].rx.as_ref().expect("counted").pending[i].0;
-            self.completion_event(host, q, at.max(t), true);
+        let queue = &mut self.queues[q];
+        let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
+        let rx = queue.rx.iter().flat_map(|rx| rx.pending_times());
+        let tx = queue.sq.iter().flat_map(|sq| sq.pending_times());
+        if let Some(at) = queue
+            .napi
+            .complete_and_rearm(t, rx, m, tx, MLX5_TX_CQ_MODERATION)
+        {
+            host.schedule(at, ev(EV_NAPI, q));
         }
     }
 

@@ -124,17 +124,15 @@ impl RrWorkload {
     }
 
     fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, rx: bool) {
-        let (cq, m) = if rx {
-            let m = Moderation {
-                usecs: self.cfg.irq_usecs as u64,
-                frames: self.cfg.irq_frames,
-                from_cqe: true,
-            };
-            (RX_CQ, m)
+        let fire = if rx {
+            let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
+            self.queues[q].napi.completion(RX_CQ, at, m)
         } else {
-            (TX_CQ, MLX5_TX_CQ_MODERATION)
+            self.queues[q]
+                .napi
+                .completion(TX_CQ, at, MLX5_TX_CQ_MODERATION)
         };
-        if let Some(fire) = self.queues[q].napi.completion(cq, at, m) {
+        if let Some(fire) = fire {
             host.schedule(fire, ev(EV_NAPI, q));
         }
     }
@@ -162,13 +160,8 @@ impl RrWorkload {
     /// mlx5e_napi_poll(): unmap completed responses, then hand requests to the socket and wake the server.
     fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
         let cpu = self.queues[q].cpu;
-        if !self.queues[q].napi.begin(now) {
-            return; // superseded
-        }
-        let waiting = !host.cpu_acquire(cpu, now, ev(EV_NAPI, q));
-        self.queues[q].napi.set_cpu_wait(waiting);
-        if waiting {
-            return;
+        if !self.queues[q].napi.enter(host, cpu, now, ev(EV_NAPI, q)) {
+            return; // superseded, or waiting for the CPU
         }
         let mut reaped = 0;
         let mut t = match self.queues[q].sq.as_mut() {
@@ -200,16 +193,15 @@ impl RrWorkload {
             return;
         }
         // napi_complete_done(): re-arm for completions already on their way.
-        self.queues[q].napi.complete();
-        let tx = self.queues[q].sq.as_ref().map_or(0, |sq| sq.pending());
-        for i in 0..tx {
-            let at = self.queues[q].sq.as_ref().expect("counted").pending_done(i);
-            self.completion_event(host, q, at.max(t), false);
-        }
-        let rx = self.queues[q].rx.as_ref().map_or(0, |rx| rx.pending.len());
-        for i in 0..rx {
-            let at = self.queues[q].rx.as_ref().expect("counted").pending[i].0;
-            self.completion_event(host, q, at.max(t), true);
+        let queue = &mut self.queues[q];
+        let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
+        let rx = queue.rx.iter().flat_map(|rx| rx.pending_times());
+        let tx = queue.sq.iter().flat_map(|sq| sq.pending_times());
+        if let Some(at) = queue
+            .napi
+            .complete_and_rearm(t, rx, m, tx, MLX5_TX_CQ_MODERATION)
+        {
+            host.schedule(at, ev(EV_NAPI, q));
         }
     }
 

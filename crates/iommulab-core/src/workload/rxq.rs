@@ -62,6 +62,11 @@ impl<T> KeptRxRing<T> {
         done
     }
 
+    /// When each pending completion is visible, oldest first.
+    pub fn pending_times(&self) -> impl Iterator<Item = Time> + '_ {
+        self.pending.iter().map(|p| p.0)
+    }
+
     /// The oldest frame, if its completion is visible by `t`.
     pub fn pop_ready(&mut self, t: Time) -> Option<T> {
         match self.pending.front() {

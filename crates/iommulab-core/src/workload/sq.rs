@@ -271,6 +271,11 @@ impl SendQueue {
     pub fn pending_done(&self, i: usize) -> Time {
         self.posted[i].done
     }
+
+    /// When each pending completion is visible, oldest first.
+    pub fn pending_times(&self) -> impl Iterator<Item = Time> + '_ {
+        self.posted.iter().map(|p| p.done)
+    }
 }
 
 #[cfg(test)]

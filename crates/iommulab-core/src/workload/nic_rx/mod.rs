@@ -329,13 +329,8 @@ impl NicRxWorkload {
 
     fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
         let cpu = self.queues[q].cpu;
-        if !self.queues[q].napi.begin(now) {
-            return; // superseded
-        }
-        let waiting = !host.cpu_acquire(cpu, now, napi_event(q));
-        self.queues[q].napi.set_cpu_wait(waiting);
-        if waiting {
-            return;
+        if !self.queues[q].napi.enter(host, cpu, now, napi_event(q)) {
+            return; // superseded, or waiting for the CPU
         }
         let stack_ns = host.platform.cpu.stack_ns_per_packet;
         let wakeup = host.platform.cpu.wakeup_ns;
