@@ -147,11 +147,11 @@ impl Napi {
     ) -> Option<Time> {
         self.complete();
         let mut poll = None;
-        for at in tx {
-            poll = self.completion(TX_CQ, at.max(t), tx_m).or(poll);
-        }
         for at in rx {
             poll = self.completion(RX_CQ, at.max(t), rx_m).or(poll);
+        }
+        for at in tx {
+            poll = self.completion(TX_CQ, at.max(t), tx_m).or(poll);
         }
         poll.filter(|&p| self.at == Some(p))
     }

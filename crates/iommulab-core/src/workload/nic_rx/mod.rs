@@ -172,19 +172,15 @@ impl NicRxWorkload {
 
     /// A completion entry becomes visible at `at`: arm the interrupt if NAPI is idle, and move an armed one.
     fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, rx: bool) {
-        let m = if rx {
-            Moderation {
-                usecs: self.cfg.irq_usecs as u64,
-                frames: self.cfg.irq_frames,
-                from_cqe: true,
-            }
+        let fire = if rx {
+            let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
+            self.queues[q].napi.completion(RX_CQ, at, m)
         } else {
-            MLX5_TX_CQ_MODERATION
+            self.queues[q]
+                .napi
+                .completion(TX_CQ, at, MLX5_TX_CQ_MODERATION)
         };
-        if let Some(fire) = self.queues[q]
-            .napi
-            .completion(if rx { RX_CQ } else { TX_CQ }, at, m)
-        {
+        if let Some(fire) = fire {
             host.schedule(fire, napi_event(q));
         }
     }
@@ -395,21 +391,15 @@ impl NicRxWorkload {
             return;
         }
         // napi_complete_done(): re-arm; completions already on their way raise the next interrupt.
-        self.queues[q].napi.complete();
-        for i in 0..self.queues[q].cq.len() {
-            let at = self.queues[q].cq[i].ready.max(t);
-            self.completion_event(host, q, at, true);
-        }
-        let tx_pending = self.queues[q].tx.as_ref().map_or(0, |tx| tx.sq.pending());
-        for i in 0..tx_pending {
-            let at = self.queues[q]
-                .tx
-                .as_ref()
-                .expect("counted above")
-                .sq
-                .pending_done(i)
-                .max(t);
-            self.completion_event(host, q, at, false);
+        let queue = &mut self.queues[q];
+        let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
+        let rx = queue.cq.iter().map(|c| c.ready);
+        let tx = queue.tx.iter().flat_map(|tx| tx.sq.pending_times());
+        if let Some(at) = queue
+            .napi
+            .complete_and_rearm(t, rx, m, tx, MLX5_TX_CQ_MODERATION)
+        {
+            host.schedule(at, napi_event(q));
         }
     }
 
