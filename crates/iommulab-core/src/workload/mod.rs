@@ -10,11 +10,19 @@ pub mod rr;
 pub mod rxq;
 pub mod sq;
 
-use crate::host::Host;
+use crate::host::{Event, Host};
 use crate::metrics::hist::Histogram;
 use crate::sim::{DmaEngine, Time};
 use desc_ring::DescRing;
 use serde::Serialize;
+
+/// A workload's own event: its kind and the queue, flow or slot it concerns.
+pub fn event(kind: u16, id: usize) -> Event {
+    Event::Workload {
+        kind,
+        id: id as u32,
+    }
+}
 
 /// A device's side of DMA: its engine (translation slots, link) and the faults its accesses hit.
 pub struct Device {

@@ -49,8 +49,10 @@ struct Arm {
     fire: Option<Time>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Napi {
+    /// The RX CQ's moderation (TX uses MLX5_TX_CQ_MODERATION).
+    rx_moderation: Moderation,
     /// A poll is pending, running or armed to be raised by the device.
     scheduled: bool,
     arms: [Arm; 2],
@@ -61,6 +63,16 @@ pub struct Napi {
 }
 
 impl Napi {
+    pub fn new(rx_moderation: Moderation) -> Self {
+        Napi {
+            rx_moderation,
+            scheduled: false,
+            arms: [Arm::default(); 2],
+            at: None,
+            cpu_wait: false,
+        }
+    }
+
     /// Schedule the poll at `at`, superseding any earlier-scheduled one (napi_schedule, or a repoll after
     /// the budget was used up).
     pub fn schedule(&mut self, at: Time) {
@@ -70,7 +82,12 @@ impl Napi {
 
     /// A completion entry of `cq` becomes visible at `at`: arm the interrupts if NAPI is idle, count it on
     /// an armed CQ. Returns the poll's new time when the caller must deliver a poll event then.
-    pub fn completion(&mut self, cq: usize, at: Time, m: Moderation) -> Option<Time> {
+    pub fn completion(&mut self, cq: usize, at: Time) -> Option<Time> {
+        let m = if cq == RX_CQ {
+            self.rx_moderation
+        } else {
+            MLX5_TX_CQ_MODERATION
+        };
         if !self.scheduled {
             self.scheduled = true;
             self.arms = [Arm {
@@ -135,23 +152,27 @@ impl Napi {
         self.scheduled = false;
     }
 
-    /// napi_complete_done() at `t`, then re-arm for the RX and TX completions already on their way: the
-    /// poll time to deliver, if any.
-    pub fn complete_and_rearm(
+    /// The end of a poll at `t`: poll again at once when `busy` (a budget was used up: net_rx_action), else
+    /// napi_complete_done() and re-arm for the RX and TX completions already on their way. The poll time
+    /// to deliver, if any.
+    pub fn finish(
         &mut self,
         t: Time,
+        busy: bool,
         rx: impl IntoIterator<Item = Time>,
-        rx_m: Moderation,
         tx: impl IntoIterator<Item = Time>,
-        tx_m: Moderation,
     ) -> Option<Time> {
+        if busy {
+            self.schedule(t);
+            return Some(t);
+        }
         self.complete();
         let mut poll = None;
         for at in rx {
-            poll = self.completion(RX_CQ, at.max(t), rx_m).or(poll);
+            poll = self.completion(RX_CQ, at.max(t)).or(poll);
         }
         for at in tx {
-            poll = self.completion(TX_CQ, at.max(t), tx_m).or(poll);
+            poll = self.completion(TX_CQ, at.max(t)).or(poll);
         }
         poll.filter(|&p| self.at == Some(p))
     }
@@ -169,25 +190,25 @@ mod tests {
 
     #[test]
     fn the_period_restarts_at_every_completion_and_frames_fire_at_once() {
-        let mut n = Napi::default();
-        assert_eq!(n.completion(RX_CQ, 100, M), Some(3100));
-        assert_eq!(n.completion(RX_CQ, 200, M), Some(3200));
+        let mut n = Napi::new(M);
+        assert_eq!(n.completion(RX_CQ, 100), Some(3100));
+        assert_eq!(n.completion(RX_CQ, 200), Some(3200));
         assert!(!n.begin(3100), "superseded by the later completion");
-        n.completion(RX_CQ, 300, M);
+        n.completion(RX_CQ, 300);
         assert_eq!(
-            n.completion(RX_CQ, 400, M),
+            n.completion(RX_CQ, 400),
             Some(400),
             "the 4th pending fires at once"
         );
         assert_eq!(
-            n.completion(RX_CQ, 500, M),
+            n.completion(RX_CQ, 500),
             None,
             "disarmed: the poll will see it"
         );
         assert!(n.begin(400));
         n.complete();
         assert_eq!(
-            n.completion(RX_CQ, 600, M),
+            n.completion(RX_CQ, 600),
             Some(3600),
             "re-armed after napi_complete_done"
         );
@@ -195,10 +216,10 @@ mod tests {
 
     #[test]
     fn a_completion_after_the_armed_interrupt_fires_does_not_delay_it() {
-        let mut n = Napi::default();
-        assert_eq!(n.completion(RX_CQ, 100, M), Some(3100));
+        let mut n = Napi::new(M);
+        assert_eq!(n.completion(RX_CQ, 100), Some(3100));
         assert_eq!(
-            n.completion(RX_CQ, 5000, M),
+            n.completion(RX_CQ, 5000),
             None,
             "the interrupt at 3100 comes first"
         );
@@ -211,12 +232,12 @@ mod tests {
             from_cqe: false,
             ..M
         };
-        let mut n = Napi::default();
-        assert_eq!(n.completion(RX_CQ, 100, eqe), Some(3100));
-        assert_eq!(n.completion(RX_CQ, 200, eqe), None);
-        assert_eq!(n.completion(RX_CQ, 300, eqe), None);
+        let mut n = Napi::new(eqe);
+        assert_eq!(n.completion(RX_CQ, 100), Some(3100));
+        assert_eq!(n.completion(RX_CQ, 200), None);
+        assert_eq!(n.completion(RX_CQ, 300), None);
         assert_eq!(
-            n.completion(RX_CQ, 400, eqe),
+            n.completion(RX_CQ, 400),
             Some(400),
             "the 4th pending fires at once"
         );
@@ -225,21 +246,17 @@ mod tests {
 
     #[test]
     fn each_cq_arms_on_its_own_and_the_first_to_fire_schedules_the_poll() {
-        let mut n = Napi::default();
-        assert_eq!(n.completion(RX_CQ, 100, M), Some(3100));
+        let mut n = Napi::new(M);
+        assert_eq!(n.completion(RX_CQ, 100), Some(3100));
         // A TX completion in EQE mode fires 16 µs after it: later than RX, so the poll stays at 3100.
-        assert_eq!(n.completion(TX_CQ, 200, MLX5_TX_CQ_MODERATION), None);
-        assert_eq!(
-            n.completion(RX_CQ, 300, M),
-            Some(3300),
-            "RX's period restarts"
-        );
+        assert_eq!(n.completion(TX_CQ, 200), None);
+        assert_eq!(n.completion(RX_CQ, 300), Some(3300), "RX's period restarts");
         assert!(n.begin(3300));
     }
 
     #[test]
     fn a_poll_waiting_for_its_cpu_stays_live() {
-        let mut n = Napi::default();
+        let mut n = Napi::new(M);
         n.schedule(10);
         assert!(n.begin(10));
         n.set_cpu_wait(true);

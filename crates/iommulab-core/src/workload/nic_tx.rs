@@ -14,12 +14,12 @@
 //! accesses only; a flow's chunks are reused in turn, enough of them that data in flight is never
 //! overwritten.
 
-use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION, RX_CQ, TX_CQ};
+use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, Port, ACK_FRAME, ETH_HLEN, TCPIP_HLEN};
 use super::rxq::KeptRxRing;
 use super::sq::{wqebbs, FragStream, Seg, SendQueue, TX_CQ_POLL_BUDGET};
-use super::{Device, Workload, WorkloadStats};
-use crate::host::{Event, Host};
+use super::{event, Device, Workload, WorkloadStats};
+use crate::host::Host;
 use crate::scenario::NicTx;
 use crate::sim::Time;
 
@@ -70,13 +70,6 @@ pub struct NicTxWorkload {
     stats: WorkloadStats,
 }
 
-fn ev(kind: u16, id: usize) -> Event {
-    Event::Workload {
-        kind,
-        id: id as u32,
-    }
-}
-
 impl NicTxWorkload {
     pub fn new(cfg: &NicTx, link_gbps: f64, translation_slots: u32) -> Self {
         let mss = net::mss(cfg.mtu);
@@ -92,7 +85,7 @@ impl NicTxWorkload {
                     cpu: q,
                     sq: None,
                     rx: None,
-                    napi: Napi::default(),
+                    napi: Napi::new(Moderation::cqe(cfg.irq_usecs, cfg.irq_frames)),
                 })
                 .collect(),
             flows: (0..cfg.flows as usize)
@@ -119,21 +112,14 @@ impl NicTxWorkload {
     fn schedule_send(&mut self, host: &mut Host, f: usize, at: Time) {
         if !self.flows[f].scheduled {
             self.flows[f].scheduled = true;
-            host.schedule(at, ev(EV_SEND, f));
+            host.schedule(at, event(EV_SEND, f));
         }
     }
 
-    fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, rx: bool) {
-        let fire = if rx {
-            let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
-            self.queues[q].napi.completion(RX_CQ, at, m)
-        } else {
-            self.queues[q]
-                .napi
-                .completion(TX_CQ, at, MLX5_TX_CQ_MODERATION)
-        };
-        if let Some(fire) = fire {
-            host.schedule(fire, ev(EV_NAPI, q));
+    /// A completion entry of queue `q`'s `cq` becomes visible at `at`.
+    fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, cq: usize) {
+        if let Some(fire) = self.queues[q].napi.completion(cq, at) {
+            host.schedule(fire, event(EV_NAPI, q));
         }
     }
 
@@ -158,7 +144,7 @@ impl NicTxWorkload {
         }
         let q = self.flows[f].queue;
         let cpu = self.queues[q].cpu;
-        if !host.cpu_acquire(cpu, now, ev(EV_SEND, f)) {
+        if !host.cpu_acquire(cpu, now, event(EV_SEND, f)) {
             return;
         }
         self.flows[f].scheduled = false;
@@ -170,7 +156,7 @@ impl NicTxWorkload {
             self.stats.drops_device += 1;
             host.cpus[cpu].account(now, t);
             self.flows[f].scheduled = true;
-            host.schedule(t + RETRY_NS, ev(EV_SEND, f));
+            host.schedule(t + RETRY_NS, event(EV_SEND, f));
             return;
         }
         let segs = std::mem::take(&mut self.segs);
@@ -187,14 +173,14 @@ impl NicTxWorkload {
         self.segs = segs;
         self.stats.packets_offered += self.segs_per_skb;
         self.stats.bytes_received += self.skb_bytes;
-        self.completion_event(host, q, done, false);
+        self.completion_event(host, q, done, TX_CQ);
         let flow = &mut self.flows[f];
         flow.in_flight += self.skb_bytes;
         flow.unacked += self.skb_bytes;
         let rtt = (self.cfg.rtt_us * 1000.0).round() as u64;
         while flow.unacked >= self.cfg.peer_ack_bytes {
             flow.unacked -= self.cfg.peer_ack_bytes;
-            host.schedule(wire_end + rtt, ev(EV_ACK, q));
+            host.schedule(wire_end + rtt, event(EV_ACK, q));
         }
         host.cpus[cpu].account(now, t);
         self.schedule_send(host, f, t);
@@ -207,13 +193,13 @@ impl NicTxWorkload {
             return;
         };
         let done = rx.receive(&mut self.dev, host, now, ACK_FRAME, ());
-        self.completion_event(host, q, done, true);
+        self.completion_event(host, q, done, RX_CQ);
     }
 
     /// mlx5e_napi_poll(): reap TX completions (unmapping the frags, returning TSQ budget), then the ACKs.
     fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
         let cpu = self.queues[q].cpu;
-        if !self.queues[q].napi.enter(host, cpu, now, ev(EV_NAPI, q)) {
+        if !self.queues[q].napi.enter(host, cpu, now, event(EV_NAPI, q)) {
             return; // superseded, or waiting for the CPU
         }
         let mut reaped = std::mem::take(&mut self.reaped);
@@ -246,20 +232,12 @@ impl NicTxWorkload {
             }
         }
         host.cpus[cpu].account(now, t);
-        if tx_busy || acks == self.cfg.napi_budget {
-            self.queues[q].napi.schedule(t);
-            host.schedule(t, ev(EV_NAPI, q));
-            return;
-        }
         let queue = &mut self.queues[q];
-        let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
         let rx = queue.rx.iter().flat_map(|rx| rx.pending_times());
         let tx = queue.sq.iter().flat_map(|sq| sq.pending_times());
-        if let Some(at) = queue
-            .napi
-            .complete_and_rearm(t, rx, m, tx, MLX5_TX_CQ_MODERATION)
-        {
-            host.schedule(at, ev(EV_NAPI, q));
+        let busy = tx_busy || acks == self.cfg.napi_budget;
+        if let Some(at) = queue.napi.finish(t, busy, rx, tx) {
+            host.schedule(at, event(EV_NAPI, q));
         }
     }
 

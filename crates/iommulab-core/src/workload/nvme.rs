@@ -8,8 +8,8 @@
 //! Simplification: each I/O buffer is physically contiguous (fio allocates them once, at start, and reuses
 //! them; the kernel maps a user buffer page by page, which only matters for superpage eligibility).
 
-use super::{Workload, WorkloadStats};
-use crate::host::{Event, Host};
+use super::{event, Workload, WorkloadStats};
+use crate::host::Host;
 use crate::hw::PAGE_SIZE as PAGE;
 use crate::scenario::{Nvme, NvmeRw};
 use crate::sim::{DmaEngine, Time};
@@ -58,13 +58,6 @@ impl NvmeWorkload {
         matches!(self.cfg.rw, NvmeRw::Read | NvmeRw::Randread)
     }
 
-    fn ev(kind: u16, slot: usize) -> Event {
-        Event::Workload {
-            kind,
-            id: slot as u32,
-        }
-    }
-
     /// Submit slot `s` on its CPU from `t`: blk-mq and the driver, dma_map_sg(), the doorbell. Returns the
     /// CPU's release time; the drive sees the command then.
     fn submit(&mut self, host: &mut Host, s: usize, t: Time) -> Time {
@@ -72,14 +65,14 @@ impl NvmeWorkload {
         let t = t + self.cfg.submit_ns;
         let Some((dma, t)) = host.dma_map(t, cpu, phys, self.pages) else {
             // IOVA space exhausted: fio retries after the I/Os in flight complete.
-            host.schedule(t + self.latency_ns.max(1), Self::ev(EV_SUBMIT, s));
+            host.schedule(t + self.latency_ns.max(1), event(EV_SUBMIT, s));
             return t;
         };
         self.slots[s].dma = Some(dma);
         self.stats.packets_offered += 1;
         // Reads: the media first, then the drive writes host memory. Writes: it reads host memory first.
         let data_at = if self.reads() { t + self.latency_ns } else { t };
-        host.schedule(data_at, Self::ev(EV_DATA, s));
+        host.schedule(data_at, event(EV_DATA, s));
         t
     }
 
@@ -100,13 +93,13 @@ impl NvmeWorkload {
         } else {
             done + self.latency_ns
         };
-        host.schedule(complete_at, Self::ev(EV_COMPLETE, s));
+        host.schedule(complete_at, event(EV_COMPLETE, s));
     }
 
     /// The completion interrupt on the job's CPU: nvme_unmap_data(), the reap, and the next submission.
     fn complete(&mut self, host: &mut Host, now: Time, s: usize) {
         let cpu = self.slots[s].cpu;
-        if !host.cpu_acquire(cpu, now, Self::ev(EV_COMPLETE, s)) {
+        if !host.cpu_acquire(cpu, now, event(EV_COMPLETE, s)) {
             return;
         }
         let dma = self.slots[s]
@@ -137,7 +130,7 @@ impl Workload for NvmeWorkload {
                     phys,
                     dma: None,
                 });
-                host.schedule(now, Self::ev(EV_SUBMIT, self.slots.len() - 1));
+                host.schedule(now, event(EV_SUBMIT, self.slots.len() - 1));
             }
         }
     }
@@ -147,7 +140,7 @@ impl Workload for NvmeWorkload {
         match kind {
             EV_SUBMIT => {
                 let cpu = self.slots[s].cpu;
-                if host.cpu_acquire(cpu, now, Self::ev(EV_SUBMIT, s)) {
+                if host.cpu_acquire(cpu, now, event(EV_SUBMIT, s)) {
                     let t = self.submit(host, s, now);
                     host.cpus[cpu].account(now, t);
                 }

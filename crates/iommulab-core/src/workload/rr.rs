@@ -17,12 +17,12 @@
 //! Simplifications: requests fit one segment; the client's ACKs ride on its next request (none arrive on
 //! their own); the server never runs out of send window.
 
-use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION, RX_CQ, TX_CQ};
+use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, Port, ETH_HLEN, TCPIP_HLEN};
 use super::rxq::KeptRxRing;
 use super::sq::{wqebbs, FragStream, HeadSlab, Seg, SendQueue, TX_CQ_POLL_BUDGET, TX_RING_ENTRIES};
-use super::{Device, Workload, WorkloadStats};
-use crate::host::{Event, Host};
+use super::{event, Device, Workload, WorkloadStats};
+use crate::host::Host;
 use crate::scenario::Rr;
 use crate::sim::Time;
 use std::collections::VecDeque;
@@ -37,13 +37,6 @@ const EV_REQUEST: u16 = 0;
 const EV_NAPI: u16 = 1;
 const EV_SERVE: u16 = 2;
 const EV_GENERATE: u16 = 3;
-
-fn ev(kind: u16, id: usize) -> Event {
-    Event::Workload {
-        kind,
-        id: id as u32,
-    }
-}
 
 /// A request as the server sees it: its connection and when the client sent it (or, at a fixed rate,
 /// when it was due).
@@ -95,7 +88,7 @@ impl RrWorkload {
                     rx: None,
                     heads: None,
                     frags: None,
-                    napi: Napi::default(),
+                    napi: Napi::new(Moderation::cqe(cfg.irq_usecs, cfg.irq_frames)),
                     backlog: VecDeque::new(),
                     serving: false,
                 })
@@ -120,20 +113,13 @@ impl RrWorkload {
     /// The client of `conn` sends a request at `sent`; it reaches the NIC one way later.
     fn client_send(&mut self, host: &mut Host, conn: usize, sent: Time) {
         self.in_flight[conn].push_back(sent);
-        host.schedule(sent + self.one_way_ns, ev(EV_REQUEST, conn));
+        host.schedule(sent + self.one_way_ns, event(EV_REQUEST, conn));
     }
 
-    fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, rx: bool) {
-        let fire = if rx {
-            let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
-            self.queues[q].napi.completion(RX_CQ, at, m)
-        } else {
-            self.queues[q]
-                .napi
-                .completion(TX_CQ, at, MLX5_TX_CQ_MODERATION)
-        };
-        if let Some(fire) = fire {
-            host.schedule(fire, ev(EV_NAPI, q));
+    /// A completion entry of queue `q`'s `cq` becomes visible at `at`.
+    fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, cq: usize) {
+        if let Some(fire) = self.queues[q].napi.completion(cq, at) {
+            host.schedule(fire, event(EV_NAPI, q));
         }
     }
 
@@ -154,13 +140,13 @@ impl RrWorkload {
         self.stats.packets_offered += 1;
         self.stats.bytes_received += self.cfg.request_bytes as u64;
         self.stats.dma_pages += 1;
-        self.completion_event(host, q, done, true);
+        self.completion_event(host, q, done, RX_CQ);
     }
 
     /// mlx5e_napi_poll(): unmap completed responses, then hand requests to the socket and wake the server.
     fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
         let cpu = self.queues[q].cpu;
-        if !self.queues[q].napi.enter(host, cpu, now, ev(EV_NAPI, q)) {
+        if !self.queues[q].napi.enter(host, cpu, now, event(EV_NAPI, q)) {
             return; // superseded, or waiting for the CPU
         }
         let mut reaped = 0;
@@ -184,24 +170,16 @@ impl RrWorkload {
         if got > 0 && !queue.serving {
             // sk_data_ready(): the server thread is woken.
             queue.serving = true;
-            host.schedule(t + host.platform.cpu.wakeup_ns, ev(EV_SERVE, q));
+            host.schedule(t + host.platform.cpu.wakeup_ns, event(EV_SERVE, q));
         }
         host.cpus[cpu].account(now, t);
-        if reaped == TX_CQ_POLL_BUDGET || got == self.cfg.napi_budget {
-            self.queues[q].napi.schedule(t);
-            host.schedule(t, ev(EV_NAPI, q));
-            return;
-        }
-        // napi_complete_done(): re-arm for completions already on their way.
+        // Poll again if a budget was used up, else napi_complete_done() and re-arm.
         let queue = &mut self.queues[q];
-        let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
         let rx = queue.rx.iter().flat_map(|rx| rx.pending_times());
         let tx = queue.sq.iter().flat_map(|sq| sq.pending_times());
-        if let Some(at) = queue
-            .napi
-            .complete_and_rearm(t, rx, m, tx, MLX5_TX_CQ_MODERATION)
-        {
-            host.schedule(at, ev(EV_NAPI, q));
+        let busy = reaped == TX_CQ_POLL_BUDGET || got == self.cfg.napi_budget;
+        if let Some(at) = queue.napi.finish(t, busy, rx, tx) {
+            host.schedule(at, event(EV_NAPI, q));
         }
     }
 
@@ -239,7 +217,7 @@ impl RrWorkload {
     /// The server thread of queue `q` answers its oldest request.
     fn serve(&mut self, host: &mut Host, now: Time, q: usize) {
         let cpu = self.queues[q].cpu;
-        if !host.cpu_acquire(cpu, now, ev(EV_SERVE, q)) {
+        if !host.cpu_acquire(cpu, now, event(EV_SERVE, q)) {
             return;
         }
         let Some(req) = self.queues[q].backlog.front().copied() else {
@@ -254,7 +232,7 @@ impl RrWorkload {
         host.cpus[cpu].account(now, t);
         if !ok {
             self.stats.drops_device += 1;
-            host.schedule(t + RETRY_NS, ev(EV_SERVE, q));
+            host.schedule(t + RETRY_NS, event(EV_SERVE, q));
             return;
         }
         self.queues[q].backlog.pop_front();
@@ -269,7 +247,7 @@ impl RrWorkload {
         self.queues[q].sq = Some(sq);
         self.stats.dma_pages += segs.iter().map(|s| s.pages).sum::<u64>();
         self.segs = segs;
-        self.completion_event(host, q, done, false);
+        self.completion_event(host, q, done, TX_CQ);
         // The client has the whole response one way after its last frame left.
         let received = wire_end + self.one_way_ns;
         self.stats.latency.record(received - req.sent);
@@ -282,7 +260,7 @@ impl RrWorkload {
         if self.queues[q].backlog.is_empty() {
             self.queues[q].serving = false;
         } else {
-            host.schedule(t, ev(EV_SERVE, q));
+            host.schedule(t, event(EV_SERVE, q));
         }
     }
 
@@ -292,7 +270,7 @@ impl RrWorkload {
         self.generated += 1;
         self.client_send(host, conn, now);
         self.next_due_ps += (1e12 / self.cfg.rate_rps).round().max(1.0) as u64;
-        host.schedule(self.next_due_ps / 1000, ev(EV_GENERATE, 0));
+        host.schedule(self.next_due_ps / 1000, event(EV_GENERATE, 0));
     }
 
     /// Queue `q` at probe: send queue, RX ring, head slab and the server socket's page frags (enough for
@@ -326,7 +304,7 @@ impl Workload for RrWorkload {
         }
         if self.cfg.rate_rps > 0.0 {
             self.next_due_ps = now * 1000;
-            host.schedule(now, ev(EV_GENERATE, 0));
+            host.schedule(now, event(EV_GENERATE, 0));
         } else {
             for c in 0..self.in_flight.len() {
                 self.client_send(host, c, now);

@@ -14,11 +14,11 @@ mod rq;
 mod tcp;
 
 use super::desc_ring::DescRing;
-use super::napi::{Moderation, Napi, MLX5_TX_CQ_MODERATION, RX_CQ, TX_CQ};
+use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, ACK_FRAME, ETH_HLEN};
 use super::sq::{HeadSlab, Seg, SendQueue, CQE_BYTES};
-use super::{Device, Workload, WorkloadStats};
-use crate::host::{Event, Host};
+use super::{event, Device, Workload, WorkloadStats};
+use crate::host::Host;
 use crate::scenario::{NicRx, RqKind};
 use crate::sim::Time;
 use pages::{PageId, Pages, Source};
@@ -62,13 +62,6 @@ struct RxQueue {
     cq: VecDeque<Completion>,
     cq_pages: VecDeque<PageId>,
     napi: Napi,
-}
-
-fn napi_event(q: usize) -> Event {
-    Event::Workload {
-        kind: EV_NAPI,
-        id: q as u32,
-    }
 }
 
 struct Flow {
@@ -133,7 +126,7 @@ impl NicRxWorkload {
                     tx: None,
                     cq: VecDeque::new(),
                     cq_pages: VecDeque::new(),
-                    napi: Napi::default(),
+                    napi: Napi::new(Moderation::cqe(cfg.irq_usecs, cfg.irq_frames)),
                 })
                 .collect(),
             flows: (0..cfg.flows as usize)
@@ -164,24 +157,11 @@ impl NicRxWorkload {
         }
     }
 
-    /// Schedule queue `q`'s poll at `at`, superseding any earlier-scheduled one.
-    fn napi_schedule(&mut self, host: &mut Host, q: usize, at: Time) {
-        self.queues[q].napi.schedule(at);
-        host.schedule(at, napi_event(q));
-    }
-
     /// A completion entry becomes visible at `at`: arm the interrupt if NAPI is idle, and move an armed one.
-    fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, rx: bool) {
-        let fire = if rx {
-            let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
-            self.queues[q].napi.completion(RX_CQ, at, m)
-        } else {
-            self.queues[q]
-                .napi
-                .completion(TX_CQ, at, MLX5_TX_CQ_MODERATION)
-        };
-        if let Some(fire) = fire {
-            host.schedule(fire, napi_event(q));
+    /// A completion entry of queue `q`'s `cq` becomes visible at `at`.
+    fn completion_event(&mut self, host: &mut Host, q: usize, at: Time, cq: usize) {
+        if let Some(fire) = self.queues[q].napi.completion(cq, at) {
+            host.schedule(fire, event(EV_NAPI, q));
         }
     }
 
@@ -235,7 +215,7 @@ impl NicRxWorkload {
         let read = tx.sq.fetch_and_read(&mut self.dev, host, t, 1, &seg);
         let done = tx.sq.complete(&mut self.dev, host, read, &seg, 0);
         self.queues[q].tx = Some(tx);
-        self.completion_event(host, q, done, false);
+        self.completion_event(host, q, done, TX_CQ);
         t
     }
 
@@ -312,20 +292,14 @@ impl NicRxWorkload {
                 finished: placed.finished as u8,
             });
             self.pieces = pieces;
-            self.completion_event(host, q, done, true);
+            self.completion_event(host, q, done, RX_CQ);
         }
-        host.schedule(
-            self.next_arrival_ps / 1000,
-            Event::Workload {
-                kind: EV_WIRE,
-                id: 0,
-            },
-        );
+        host.schedule(self.next_arrival_ps / 1000, event(EV_WIRE, 0));
     }
 
     fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
         let cpu = self.queues[q].cpu;
-        if !self.queues[q].napi.enter(host, cpu, now, napi_event(q)) {
+        if !self.queues[q].napi.enter(host, cpu, now, event(EV_NAPI, q)) {
             return; // superseded, or waiting for the CPU
         }
         let stack_ns = host.platform.cpu.stack_ns_per_packet;
@@ -353,13 +327,7 @@ impl NicRxWorkload {
             flow.sock.push_back(c.pages);
             if !flow.reader_scheduled {
                 flow.reader_scheduled = true;
-                host.schedule(
-                    t + wakeup,
-                    Event::Workload {
-                        kind: EV_READ,
-                        id: f as u32,
-                    },
-                );
+                host.schedule(t + wakeup, event(EV_READ, f));
             }
             for _ in 0..c.finished {
                 let wqe = self.queues[q]
@@ -385,31 +353,20 @@ impl NicRxWorkload {
         self.skbs = skbs;
         t = self.refill(host, q, t);
         host.cpus[cpu].account(now, t);
-        if done == self.cfg.napi_budget {
-            // Budget used up: NAPI polls again (net_rx_action).
-            self.napi_schedule(host, q, t);
-            return;
-        }
-        // napi_complete_done(): re-arm; completions already on their way raise the next interrupt.
+        // Poll again if the budget was used up (net_rx_action), else napi_complete_done() and re-arm:
+        // completions already on their way raise the next interrupt.
         let queue = &mut self.queues[q];
-        let m = Moderation::cqe(self.cfg.irq_usecs, self.cfg.irq_frames);
         let rx = queue.cq.iter().map(|c| c.ready);
         let tx = queue.tx.iter().flat_map(|tx| tx.sq.pending_times());
-        if let Some(at) = queue
-            .napi
-            .complete_and_rearm(t, rx, m, tx, MLX5_TX_CQ_MODERATION)
-        {
-            host.schedule(at, napi_event(q));
+        if let Some(at) = queue.napi.finish(t, done == self.cfg.napi_budget, rx, tx) {
+            host.schedule(at, event(EV_NAPI, q));
         }
     }
 
     fn read(&mut self, host: &mut Host, now: Time, f: usize) {
         let q = self.flows[f].queue;
         let cpu = self.queues[q].cpu;
-        let ev = Event::Workload {
-            kind: EV_READ,
-            id: f as u32,
-        };
+        let ev = event(EV_READ, f);
         if !host.cpu_acquire(cpu, now, ev) {
             return;
         }
@@ -491,13 +448,7 @@ impl Workload for NicRxWorkload {
             host.cpus[cpu].account(now, t);
         }
         self.next_arrival_ps = now * 1000;
-        host.schedule(
-            now,
-            Event::Workload {
-                kind: EV_WIRE,
-                id: 0,
-            },
-        );
+        host.schedule(now, event(EV_WIRE, 0));
     }
 
     fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32) {
