@@ -415,14 +415,16 @@ fn default_tsq_bytes() -> u64 {
     16 * 65536
 }
 fn default_frag_kb() -> u32 {
-    32
+    (crate::workload::sq::SKB_FRAG_PAGE_BYTES / 1024) as u32
 }
 fn default_gro_max_u64() -> u64 {
     65536
 }
+/// Estimate: a round trip between hosts in one rack (two NIC and one switch traversals, the peer's stack).
 fn default_rtt_us() -> f64 {
     10.0
 }
+/// mlx5 en.h MLX5E_PARAMS_DEFAULT_LOG_RQ_SIZE: 1024 RX descriptors.
 fn default_tx_rx_ring() -> u32 {
     1024
 }

@@ -20,15 +20,16 @@
 use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, Port, ETH_HLEN, TCPIP_HLEN};
 use super::rxq::KeptRxRing;
-use super::sq::{wqebbs, FragStream, HeadSlab, Seg, SendQueue, TX_CQ_POLL_BUDGET, TX_RING_ENTRIES};
+use super::sq::{
+    wqebbs, FragStream, HeadSlab, Seg, SendQueue, SKB_FRAG_PAGE_BYTES, TX_CQ_POLL_BUDGET,
+    TX_RING_ENTRIES,
+};
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::scenario::Rr;
 use crate::sim::Time;
 use std::collections::VecDeque;
 
-/// The socket's page-frag chunks: 32 KiB (sk_page_frag, SKB_FRAG_PAGE_ORDER 3), as `nic_tx`.
-const FRAG_CHUNK_BYTES: u64 = 32 * 1024;
 /// A server that found no IOVA space for a response retries this much later (a modelling choice; no
 /// scenario here runs out).
 const RETRY_NS: u64 = 10_000;
@@ -287,9 +288,9 @@ impl RrWorkload {
         }
         self.queues[q].heads = Some(HeadSlab::alloc(host).expect("memory for skb heads"));
         let bytes = TX_RING_ENTRIES * self.cfg.response_bytes as u64;
-        let chunks = bytes.div_ceil(FRAG_CHUNK_BYTES) + 1;
+        let chunks = bytes.div_ceil(SKB_FRAG_PAGE_BYTES) + 1;
         self.queues[q].frags = Some(
-            FragStream::alloc(host, FRAG_CHUNK_BYTES, chunks)
+            FragStream::alloc(host, SKB_FRAG_PAGE_BYTES, chunks)
                 .expect("memory for the socket's page frags"),
         );
         t
