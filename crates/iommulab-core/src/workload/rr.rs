@@ -191,17 +191,11 @@ impl RrWorkload {
         let mut t = t;
         if bytes <= self.mss {
             let heads = self.queues[q].heads.as_mut().expect("slab at start");
-            let Some((dma, t2)) = host.dma_map(t, cpu, heads.next_page(), 1) else {
+            let Some((seg, t2)) = heads.map(host, cpu, t, ETH_HLEN + TCPIP_HLEN) else {
                 return (false, t);
             };
-            heads.take();
             t = t2;
-            self.segs.push(Seg {
-                dma,
-                pages: 1,
-                offset: 0,
-                bytes: ETH_HLEN + TCPIP_HLEN,
-            });
+            self.segs.push(seg);
         }
         let frags = self.queues[q].frags.as_mut().expect("frags at start");
         let (ok, t) = frags.map(host, cpu, t, bytes, &mut self.segs);

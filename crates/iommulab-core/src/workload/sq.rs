@@ -81,14 +81,19 @@ impl HeadSlab {
         Some(HeadSlab { base, used: 0 })
     }
 
-    /// The physical page of the next head (not yet taken).
-    pub fn next_page(&self) -> u64 {
-        self.base + (self.used / HEADS_PER_PAGE) % HEAD_SLAB_PAGES
-    }
-
-    /// The next head was taken.
-    pub fn take(&mut self) {
+    /// Map the next head, holding `bytes` of headers, on `cpu` from `t` (dma_map_single of the linear
+    /// part): its segment and the CPU's release time. None if IOVA space ran out (the head stays free).
+    pub fn map(&mut self, host: &mut Host, cpu: usize, t: Time, bytes: u64) -> Option<(Seg, Time)> {
+        let phys = self.base + (self.used / HEADS_PER_PAGE) % HEAD_SLAB_PAGES;
+        let (dma, t) = host.dma_map(t, cpu, phys, 1)?;
         self.used += 1;
+        let seg = Seg {
+            dma,
+            pages: 1,
+            offset: 0,
+            bytes,
+        };
+        Some((seg, t))
     }
 }
 

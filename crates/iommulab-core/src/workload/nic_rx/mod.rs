@@ -16,7 +16,7 @@ mod tcp;
 use super::desc_ring::DescRing;
 use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, ACK_FRAME, ETH_HLEN};
-use super::sq::{HeadSlab, Seg, SendQueue, CQE_BYTES};
+use super::sq::{HeadSlab, SendQueue, CQE_BYTES};
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::scenario::{NicRx, RqKind};
@@ -199,19 +199,12 @@ impl NicRxWorkload {
             return t;
         };
         let t = t + host.platform.cpu.tx_packet_ns;
-        let phys = tx.heads.next_page();
-        let Some((dma, t)) = host.dma_map(t, cpu, phys, 1) else {
+        let Some((seg, t)) = tx.heads.map(host, cpu, t, ACK_FRAME) else {
             self.queues[q].tx = Some(tx);
             return t;
         };
-        tx.heads.take();
         self.stats.tx_packets += 1;
-        let seg = [Seg {
-            dma,
-            pages: 1,
-            offset: 0,
-            bytes: ACK_FRAME,
-        }];
+        let seg = [seg];
         let read = tx.sq.fetch_and_read(&mut self.dev, host, t, 1, &seg);
         let done = tx.sq.complete(&mut self.dev, host, read, &seg, 0);
         self.queues[q].tx = Some(tx);
