@@ -17,7 +17,7 @@
 use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, Port, ACK_FRAME, ETH_HLEN, TCPIP_HLEN};
 use super::rxq::KeptRxRing;
-use super::sq::{wqebbs, FragStream, Seg, SendQueue, TX_CQ_POLL_BUDGET};
+use super::sq::{wqebbs, FragStream, Seg, SendQueue, MAP_RETRY_NS, TX_CQ_POLL_BUDGET};
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::scenario::NicTx;
@@ -26,9 +26,6 @@ use crate::sim::Time;
 /// include/net/tcp.h MAX_TCP_HEADER (128 + MAX_HEADER, cache-aligned; 320 on x86-64 distribution
 /// configs): tcp_xmit_size_goal() keeps an skb below GSO_MAX_SIZE - 1 - MAX_TCP_HEADER.
 const MAX_TCP_HEADER: u64 = 320;
-/// A sender whose mapping found no IOVA space retries this much later (a modelling choice: the skb is
-/// dropped by the driver and retransmitted; no scenario here runs out).
-const RETRY_NS: u64 = 10_000;
 
 const EV_SEND: u16 = 0;
 const EV_NAPI: u16 = 1;
@@ -156,7 +153,7 @@ impl NicTxWorkload {
             self.stats.drops_device += 1;
             host.cpus[cpu].account(now, t);
             self.flows[f].scheduled = true;
-            host.schedule(t + RETRY_NS, event(EV_SEND, f));
+            host.schedule(t + MAP_RETRY_NS, event(EV_SEND, f));
             return;
         }
         let segs = std::mem::take(&mut self.segs);

@@ -21,18 +21,14 @@ use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, Port, ETH_HLEN, TCPIP_HLEN};
 use super::rxq::KeptRxRing;
 use super::sq::{
-    wqebbs, FragStream, HeadSlab, Seg, SendQueue, SKB_FRAG_PAGE_BYTES, TX_CQ_POLL_BUDGET,
-    TX_RING_ENTRIES,
+    wqebbs, FragStream, HeadSlab, Seg, SendQueue, MAP_RETRY_NS, SKB_FRAG_PAGE_BYTES,
+    TX_CQ_POLL_BUDGET, TX_RING_ENTRIES,
 };
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::scenario::Rr;
 use crate::sim::Time;
 use std::collections::VecDeque;
-
-/// A server that found no IOVA space for a response retries this much later (a modelling choice; no
-/// scenario here runs out).
-const RETRY_NS: u64 = 10_000;
 
 const EV_REQUEST: u16 = 0;
 const EV_NAPI: u16 = 1;
@@ -227,7 +223,7 @@ impl RrWorkload {
         host.cpus[cpu].account(now, t);
         if !ok {
             self.stats.drops_device += 1;
-            host.schedule(t + RETRY_NS, event(EV_SERVE, q));
+            host.schedule(t + MAP_RETRY_NS, event(EV_SERVE, q));
             return;
         }
         self.queues[q].backlog.pop_front();

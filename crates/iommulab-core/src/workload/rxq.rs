@@ -3,14 +3,11 @@
 //! free no DMA state when the stack consumes them (the page is recycled mapped).
 
 use super::desc_ring::DescRing;
-use super::sq::CQE_BYTES;
+use super::sq::{CQE_BYTES, DS_BYTES};
 use super::Device;
 use crate::host::Host;
 use crate::sim::Time;
 use std::collections::VecDeque;
-
-/// Cyclic RQ descriptor (struct mlx5_wqe_data_seg).
-const RX_DESC_BYTES: u64 = 16;
 
 pub struct KeptRxRing<T> {
     pages: Vec<u64>,
@@ -32,7 +29,7 @@ impl<T> KeptRxRing<T> {
             t = t2;
             pages.push(dma);
         }
-        let (desc, t) = DescRing::alloc(host, cpu, n, RX_DESC_BYTES, t)?;
+        let (desc, t) = DescRing::alloc(host, cpu, n, DS_BYTES, t)?;
         let (cq, t) = DescRing::alloc(host, cpu, n, CQE_BYTES, t)?;
         let ring = KeptRxRing {
             pages,

@@ -18,10 +18,15 @@ pub const CQE_BYTES: u64 = 64;
 /// en/txrx.h MLX5E_TX_CQ_POLL_BUDGET: TX completions reaped per NAPI poll.
 pub const TX_CQ_POLL_BUDGET: usize = 128;
 
-/// mlx5 WQE layout (en/tx.c mlx5e_sq_xmit_wqe): 16-byte data segments, four per 64-byte building block; a
+/// One 16-byte WQE data segment (struct mlx5_wqe_data_seg): a cyclic RQ's descriptor, and the unit send
+/// WQEs are built of.
+pub const DS_BYTES: u64 = 16;
+/// A sender whose mapping found no IOVA space retries this much later (a modelling choice: the driver drops
+/// the skb and TCP sends it again; no built-in scenario runs out).
+pub const MAP_RETRY_NS: u64 = 10_000;
+/// mlx5 WQE layout (en/tx.c mlx5e_sq_xmit_wqe): data segments, four per 64-byte building block; a
 /// control and an Ethernet segment, the inlined headers beyond the Ethernet segment's first 2 bytes
 /// (MLX5E_INLINE_HDR_START_SZ), then one segment per mapped buffer.
-const WQE_DS_BYTES: u64 = 16;
 const WQEBB_DS: u64 = 4;
 const INLINE_HDR_START: u64 = 2;
 
@@ -30,7 +35,7 @@ const INLINE_HDR_START: u64 = 2;
 pub fn wqebbs(inline_bytes: u64, segs: usize) -> u64 {
     let inline = inline_bytes
         .saturating_sub(INLINE_HDR_START)
-        .div_ceil(WQE_DS_BYTES);
+        .div_ceil(DS_BYTES);
     (2 + inline + segs as u64).div_ceil(WQEBB_DS)
 }
 

@@ -16,7 +16,7 @@ mod tcp;
 use super::desc_ring::DescRing;
 use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, ACK_FRAME, ETH_HLEN};
-use super::sq::{HeadSlab, SendQueue, CQE_BYTES};
+use super::sq::{HeadSlab, SendQueue, CQE_BYTES, DS_BYTES};
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::scenario::{NicRx, RqKind};
@@ -28,9 +28,8 @@ use tcp::RxTcp;
 
 /// Wire arrivals are generated in batches covering at most this much simulated time (a modelling batch).
 const WIRE_CHUNK_NS: u64 = 1000;
-/// RX descriptor bytes: a cyclic RQ's one data segment per page (struct mlx5_wqe_data_seg), a striding
-/// RQ's WQE (next segment + data segment, 64-byte stride).
-const RX_DESC_BYTES_CYCLIC: u64 = 16;
+/// RX descriptor bytes of a striding RQ's WQE (next segment + data segment, 64-byte stride); a cyclic RQ's
+/// is one data segment per page (`sq::DS_BYTES`).
 const RX_DESC_BYTES_STRIDING: u64 = 64;
 
 const EV_WIRE: u16 = 0;
@@ -400,7 +399,7 @@ impl NicRxWorkload {
     fn setup_rings(&mut self, host: &mut Host, q: usize, mut t: Time) -> Time {
         let cpu = self.queues[q].cpu;
         let desc_bytes = match self.cfg.rq {
-            RqKind::Cyclic => RX_DESC_BYTES_CYCLIC,
+            RqKind::Cyclic => DS_BYTES,
             RqKind::Mlx5Striding => RX_DESC_BYTES_STRIDING,
         };
         let descs = self.queues[q].rq.descriptors();
