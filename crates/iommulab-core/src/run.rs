@@ -143,6 +143,8 @@ impl Simulation {
                 .map(|&c| self.host.cpus[c].busy_ns)
                 .collect(),
             iova_lock_wait_ns: d.iovad.rbtree_lock.wait_ns,
+            safety: d.safety.stats.clone(),
+            exposed_open: d.safety.exposed_open(at),
         }
     }
 
@@ -207,6 +209,7 @@ impl Simulation {
             seed: self.seed,
             pwc_levels: self.host.dma.core.iommu.translator().format().levels - 1,
             line_rate_gbps: self.workload.line_rate_gbps(),
+            translated: self.host.dma.policy.translated(),
         };
         RunResult::from_snapshots(&info, &a, &b)
     }

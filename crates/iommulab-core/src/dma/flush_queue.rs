@@ -95,7 +95,7 @@ impl FlushQueue {
     /// fq_flush_iotlb(): start count, flush_iotlb_all, finish count.
     fn flush(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
         self.flush_start_cnt += 1;
-        let t = core.iommu.flush_iotlb_all(now, cpu, core.dom);
+        let t = core.flush_iotlb_all(now, cpu);
         self.flush_finish_cnt += 1;
         t
     }

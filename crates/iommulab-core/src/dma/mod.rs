@@ -8,6 +8,7 @@ pub mod flush_queue;
 pub mod iova;
 pub mod kernel;
 pub mod passthrough;
+pub mod safety;
 pub mod strict;
 
 use crate::hw::{DomainId, Iommu, IotlbGather, Translation};
@@ -47,6 +48,8 @@ pub struct DmaCore {
     /// IOVAs come from a replayed trace (the traced kernel's allocator), not from `iovad`: freeing them is
     /// not this allocator's business.
     pub iova_from_trace: bool,
+    /// When unmapped ranges went back to their owners and when invalidations covered them.
+    pub safety: safety::SafetyLog,
 }
 
 /// 4 GiB in 4 KiB pages: the first try for PCI devices (iommu_dma_alloc_iova, DMA_BIT_MASK(32)).
@@ -71,6 +74,7 @@ impl DmaCore {
             pci_32bit_workaround: true,
             timer_request: None,
             iova_from_trace: false,
+            safety: safety::SafetyLog::default(),
         }
     }
 
@@ -151,7 +155,31 @@ impl DmaCore {
         self.stats.unmaps += 1;
         self.stats.iova_pages_unmapped += un;
         let ptes = self.iommu.counters().ptes_cleared - before;
-        (g, t + ptes * self.costs.pte_ns)
+        let t = t + ptes * self.costs.pte_ns;
+        self.safety.unmapped(base, n * self.granule, t);
+        (g, t)
+    }
+
+    /// The pages of the range unmapped at `iova_pfn` went back to their owner at `t`.
+    pub fn release(&mut self, iova_pfn: u64, t: Time) {
+        let (base, _, _) = self.granules(iova_pfn, 1);
+        self.safety.released(base, t);
+    }
+
+    /// iommu_iotlb_sync(): invalidate the gathered range and wait.
+    pub fn iotlb_sync(&mut self, now: Time, cpu: usize, g: &IotlbGather) -> Time {
+        let t = self.iommu.iotlb_sync(now, cpu, self.dom, g);
+        if !g.is_empty() {
+            self.safety.invalidated(Some((g.start, g.end)), now, t);
+        }
+        t
+    }
+
+    /// iommu_flush_iotlb_all(): invalidate the whole domain and wait.
+    pub fn flush_iotlb_all(&mut self, now: Time, cpu: usize) -> Time {
+        let t = self.iommu.flush_iotlb_all(now, cpu, self.dom);
+        self.safety.invalidated(None, now, t);
+        t
     }
 }
 
@@ -186,6 +214,16 @@ pub trait DmaPolicy: Send + Sync {
     fn timer(&mut self, _core: &mut DmaCore, now: Time, _cpu: usize) -> Time {
         now
     }
+    /// The policy keeps unmapped pages from their owner until it has invalidated them (it calls
+    /// `core.release` itself); otherwise a page goes back when dma_unmap returns.
+    fn holds_pages(&self) -> bool {
+        false
+    }
+    /// The driver ended a batch of unmaps on `cpu` (a NAPI poll, a TX completion batch). Returns the
+    /// release time.
+    fn batch_end(&mut self, _core: &mut DmaCore, now: Time, _cpu: usize) -> Time {
+        now
+    }
 }
 
 /// The DMA layer of one device: shared state plus its domain's policy.
@@ -215,7 +253,14 @@ impl DmaLayer {
         self.policy.map(&mut self.core, now, cpu, phys_pfn, pages)
     }
     pub fn unmap(&mut self, now: Time, cpu: usize, iova_pfn: u64, pages: u64) -> Time {
-        self.policy.unmap(&mut self.core, now, cpu, iova_pfn, pages)
+        let t = self.policy.unmap(&mut self.core, now, cpu, iova_pfn, pages);
+        if !self.policy.holds_pages() {
+            self.core.release(iova_pfn, t);
+        }
+        t
+    }
+    pub fn batch_end(&mut self, now: Time, cpu: usize) -> Time {
+        self.policy.batch_end(&mut self.core, now, cpu)
     }
     pub fn timer(&mut self, now: Time, cpu: usize) -> Time {
         self.policy.timer(&mut self.core, now, cpu)

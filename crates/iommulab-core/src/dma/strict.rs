@@ -20,7 +20,7 @@ impl DmaPolicy for Strict {
     ) -> Time {
         let (g, t) = core.unmap_ptes(now, cpu, iova_pfn, pages);
         // iommu_iotlb_sync(): invalidate and wait, then iommu_dma_free_iova() → free_iova_fast().
-        let t = core.iommu.iotlb_sync(t, cpu, core.dom, &g);
+        let t = core.iotlb_sync(t, cpu, &g);
         core.free_iova(t, cpu, iova_pfn, pages)
     }
 }

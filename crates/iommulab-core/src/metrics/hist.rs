@@ -44,11 +44,16 @@ pub struct Latency {
 
 impl Histogram {
     pub fn record(&mut self, ns: u64) {
+        self.record_n(ns, 1);
+    }
+
+    /// `n` samples of the same value.
+    pub fn record_n(&mut self, ns: u64, n: u64) {
         let i = index(ns);
         if self.counts.len() <= i {
             self.counts.resize(i + 1, 0);
         }
-        self.counts[i] += 1;
+        self.counts[i] += n;
     }
 
     pub fn count(&self) -> u64 {

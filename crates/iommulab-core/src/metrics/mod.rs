@@ -3,6 +3,7 @@
 pub mod hist;
 
 use crate::dma::iova::IovaStats;
+use crate::dma::safety::SafetyStats;
 use crate::dma::DmaStats;
 use crate::hw::{InvKind, IommuCounters};
 use crate::workload::WorkloadStats;
@@ -20,6 +21,9 @@ pub struct Snapshot {
     /// Busy ns of each CPU the workload uses.
     pub cpu_busy_ns: Vec<u64>,
     pub iova_lock_wait_ns: u64,
+    pub safety: SafetyStats,
+    /// Pages released and not yet covered by a completed invalidation, at `time`.
+    pub exposed_open: u64,
 }
 
 /// `{"total": n, "<type>": n, ...}` with the IOMMU's own invalidation types, in its order.
@@ -70,6 +74,23 @@ pub struct Caches {
     pub atc: HitMiss,
 }
 
+/// How long freed pages stayed reachable by the device (dma::safety).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Safety {
+    /// False for an identity domain: the device reaches all of memory, always.
+    pub protected: bool,
+    /// Unmapped pages released to their owner and covered by a completed invalidation in the window.
+    pub pages_settled: u64,
+    /// Of those, pages released before the invalidation completed, and their share.
+    pub pages_exposed: u64,
+    pub exposed_share: f64,
+    /// Pages released and still not invalidated when the run ended.
+    pub pages_exposed_at_end: u64,
+    /// Exposure window per exposed page (release to invalidation completion), µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<hist::Latency>,
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct FlushQueueFlushes {
     pub full: u64,
@@ -117,6 +138,7 @@ pub struct RunResult {
     pub window_limited_share: f64,
     pub flush_queue_flushes: FlushQueueFlushes,
     pub iova_rcache_hit_rate: f64,
+    pub safety: Safety,
     /// Request latency percentiles (request/response workloads only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency: Option<hist::Latency>,
@@ -150,6 +172,8 @@ pub struct RunInfo<'a> {
     /// Walk caches (non-leaf levels) of the IOMMU's table format.
     pub pwc_levels: u32,
     pub line_rate_gbps: f64,
+    /// The device's DMA goes through translation (not an identity domain).
+    pub translated: bool,
 }
 
 impl RunResult {
@@ -241,6 +265,18 @@ impl RunResult {
                 timer: b.dma.fq_flush_timer - a.dma.fq_flush_timer,
             },
             iova_rcache_hit_rate: r6(ratio(rc_hits, rc_total)),
+            safety: {
+                let settled = b.safety.pages_settled - a.safety.pages_settled;
+                let exposed = b.safety.pages_exposed - a.safety.pages_exposed;
+                Safety {
+                    protected: info.translated,
+                    pages_settled: settled,
+                    pages_exposed: exposed,
+                    exposed_share: r6(ratio(exposed, settled)),
+                    pages_exposed_at_end: b.exposed_open,
+                    window: b.safety.window.since(&a.safety.window).latency(r6),
+                }
+            },
             latency: b.wl.latency.since(&a.wl.latency).latency(r6),
         }
     }
