@@ -11,6 +11,7 @@ import tomllib
 
 from . import __version__, _core
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
+from .compare import POLICIES, compare, format_compare, plot_svg
 from .replay import format_replay, replay
 from .report import format_table
 from .validate import Calibration, calibrate, format_validate, load_targets, validate
@@ -71,6 +72,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "(repeatable; pins a compared key)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     r.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+
+    c = sub.add_parser("compare", help="every DMA policy on one scenario: throughput against exposure, with a plot",
+                       description="Run a scenario (a file, a built-in name, or the built-in default) once per DMA "
+                       "policy, print a table of goodput, invalidation work and exposure windows, and write an SVG "
+                       "plot of throughput against exposure.")
+    c.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file or built-in name")
+    c.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
+                   help="override a scenario key (repeatable); os.policy is set per run")
+    c.add_argument("--policies", type=_policy_list, default=None, metavar="P,P,...",
+                   help=f"policies to run (default: {','.join(POLICIES)})")
+    c.add_argument("--plot", metavar="FILE.svg", default=None,
+                   help="where to write the plot (default: compare-<scenario>.svg; never overwritten without --force)")
+    c.add_argument("--no-plot", action="store_true", help="do not write a plot")
+    c.add_argument("--force", action="store_true", help="overwrite an existing plot file")
+    c.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    c.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
 
     s = sub.add_parser("scenarios", help="list the built-in scenarios, or print one",
                        description="List built-in scenarios; with a NAME, print its TOML (a starting point for your own).")
@@ -150,6 +167,40 @@ def _cmd_run(a: argparse.Namespace) -> int:
     else:
         sc = json.loads(variants[0].scenario_json())
         sys.stdout.write(format_table(sc, results))
+    return 0
+
+
+def _policy_list(text: str) -> list[str]:
+    ps = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in ps if p not in POLICIES]
+    if not ps or bad:
+        raise argparse.ArgumentTypeError(f"expected policies from {','.join(POLICIES)}, got {text!r}")
+    return ps
+
+
+def _cmd_compare(a: argparse.Namespace) -> int:
+    variants = load(a.scenario, dict(a.sets), raw_strings=True)
+    sc = json.loads(variants[0].scenario_json())
+    name = sc.get("name") or "scenario"
+    plot = None
+    if not a.no_plot:
+        plot = a.plot or f"compare-{name}.svg"
+        if os.path.exists(plot) and not a.force:
+            raise ScenarioError(f"{plot}: exists; pass --force to overwrite it, or --plot FILE.svg")
+    progress = None if (a.json or a.no_progress) else stderr_progress()
+    results = compare(a.scenario, dict(a.sets), a.policies, progress, raw_strings=True)
+    if plot:
+        try:
+            with open(plot, "w", encoding="utf-8") as f:
+                f.write(plot_svg(f"iommulab compare · {name}", results))
+        except OSError as e:
+            raise ScenarioError(f"{plot}: cannot write the plot: {e.strerror}") from None
+    if a.json:
+        out = {"scenario": name, "plot": plot, "runs": [r.to_dict() for r in results]}
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_compare(sc, results, plot))
     return 0
 
 
@@ -242,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "run":
             return _cmd_run(a)
+        if a.cmd == "compare":
+            return _cmd_compare(a)
         if a.cmd == "scenarios":
             return _cmd_list("scenario", _core.builtin_scenarios(), a.name)
         if a.cmd == "explain":

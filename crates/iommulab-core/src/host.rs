@@ -164,6 +164,16 @@ impl Host {
         r
     }
 
+    /// FANDS' block mapping of an RX WQE's pages: (IOVA pfn of the block, release time).
+    pub fn dma_map_block(&mut self, now: Time, cpu: usize, phys: &[u64]) -> Option<(u64, Time)> {
+        self.dma.core.iommu_map_block(now, cpu, phys)
+    }
+
+    /// The driver ended a batch of unmaps (a NAPI poll, a TX completion batch): the release time.
+    pub fn dma_batch_end(&mut self, now: Time, cpu: usize) -> Time {
+        self.dma.batch_end(now, cpu)
+    }
+
     /// dma_unmap_page() on `cpu` at `now`: the release time.
     pub fn dma_unmap(&mut self, now: Time, cpu: usize, dma_pfn: u64, pages: u64) -> Time {
         let t = self.dma.unmap(now, cpu, dma_pfn, pages);

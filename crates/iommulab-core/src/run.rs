@@ -277,4 +277,57 @@ mod tests {
         );
         assert!(lazy.inv_per_page < strict.inv_per_page);
     }
+
+    fn c2(policy: &str, duration_ms: &str) -> RunResult {
+        let ov: Vec<(String, String)> = [
+            // Past the RX page cache's warm-up churn.
+            ("run.duration_ms", duration_ms),
+            ("run.warmup_ms", "6"),
+            ("os.policy", policy),
+        ]
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        run_variant(&load(Source::Builtin("c2"), &ov).unwrap()[0])
+    }
+
+    #[test]
+    fn fands_unmaps_whole_wqe_blocks_and_xsmmu_syncs_domain_wide() {
+        let strict = c2("strict", "3");
+        let fands = c2("fands", "3");
+        let xsmmu = c2("xsmmu", "3");
+        // FANDS: no recycling, so every RX page is unmapped, 64 at a time with one PSI, plus one PSI per ACK.
+        let blocks = fands.invalidations.get(InvKind::Psi) - fands.tx_packets;
+        assert!(blocks > 0);
+        assert!(
+            fands.iova_pages_unmapped >= 64 * blocks
+                && fands.iova_pages_unmapped <= 64 * blocks + fands.tx_packets,
+            "{fands:?}"
+        );
+        assert!(fands.iova_pages_unmapped > 5 * strict.iova_pages_unmapped);
+        assert!(fands.inv_per_page < strict.inv_per_page);
+        // xSMMU: domain-wide invalidations only, at most one per poll end or TX completion batch.
+        assert_eq!(xsmmu.invalidations.get(InvKind::Psi), 0);
+        assert!(xsmmu.invalidations.get(InvKind::Dsi) > 0);
+        assert!(xsmmu.invalidations.total <= xsmmu.iova_pages_unmapped);
+        for r in [&strict, &fands, &xsmmu] {
+            assert!(r.safety.protected && r.safety.pages_settled > 0, "{r:?}");
+            assert_eq!(
+                (r.safety.pages_exposed, r.safety.pages_exposed_at_end),
+                (0, 0)
+            );
+        }
+    }
+
+    #[test]
+    fn lazy_exposes_pages_for_at_most_the_flush_queue_timeout_and_passthrough_is_unprotected() {
+        // Long enough for the 10 ms flush-queue timer to settle what was queued.
+        let lazy = c2("lazy", "30");
+        let w = lazy.safety.window.as_ref().expect("lazy exposes pages");
+        assert!(
+            lazy.safety.pages_exposed > 0 && w.max_us <= 10_000.0 + 2.0 * 4_000.0 + 1_000.0,
+            "{w:?}"
+        );
+        assert!(!c2("passthrough", "1").safety.protected);
+    }
 }

@@ -254,6 +254,12 @@ pub enum PolicyName {
     Strict,
     /// DMA-FQ domain: unmaps queue on a per-CPU flush queue, flushed whole-domain by timer or when full.
     Lazy,
+    /// xSMMU (seed 002 §3.2): unmap without sync, pages held per queue until one domain-wide invalidation
+    /// at the end of each NAPI poll or TX completion batch.
+    Xsmmu,
+    /// FANDS (seed 002 §3.1): one contiguous IOVA block per RX multi-packet WQE, invalidated once at
+    /// unmap; no RX page recycling under the IOMMU; strict elsewhere.
+    Fands,
     /// Resolve from `os.arch` and `os.cmdline` as iommu_subsys_init() does.
     Auto,
 }
@@ -264,6 +270,8 @@ impl PolicyName {
             PolicyName::Passthrough => "passthrough",
             PolicyName::Strict => "strict",
             PolicyName::Lazy => "lazy",
+            PolicyName::Xsmmu => "xsmmu",
+            PolicyName::Fands => "fands",
             PolicyName::Auto => "auto",
         }
     }

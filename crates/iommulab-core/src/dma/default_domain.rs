@@ -68,7 +68,7 @@ fn kstrtobool(v: &str) -> Option<bool> {
 fn sysfs(p: PolicyName) -> &'static str {
     match p {
         PolicyName::Passthrough => "identity",
-        PolicyName::Strict => "DMA",
+        PolicyName::Strict | PolicyName::Xsmmu | PolicyName::Fands => "DMA",
         PolicyName::Lazy | PolicyName::Auto => "DMA-FQ",
     }
 }

@@ -193,7 +193,7 @@ impl DmaPolicy for FlushQueue {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn core(cpus: usize) -> DmaCore {

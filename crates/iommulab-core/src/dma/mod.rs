@@ -4,12 +4,14 @@
 //! common iommu-dma paths; a [`DmaPolicy`] decides what happens around them — one file per policy.
 
 pub mod default_domain;
+pub mod fands;
 pub mod flush_queue;
 pub mod iova;
 pub mod kernel;
 pub mod passthrough;
 pub mod safety;
 pub mod strict;
+pub mod xsmmu;
 
 use crate::hw::{DomainId, Iommu, IotlbGather, Translation};
 use crate::scenario::{CpuProfile, PolicyName};
@@ -137,6 +139,32 @@ impl DmaCore {
         Some((iova + off, t))
     }
 
+    /// FANDS' mlx5e_alloc_rx_mpwqe() + dma_map_page_attrs_iova(): one IOVA block for `phys` (4 KiB pages,
+    /// not contiguous), each page mapped into it by its own call, the first one syncing the whole block
+    /// (iotlb_sync_map over size * pages). Returns (iova pfn of the block, release time).
+    pub fn iommu_map_block(&mut self, now: Time, cpu: usize, phys: &[u64]) -> Option<(u64, Time)> {
+        let n = phys.len() as u64;
+        assert!(
+            self.granule == 1,
+            "IOVA blocks of 4 KiB pages need a 4 KiB granule"
+        );
+        let (iova, mut t) = self.alloc_iova(now, cpu, n);
+        let Some(iova) = iova else {
+            self.stats.map_failures += 1;
+            return None;
+        };
+        for (i, &p) in phys.iter().enumerate() {
+            let written = self.iommu.map_pages(self.dom, iova + i as u64, p, 1);
+            t += self.costs.dma_iommu_op_ns + written * self.costs.pte_ns;
+            if i == 0 {
+                t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, n);
+            }
+            self.stats.maps += 1;
+        }
+        self.stats.pages_mapped += n;
+        Some((iova, t))
+    }
+
     /// iommu_unmap_fast(): clear the PTEs into a gather. Returns the gather and the time.
     pub fn unmap_ptes(
         &mut self,
@@ -214,6 +242,11 @@ pub trait DmaPolicy: Send + Sync {
     fn timer(&mut self, _core: &mut DmaCore, now: Time, _cpu: usize) -> Time {
         now
     }
+    /// The driver gives each RX multi-packet WQE one contiguous IOVA block and does not recycle its pages
+    /// (FANDS).
+    fn rx_wqe_iova_blocks(&self) -> bool {
+        false
+    }
     /// The policy keeps unmapped pages from their owner until it has invalidated them (it calls
     /// `core.release` itself); otherwise a page goes back when dma_unmap returns.
     fn holds_pages(&self) -> bool {
@@ -245,6 +278,8 @@ impl DmaLayer {
             PolicyName::Passthrough => Box::new(passthrough::Passthrough),
             PolicyName::Strict => Box::new(strict::Strict),
             PolicyName::Lazy => Box::new(flush_queue::FlushQueue::with_options(cpus, hz, fq)),
+            PolicyName::Xsmmu => Box::new(xsmmu::Xsmmu::new(cpus)),
+            PolicyName::Fands => Box::new(fands::Fands),
             PolicyName::Auto => unreachable!("resolved before the host is built"),
         };
         DmaLayer { core, policy }
@@ -370,6 +405,81 @@ pub(crate) mod tests {
                 250,
                 flush_queue::FqOptions::for_device(false),
             )
+        }
+
+        fn policy() -> impl Strategy<Value = PolicyName> {
+            prop_oneof![
+                Just(PolicyName::Strict),
+                Just(PolicyName::Lazy),
+                Just(PolicyName::Xsmmu),
+                Just(PolicyName::Fands),
+            ]
+        }
+
+        /// Drivers end a batch (a NAPI poll) now and then; timers run when due.
+        #[derive(Debug, Clone)]
+        enum SOp {
+            Op(Op),
+            BatchEnd(usize),
+        }
+
+        proptest! {
+            /// Safety accounting: strict, xSMMU and FANDS never release a page before an invalidation covering
+            /// it completed; lazy releases at once and its window ends with the flush queue's flush (a full
+            /// ring or the timer: at most the timeout plus the timer wheel's rounding).
+            #[test]
+            fn no_release_before_invalidation_except_lazy(
+                policy in policy(),
+                ops in proptest::collection::vec(prop_oneof![
+                    8 => op().prop_map(SOp::Op),
+                    1 => (0usize..2).prop_map(SOp::BatchEnd),
+                ], 1..400),
+            ) {
+                let mut d = layer(policy);
+                let mut now: Time = 0;
+                let mut timers: Vec<(Time, usize)> = vec![];
+                let mut live: Vec<(u64, u64)> = vec![];
+                let mut phys = 1000;
+                for o in ops {
+                    match o {
+                        SOp::Op(Op::Map { cpu, pages }) => {
+                            if let Some((iova, t)) = d.map(now, cpu, phys, pages) {
+                                now = now.max(t);
+                                phys += pages;
+                                live.push((iova, pages));
+                            }
+                        }
+                        SOp::Op(Op::Unmap(i)) => {
+                            if live.is_empty() { continue; }
+                            let (iova, pages) = live.swap_remove(i % live.len());
+                            now = now.max(d.unmap(now, i % 2, iova, pages));
+                            if let Some(t) = d.core.timer_request.take() { timers.push(t); }
+                        }
+                        SOp::Op(Op::Tick(dt)) => {
+                            now += dt;
+                            timers.sort();
+                            while let Some(&(t, cpu)) = timers.first() {
+                                if t > now { break; }
+                                timers.remove(0);
+                                now = now.max(d.timer(t, cpu));
+                                if let Some(t) = d.core.timer_request.take() { timers.push(t); }
+                            }
+                        }
+                        SOp::Op(Op::Translate(_)) => {}
+                        SOp::BatchEnd(cpu) => now = now.max(d.batch_end(now, cpu)),
+                    }
+                    if policy != PolicyName::Lazy {
+                        prop_assert_eq!(d.core.safety.exposed_open(now), 0);
+                    }
+                }
+                let s = &d.core.safety.stats;
+                if policy == PolicyName::Lazy {
+                    // IOVA_DEFAULT_FQ_TIMEOUT (10 ms) rounded up by the timer wheel at HZ=250, plus the flush.
+                    prop_assert!(s.window.max() <= 10_000_000 + 2 * 4_000_000 + 1_000_000, "{}", s.window.max());
+                } else {
+                    prop_assert_eq!(s.pages_exposed, 0);
+                }
+            }
         }
 
         proptest! {

@@ -30,11 +30,16 @@ pub struct SafetyStats {
     pub window: Histogram,
 }
 
-/// Unmapped ranges not yet both released and invalidated, keyed by (IOVA pfn, sequence).
+/// One logged unmap: (IOVA pfn, sequence). An IOVA freed before its invalidation (xSMMU) can be mapped and
+/// unmapped again meanwhile, so a policy that releases later names the unmap by its ticket.
+pub type Ticket = (u64, u64);
+
+/// Unmapped ranges not yet both released and invalidated, keyed by ticket.
 #[derive(Debug, Default)]
 pub struct SafetyLog {
     open: BTreeMap<(u64, u64), Entry>,
     seq: u64,
+    last: Ticket,
     /// The largest range logged, so a range invalidation finds ranges starting before it.
     max_pages: u64,
     pub stats: SafetyStats,
@@ -42,7 +47,7 @@ pub struct SafetyLog {
 
 impl SafetyLog {
     /// The PTEs of [pfn, pfn + pages) were cleared at `t`.
-    pub fn unmapped(&mut self, pfn: u64, pages: u64, t: Time) {
+    pub fn unmapped(&mut self, pfn: u64, pages: u64, t: Time) -> Ticket {
         self.seq += 1;
         self.max_pages = self.max_pages.max(pages);
         self.open.insert(
@@ -54,17 +59,31 @@ impl SafetyLog {
                 flushed_at: None,
             },
         );
+        self.last = (pfn, self.seq);
+        self.last
     }
 
-    /// The pages of the oldest unreleased range starting at `pfn` went back to their owner at `t`.
+    /// The ticket of the latest unmap logged.
+    pub fn last_ticket(&self) -> Ticket {
+        self.last
+    }
+
+    /// The pages of the latest unmap at `pfn` went back to their owner at `t` (right after the unmap).
     pub fn released(&mut self, pfn: u64, t: Time) {
         let key = self
             .open
             .range((pfn, 0)..=(pfn, u64::MAX))
+            .rev()
             .find(|(_, e)| e.released_at.is_none())
             .map(|(&k, _)| k);
         if let Some(k) = key {
-            let e = self.open.get_mut(&k).expect("found above");
+            self.released_ticket(k, t);
+        }
+    }
+
+    /// The pages of unmap `k` went back to their owner at `t`.
+    pub fn released_ticket(&mut self, k: Ticket, t: Time) {
+        if let Some(e) = self.open.get_mut(&k) {
             e.released_at = Some(t);
             if e.flushed_at.is_some() {
                 self.settle(k);
@@ -81,7 +100,9 @@ impl SafetyLog {
         let mut settled = Vec::new();
         for (&k, e) in self.open.range_mut((lo, 0)..=(hi, u64::MAX)) {
             let overlaps = range.is_none_or(|(s, _)| k.0 + e.pages > s);
-            if overlaps && e.flushed_at.is_none() && e.unmapped_at <= issued {
+            // CPUs run ahead on their own clocks, so an invalidation handled later may have completed
+            // earlier: the earliest completion counts.
+            if overlaps && e.unmapped_at <= issued && e.flushed_at.is_none_or(|f| done < f) {
                 e.flushed_at = Some(done);
                 if e.released_at.is_some() {
                     settled.push(k);
@@ -93,7 +114,7 @@ impl SafetyLog {
         }
     }
 
-    fn settle(&mut self, k: (u64, u64)) {
+    fn settle(&mut self, k: Ticket) {
         let e = self.open.remove(&k).expect("open entry");
         let (rel, fl) = (
             e.released_at.expect("released"),
@@ -158,6 +179,29 @@ mod tests {
         assert_eq!((s.stats.pages_settled, s.stats.pages_exposed), (1, 1));
         assert_eq!(s.stats.window.count(), 1);
         assert!((s.stats.window.max() as i64 - 10_000).abs() < 400);
+    }
+
+    #[test]
+    fn tickets_keep_two_unmaps_of_one_iova_apart() {
+        let mut s = SafetyLog::default();
+        let a = s.unmapped(7, 1, 10);
+        s.unmapped(7, 1, 20);
+        s.invalidated(None, 15, 30);
+        // The first unmap: covered by the flush at 30 and released at 40, safe; the second stays open.
+        s.released_ticket(a, 40);
+        assert_eq!((s.stats.pages_settled, s.stats.pages_exposed), (1, 0));
+        s.released(7, 50);
+        assert_eq!(s.exposed_open(60), 1);
+    }
+
+    #[test]
+    fn the_earliest_completion_counts_whatever_the_order_it_is_seen_in() {
+        let mut s = SafetyLog::default();
+        s.unmapped(3, 1, 100);
+        s.invalidated(None, 500, 600);
+        s.invalidated(None, 200, 300);
+        s.released(3, 300);
+        assert_eq!((s.stats.pages_settled, s.stats.pages_exposed), (1, 0));
     }
 
     #[test]

@@ -108,6 +108,8 @@ impl NvmeWorkload {
             .expect("completion of a submitted I/O");
         let t = now + self.cfg.complete_ns;
         let t = host.dma_unmap(t, cpu, dma, self.pages);
+        // A batch of one I/O for a policy that batches invalidations per completion batch (xSMMU).
+        let t = host.dma_batch_end(t, cpu);
         self.stats.packets_delivered += 1;
         self.stats.bytes_delivered += self.pages * PAGE;
         let t = self.submit(host, s, t);

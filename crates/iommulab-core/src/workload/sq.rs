@@ -273,7 +273,8 @@ impl SendQueue {
             }
             done(p.tag);
         }
-        t
+        // xSMMU: one sync per TX completion batch.
+        host.dma_batch_end(t, cpu)
     }
 
     /// WQEs posted and not reaped.

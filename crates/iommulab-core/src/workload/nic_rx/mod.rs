@@ -89,6 +89,8 @@ pub struct NicRxWorkload {
     pieces: Vec<(PageId, u64)>,
     skbs: Vec<(u32, u64)>,
     stats: WorkloadStats,
+    /// The DMA policy gives each multi-packet WQE one IOVA block and forbids recycling (FANDS).
+    wqe_blocks: bool,
 }
 
 impl NicRxWorkload {
@@ -153,7 +155,20 @@ impl NicRxWorkload {
             pieces: Vec::new(),
             skbs: Vec::new(),
             stats: WorkloadStats::default(),
+            wqe_blocks: false,
         }
+    }
+
+    /// Give a finished descriptor's pages back (mlx5e_free_rx_mpwqe / mlx5e_dealloc_rx_wqe).
+    fn release_wqe(&mut self, host: &mut Host, q: usize, wqe: Vec<PageId>, mut t: Time) -> Time {
+        let cpu = self.queues[q].cpu;
+        if self.wqe_blocks {
+            return self.pages.release_block(host, cpu, &wqe, t);
+        }
+        for id in wqe {
+            t = self.pages.driver_release(host, q, cpu, id, t);
+        }
+        t
     }
 
     /// A completion entry becomes visible at `at`: arm the interrupt if NAPI is idle, and move an armed one.
@@ -169,6 +184,16 @@ impl NicRxWorkload {
         let cpu = self.queues[q].cpu;
         let n = self.queues[q].rq.pages_per_wqe();
         while self.queues[q].rq.wants_refill() {
+            if self.wqe_blocks {
+                match self.pages.alloc_block(host, cpu, n, t) {
+                    Some((ids, t2)) => {
+                        t = t2;
+                        self.queues[q].rq.post(t, ids);
+                        continue;
+                    }
+                    None => break,
+                }
+            }
             let mut got = Vec::with_capacity(n);
             while got.len() < n {
                 match self.pages.alloc(host, q, cpu, t) {
@@ -180,9 +205,7 @@ impl NicRxWorkload {
                 }
             }
             if got.len() < n {
-                for id in got {
-                    t = self.pages.driver_release(host, q, cpu, id, t);
-                }
+                t = self.release_wqe(host, q, got, t);
                 break;
             }
             self.queues[q].rq.post(t, got);
@@ -326,9 +349,7 @@ impl NicRxWorkload {
                     .rq
                     .pop_finished()
                     .expect("finished descriptor");
-                for id in wqe {
-                    t = self.pages.driver_release(host, q, cpu, id, t);
-                }
+                t = self.release_wqe(host, q, wqe, t);
             }
             if let Some(bytes) = self.tcp.segment(f) {
                 skbs.push((f as u32, bytes));
@@ -344,6 +365,8 @@ impl NicRxWorkload {
         skbs.clear();
         self.skbs = skbs;
         t = self.refill(host, q, t);
+        // xSMMU's mlx5e_process_rx_release_batch(): one sync for the poll's unmaps.
+        t = host.dma_batch_end(t, cpu);
         host.cpus[cpu].account(now, t);
         // Poll again if the budget was used up (net_rx_action), else napi_complete_done() and re-arm:
         // completions already on their way raise the next interrupt.
@@ -433,6 +456,11 @@ impl NicRxWorkload {
 
 impl Workload for NicRxWorkload {
     fn start(&mut self, host: &mut Host, now: Time) {
+        // FANDS applies to multi-packet WQEs only.
+        if host.dma.policy.rx_wqe_iova_blocks() && self.cfg.rq == RqKind::Mlx5Striding {
+            self.wqe_blocks = true;
+            self.pages = Pages::new(Source::Unpooled, self.queues.len());
+        }
         for q in 0..self.queues.len() {
             let t = self.setup_rings(host, q, now);
             let t = self.refill(host, q, t);

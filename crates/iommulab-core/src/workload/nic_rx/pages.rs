@@ -180,6 +180,66 @@ impl Pages {
         }
     }
 
+    /// FANDS: `n` fresh pages for one multi-packet WQE, mapped into one IOVA block (no recycling, so no
+    /// pool to draw from). None when memory or IOVA space ran out.
+    pub fn alloc_block(
+        &mut self,
+        host: &mut Host,
+        cpu: usize,
+        n: usize,
+        mut t: Time,
+    ) -> Option<(Vec<PageId>, Time)> {
+        let mut phys = Vec::with_capacity(n);
+        for _ in 0..n {
+            match host.pages.alloc() {
+                Some(p) => phys.push(p),
+                None => break,
+            }
+            t += host.platform.cpu.page_alloc_ns;
+        }
+        let mapped = if phys.len() == n {
+            host.dma_map_block(t, cpu, &phys)
+        } else {
+            None
+        };
+        let Some((iova, t)) = mapped else {
+            for p in phys {
+                host.pages.free(p);
+            }
+            return None;
+        };
+        let ids = phys
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| {
+                let id = self.new_id(p);
+                self.pages[id as usize].dma = Some(iova + i as u64);
+                id
+            })
+            .collect();
+        self.counters.mapped += n as u64;
+        Some((ids, t))
+    }
+
+    /// FANDS' mlx5e_free_rx_mpwqe(): the last page unmaps the WQE's whole IOVA block (one sync) and every
+    /// page goes to the page allocator, at once or when the stack lets go of it (recycle = false).
+    pub fn release_block(&mut self, host: &mut Host, cpu: usize, ids: &[PageId], t: Time) -> Time {
+        let base = self.pages[ids[0] as usize]
+            .dma
+            .expect("block pages are mapped");
+        let mut t = host.dma_unmap(t, cpu, base, ids.len() as u64);
+        self.counters.unmapped += ids.len() as u64;
+        for &id in ids {
+            self.pages[id as usize].dma = None;
+            if self.pages[id as usize].stack_refs > 0 {
+                self.pages[id as usize].home = Home::Orphan;
+            } else {
+                t = self.free(host, id, t);
+            }
+        }
+        t
+    }
+
     /// page_pool's alloc cache, refilled from its ptr_ring.
     fn pool_get(&mut self, host: &Host, q: usize, t: Time) -> Option<(PageId, Time)> {
         if self.source == Source::Unpooled {
