@@ -68,3 +68,14 @@ def test_only_lazy_releases_pages_before_their_invalidation(policy, queues, flow
     else:
         assert s["pages_exposed"] == 0 and s["pages_exposed_at_end"] == 0, s
         assert r.stale_translations == 0 or policy == "xsmmu", r.stale_translations
+
+
+def test_attack_mode_reports_what_replays_reached():
+    p = cli("run", "--json", "--set", "os.policy=lazy", "--set", "attack.replay_per_sec=1e6", "--set",
+            "attack.recent=256", "--set", "workload.nic_rx.page_pool=false", "--set",
+            "workload.nic_rx.line_rate_gbps=1", "--set", "run.duration_ms=30", check_rc=0)
+    a = json.loads(p.stdout)["attack"]
+    assert set(a) == {"probes", "reached_mapped", "reached_unmapped", "reached_unmapped_bytes", "reached_released"}
+    assert a["probes"] > 0 and a["reached_unmapped_bytes"] == 4096 * a["reached_unmapped"]
+    p = cli("run", "--set", "attack.replay_per_sec=-1", check_rc=2)
+    assert p.stderr.count("\n") == 1 and "attack.replay_per_sec" in p.stderr

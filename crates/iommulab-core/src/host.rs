@@ -18,6 +18,8 @@ pub enum Event {
     },
     /// iova.c iova_depot_work_func(), a delayed work item.
     IovaDepotWork,
+    /// The malicious device's next round of IOVA replays.
+    Attack,
     /// A CPU finished its current work: run the oldest work waiting for it.
     CpuFree {
         cpu: u32,
@@ -166,7 +168,7 @@ impl Host {
 
     /// FANDS' block mapping of an RX WQE's pages: (IOVA pfn of the block, release time).
     pub fn dma_map_block(&mut self, now: Time, cpu: usize, phys: &[u64]) -> Option<(u64, Time)> {
-        self.dma.core.iommu_map_block(now, cpu, phys)
+        self.dma.map_block(now, cpu, phys)
     }
 
     /// The driver ended a batch of unmaps (a NAPI poll, a TX completion batch): the release time.

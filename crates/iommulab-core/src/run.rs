@@ -1,5 +1,6 @@
 //! Running a scenario: build the host from the scenario, drive events, take counter snapshots.
 
+use crate::dma::attack::Replay;
 use crate::dma::flush_queue::FqOptions;
 use crate::dma::iova::IOVA_DEPOT_DELAY_NS;
 use crate::dma::{default_domain, DmaCore, DmaLayer};
@@ -11,6 +12,9 @@ use crate::workload::{
     nic_rx::NicRxWorkload, nic_tx::NicTxWorkload, nvme::NvmeWorkload, rr::RrWorkload, Workload,
 };
 
+/// The malicious device replays in rounds this far apart.
+const ATTACK_TICK_NS: Time = 1000;
+
 pub struct Simulation {
     host: Host,
     workload: Box<dyn Workload>,
@@ -18,6 +22,9 @@ pub struct Simulation {
     warmup_end: Time,
     end: Time,
     start: Option<Snapshot>,
+    /// Malicious-device probes per second, and the fraction of a probe carried to the next tick.
+    attack_rate: f64,
+    attack_owed: f64,
     scenario: String,
     label: String,
     policy: PolicyName,
@@ -100,6 +107,11 @@ impl Simulation {
         } else {
             unreachable!("validated: a workload is present")
         };
+        let attack_rate = sc.attack.replay_per_sec;
+        if attack_rate > 0.0 {
+            host.dma.attack = Some(Replay::new(sc.attack.recent as usize));
+            host.schedule(ATTACK_TICK_NS, Event::Attack);
+        }
         workload.start(&mut host, 0);
         host.schedule(IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);
         let warmup_end = ms_to_ns(sc.run.warmup_ms);
@@ -110,6 +122,8 @@ impl Simulation {
             warmup_end,
             end: warmup_end + ms_to_ns(sc.run.duration_ms),
             start: None,
+            attack_rate,
+            attack_owed: 0.0,
             scenario: sc.name.clone(),
             label: v.label.clone(),
             policy,
@@ -145,6 +159,7 @@ impl Simulation {
             iova_lock_wait_ns: d.iovad.rbtree_lock.wait_ns,
             safety: d.safety.stats.clone(),
             exposed_open: d.safety.exposed_open(at),
+            attack: self.host.dma.attack.as_ref().map(|a| a.stats.clone()),
         }
     }
 
@@ -159,6 +174,19 @@ impl Simulation {
                     self.host
                         .schedule(t + IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);
                 }
+            }
+            Event::Attack => {
+                self.attack_owed += self.attack_rate * ATTACK_TICK_NS as f64 / 1e9;
+                let n = self.attack_owed.floor();
+                self.attack_owed -= n;
+                let dma = &mut self.host.dma;
+                if let Some(mut a) = dma.attack.take() {
+                    for _ in 0..n as u64 {
+                        a.probe(dma, t);
+                    }
+                    dma.attack = Some(a);
+                }
+                self.host.schedule(t + ATTACK_TICK_NS, Event::Attack);
             }
             Event::CpuFree { cpu } => {
                 if let Some(next) = self.host.cpu_free(cpu as usize, t) {
@@ -329,5 +357,32 @@ mod tests {
             "{w:?}"
         );
         assert!(!c2("passthrough", "1").safety.protected);
+    }
+
+    #[test]
+    fn a_replaying_device_reaches_released_pages_only_under_lazy_and_passthrough() {
+        let by = |p: &str| {
+            let ov = [
+                ("os.policy", p),
+                ("run.duration_ms", "40"),
+                ("run.warmup_ms", "5"),
+                ("attack.replay_per_sec", "1e6"),
+                ("attack.recent", "256"),
+                ("workload.nic_rx.page_pool", "false"),
+                ("workload.nic_rx.line_rate_gbps", "1"),
+            ];
+            let r = run_variant(&default_with(&ov)[0]);
+            r.attack.expect("the attack ran")
+        };
+        let (lazy, pt) = (by("lazy"), by("passthrough"));
+        assert!(
+            lazy.probes >= 39_000 && lazy.reached_released > 0,
+            "{lazy:?}"
+        );
+        assert!(pt.reached_released > lazy.reached_released, "{pt:?}");
+        for p in ["strict", "xsmmu", "fands"] {
+            assert_eq!(by(p).reached_released, 0, "{p}");
+        }
+        assert_eq!(by("strict").reached_unmapped, 0);
     }
 }

@@ -44,6 +44,9 @@ pub struct Scenario {
     pub platform: Platform,
     pub os: Os,
     pub workload: Workload,
+    /// A malicious device replaying the IOVAs it has seen (off by default).
+    #[serde(default)]
+    pub attack: Attack,
     /// Consumed by the loader (see [`load`]); always empty in a loaded scenario.
     #[serde(default, skip_serializing)]
     pub compare: toml::Table,
@@ -60,6 +63,17 @@ pub struct Run {
     #[serde(default = "default_seed")]
     pub seed: u64,
 }
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Attack {
+    /// IOVA pages probed per second, round robin over every IOVA the device was ever handed (0: off).
+    #[serde(default)]
+    pub replay_per_sec: f64,
+    /// Replay only the last `recent` IOVA pages handed out, newest kept (0: every IOVA ever seen).
+    #[serde(default)]
+    pub recent: u32,
+}
+
 fn default_warmup_ms() -> f64 {
     10.0
 }
@@ -602,6 +616,11 @@ impl Scenario {
             r.duration_ms + r.warmup_ms <= 60_000.0,
             "run.duration_ms",
             "expected at most 60000 ms of simulated time (warm-up included)",
+        )?;
+        check(
+            (0.0..=1e9).contains(&self.attack.replay_per_sec),
+            "attack.replay_per_sec",
+            "expected 0 (off) to 1e9 probes per second",
         )?;
         let io = &self.platform.iommu;
         check(

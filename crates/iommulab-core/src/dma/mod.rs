@@ -3,6 +3,7 @@
 //! [`DmaCore`] holds what every policy shares (the IOMMU, the IOVA domain, the costs) and implements the
 //! common iommu-dma paths; a [`DmaPolicy`] decides what happens around them — one file per policy.
 
+pub mod attack;
 pub mod default_domain;
 pub mod fands;
 pub mod flush_queue;
@@ -263,6 +264,8 @@ pub trait DmaPolicy: Send + Sync {
 pub struct DmaLayer {
     pub core: DmaCore,
     pub policy: Box<dyn DmaPolicy>,
+    /// A malicious device replaying the IOVAs it saw (off unless the scenario asks).
+    pub attack: Option<attack::Replay>,
 }
 
 impl DmaLayer {
@@ -282,12 +285,31 @@ impl DmaLayer {
             PolicyName::Fands => Box::new(fands::Fands),
             PolicyName::Auto => unreachable!("resolved before the host is built"),
         };
-        DmaLayer { core, policy }
+        DmaLayer {
+            core,
+            policy,
+            attack: None,
+        }
     }
     pub fn map(&mut self, now: Time, cpu: usize, phys_pfn: u64, pages: u64) -> Option<(u64, Time)> {
-        self.policy.map(&mut self.core, now, cpu, phys_pfn, pages)
+        let r = self.policy.map(&mut self.core, now, cpu, phys_pfn, pages);
+        if let (Some(a), Some((iova, _))) = (self.attack.as_mut(), r) {
+            a.mapped(iova, pages);
+        }
+        r
+    }
+    /// FANDS' block mapping of `phys` into one IOVA range.
+    pub fn map_block(&mut self, now: Time, cpu: usize, phys: &[u64]) -> Option<(u64, Time)> {
+        let r = self.core.iommu_map_block(now, cpu, phys);
+        if let (Some(a), Some((iova, _))) = (self.attack.as_mut(), r) {
+            a.mapped(iova, phys.len() as u64);
+        }
+        r
     }
     pub fn unmap(&mut self, now: Time, cpu: usize, iova_pfn: u64, pages: u64) -> Time {
+        if let Some(a) = self.attack.as_mut() {
+            a.unmapped(iova_pfn, pages);
+        }
         let t = self.policy.unmap(&mut self.core, now, cpu, iova_pfn, pages);
         if !self.policy.holds_pages() {
             self.core.release(iova_pfn, t);

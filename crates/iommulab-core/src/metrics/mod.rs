@@ -2,6 +2,7 @@
 
 pub mod hist;
 
+use crate::dma::attack::AttackStats;
 use crate::dma::iova::IovaStats;
 use crate::dma::safety::SafetyStats;
 use crate::dma::DmaStats;
@@ -24,6 +25,8 @@ pub struct Snapshot {
     pub safety: SafetyStats,
     /// Pages released and not yet covered by a completed invalidation, at `time`.
     pub exposed_open: u64,
+    /// The malicious device's counts, when one runs.
+    pub attack: Option<AttackStats>,
 }
 
 /// `{"total": n, "<type>": n, ...}` with the IOMMU's own invalidation types, in its order.
@@ -72,6 +75,16 @@ pub struct Caches {
     pub iotlb: HitMiss,
     pub pwc: Vec<HitMiss>,
     pub atc: HitMiss,
+}
+
+/// What a malicious device replaying every IOVA it saw reached (dma::attack), in the window.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Attack {
+    pub probes: u64,
+    pub reached_mapped: u64,
+    pub reached_unmapped: u64,
+    pub reached_unmapped_bytes: u64,
+    pub reached_released: u64,
 }
 
 /// How long freed pages stayed reachable by the device (dma::safety).
@@ -142,6 +155,9 @@ pub struct RunResult {
     /// Request latency percentiles (request/response workloads only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency: Option<hist::Latency>,
+    /// Malicious-device replay counts (only with `attack.replay_per_sec`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attack: Option<Attack>,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -278,6 +294,17 @@ impl RunResult {
                 }
             },
             latency: b.wl.latency.since(&a.wl.latency).latency(r6),
+            attack: b.attack.as_ref().map(|y| {
+                let x = a.attack.clone().unwrap_or_default();
+                let unmapped = y.reached_unmapped - x.reached_unmapped;
+                Attack {
+                    probes: y.probes - x.probes,
+                    reached_mapped: y.reached_mapped - x.reached_mapped,
+                    reached_unmapped: unmapped,
+                    reached_unmapped_bytes: unmapped * crate::hw::PAGE_SIZE,
+                    reached_released: y.reached_released - x.reached_released,
+                }
+            }),
         }
     }
 }
