@@ -165,7 +165,7 @@ class Runner:
 
 def check(t: Target, model: float) -> dict[str, Any]:
     err = (model - t.published) / t.published if t.published else math.inf
-    return {"id": t.id, "published": t.published, "model": round(model, 6), "error": round(err, 6),
+    return {"id": t.id, "published": t.published, "model": float(f"{model:.7g}"), "error": round(err, 6),
             "ok": bool(abs(err) <= t.tolerance), "tolerance": t.tolerance, "source": t.source,
             "fitted": t.fitted}
 
@@ -287,4 +287,4 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24) -
             f"model {model:.4g} at this value")
     new = _set_source(_set_key(text, name, c.param, toml_value(value)), c.param, note)
     return {"param": c.param, "profile": c.profile, "value": value, "target": t.id, "published": t.published,
-            "model": round(model, 6), "error": round((model - t.published) / t.published, 6), "profile_text": new}
+            "model": float(f"{model:.7g}"), "error": round((model - t.published) / t.published, 6), "profile_text": new}
