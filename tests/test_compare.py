@@ -79,3 +79,14 @@ def test_attack_mode_reports_what_replays_reached():
     assert a["probes"] > 0 and a["reached_unmapped_bytes"] == 4096 * a["reached_unmapped"]
     p = cli("run", "--set", "attack.replay_per_sec=-1", check_rc=2)
     assert p.stderr.count("\n") == 1 and "attack.replay_per_sec" in p.stderr
+
+
+def test_inv_log_prints_seed_002_window_lines():
+    out = cli("run", "c2", "--set", "os.policy=xsmmu", "--inv-log", "10", check_rc=0).stdout.splitlines()
+    lines = [x for x in out if "DMAR:" in x]
+    # 20 ms after warm-up in 10 ms windows: two pairs of lines.
+    assert len(lines) == 4
+    assert "Total=" in lines[0] and "DSI=" in lines[0] and "/s)" in lines[0]
+    assert "IOVA_unmapped=" in lines[1] and "inv/page=" in lines[1] and "DSI_xSMMU/page=" in lines[1]
+    p = cli("run", "c2", "--inv-log", "-1", check_rc=2)
+    assert p.stderr.count("\n") == 1 and "--inv-log" in p.stderr

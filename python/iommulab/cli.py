@@ -12,6 +12,7 @@ import tomllib
 from . import __version__, _core
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
 from .compare import POLICIES, compare, format_compare, plot_svg
+from .invlog import inv_log
 from .replay import format_replay, replay
 from .report import format_table
 from .validate import Calibration, calibrate, format_validate, load_targets, validate
@@ -72,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(repeatable; pins a compared key)")
     r.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     r.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    r.add_argument("--inv-log", nargs="?", const=10.0, type=float, metavar="WINDOW_MS", default=None,
+                   help="print the instrumented dmar.c counters' summary lines (seed 002) every WINDOW_MS of "
+                   "simulated time after warm-up (default 10, the 10 s of the original scaled to short runs)")
 
     c = sub.add_parser("compare", help="every DMA policy on one scenario: throughput against exposure, with a plot",
                        description="Run a scenario (a file, a built-in name, or the built-in default) once per DMA "
@@ -159,6 +163,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cmd_run(a: argparse.Namespace) -> int:
     variants = load(a.scenario, dict(a.sets), raw_strings=True)
+    if a.inv_log is not None:
+        if not (a.inv_log > 0 and math.isfinite(a.inv_log)):
+            raise ScenarioError(f"--inv-log {a.inv_log:g}: expected a window of more than 0 ms")
+        for v in variants:
+            sys.stdout.write(inv_log(v, a.inv_log))
+        return 0
     progress = None if (a.json or a.no_progress) else stderr_progress()
     results = run_variants(variants, progress)
     if a.json:
