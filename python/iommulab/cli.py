@@ -58,6 +58,15 @@ def _toml_or_str(text: str):
         return text
 
 
+def _scenario_args(p: argparse.ArgumentParser, set_help: str) -> None:
+    """What every command that runs a scenario takes: the scenario, --set, --json, --no-progress."""
+    p.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file or built-in name")
+    p.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
+                   help=set_help)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="iommulab", description="A laboratory for IOMMU protection: simulate IOMMU hardware, the Linux "
                 "DMA-mapping layer and I/O workloads, and report throughput and invalidation behaviour per policy.")
@@ -67,12 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a scenario (default: the built-in comparison)",
                        description="Run a scenario file, a built-in scenario name, or (no argument) the built-in "
                        "default, which compares passthrough, lazy and strict.")
-    r.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file or built-in name")
-    r.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
-                   help="override a scenario key, e.g. --set os.policy=strict --set workload.nic_rx.queues=4 "
+    _scenario_args(r, "override a scenario key, e.g. --set os.policy=strict --set workload.nic_rx.queues=4 "
                    "(repeatable; pins a compared key)")
-    r.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    r.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
     r.add_argument("--inv-log", nargs="?", const=10.0, type=float, metavar="WINDOW_MS", default=None,
                    help="print the instrumented dmar.c counters' summary lines (seed 002) every WINDOW_MS of "
                    "simulated time after warm-up (default 10, the 10 s of the original scaled to short runs)")
@@ -81,17 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run a scenario (a file, a built-in name, or the built-in default) once per DMA "
                        "policy, print a table of goodput, invalidation work and exposure windows, and write an SVG "
                        "plot of throughput against exposure.")
-    c.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file or built-in name")
-    c.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
-                   help="override a scenario key (repeatable); os.policy is set per run")
+    _scenario_args(c, "override a scenario key (repeatable); os.policy is set per run")
     c.add_argument("--policies", type=_policy_list, default=None, metavar="P,P,...",
                    help=f"policies to run (default: {','.join(POLICIES)})")
     c.add_argument("--plot", metavar="FILE.svg", default=None,
                    help="where to write the plot (default: compare-<scenario>.svg; never overwritten without --force)")
     c.add_argument("--no-plot", action="store_true", help="do not write a plot")
     c.add_argument("--force", action="store_true", help="overwrite an existing plot file")
-    c.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    c.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
 
     s = sub.add_parser("scenarios", help="list the built-in scenarios, or print one",
                        description="List built-in scenarios; with a NAME, print its TOML (a starting point for your own).")
