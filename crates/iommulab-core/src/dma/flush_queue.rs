@@ -153,7 +153,7 @@ impl DmaPolicy for FlushQueue {
         pages: u64,
     ) -> Time {
         // The gather is queued: io-pgtable and intel skip range gathering and no sync is issued here.
-        let (_g, t) = core.unmap_ptes(now, cpu, iova_pfn, pages);
+        let (_g, t, _) = core.unmap_ptes(now, cpu, iova_pfn, pages);
         // queue_iova(): this CPU's ring (or the single queue) under its lock; rings for CPUs beyond the
         // first ones on demand. fq_full(): one slot stays empty.
         let ring = self.ring_of(cpu);

@@ -166,14 +166,15 @@ impl DmaCore {
         Some((iova, t))
     }
 
-    /// iommu_unmap_fast(): clear the PTEs into a gather. Returns the gather and the time.
+    /// iommu_unmap_fast(): clear the PTEs into a gather. Returns the gather, the time, and the unmap's ticket in
+    /// the safety log (for a policy that releases the pages later).
     pub fn unmap_ptes(
         &mut self,
         now: Time,
         cpu: usize,
         iova_pfn: u64,
         pages: u64,
-    ) -> (IotlbGather, Time) {
+    ) -> (IotlbGather, Time, safety::Ticket) {
         let mut g = IotlbGather::new();
         let (base, _, n) = self.granules(iova_pfn, pages);
         let t = now + self.costs.dma_iommu_op_ns;
@@ -185,8 +186,8 @@ impl DmaCore {
         self.stats.iova_pages_unmapped += un;
         let ptes = self.iommu.counters().ptes_cleared - before;
         let t = t + ptes * self.costs.pte_ns;
-        self.safety.unmapped(base, n * self.granule, t);
-        (g, t)
+        let ticket = self.safety.unmapped(base, n * self.granule, t);
+        (g, t, ticket)
     }
 
     /// The pages of the range unmapped at `iova_pfn` went back to their owner at `t`.
@@ -376,7 +377,7 @@ pub(crate) mod tests {
         assert_eq!(c.iommu.iova_to_phys(c.dom, iova - 1), Some(16));
         assert_eq!(c.iommu.iova_to_phys(c.dom, iova + 14), Some(31));
         assert_eq!(c.stats.pages_mapped, 16);
-        let (g, _) = c.unmap_ptes(0, 0, iova, 1);
+        let (g, _, _) = c.unmap_ptes(0, 0, iova, 1);
         assert_eq!(
             (g.start, g.pages(), c.stats.iova_pages_unmapped),
             (iova - 1, 16, 16)

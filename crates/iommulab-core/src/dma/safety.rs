@@ -19,6 +19,13 @@ struct Entry {
     flushed_at: Option<Time>,
 }
 
+impl Entry {
+    /// Released at or before `now` and not yet covered by an invalidation completed by then.
+    fn exposed_at(&self, now: Time) -> bool {
+        self.released_at.is_some_and(|r| r <= now) && self.flushed_at.is_none_or(|f| f > now)
+    }
+}
+
 /// Cumulative counts (diffed between snapshots like every other counter).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SafetyStats {
@@ -37,9 +44,8 @@ pub type Ticket = (u64, u64);
 /// Unmapped ranges not yet both released and invalidated, keyed by ticket.
 #[derive(Debug, Default)]
 pub struct SafetyLog {
-    open: BTreeMap<(u64, u64), Entry>,
+    open: BTreeMap<Ticket, Entry>,
     seq: u64,
-    last: Ticket,
     /// The largest range logged, so a range invalidation finds ranges starting before it.
     max_pages: u64,
     pub stats: SafetyStats,
@@ -59,13 +65,7 @@ impl SafetyLog {
                 flushed_at: None,
             },
         );
-        self.last = (pfn, self.seq);
-        self.last
-    }
-
-    /// The ticket of the latest unmap logged.
-    pub fn last_ticket(&self) -> Ticket {
-        self.last
+        (pfn, self.seq)
     }
 
     /// The pages of the latest unmap at `pfn` went back to their owner at `t` (right after the unmap).
@@ -131,8 +131,7 @@ impl SafetyLog {
     pub fn exposed_open(&self, now: Time) -> u64 {
         self.open
             .values()
-            .filter(|e| e.flushed_at.is_none_or(|f| f > now))
-            .filter(|e| e.released_at.is_some_and(|r| r <= now))
+            .filter(|e| e.exposed_at(now))
             .map(|e| e.pages)
             .sum()
     }
@@ -143,11 +142,7 @@ impl SafetyLog {
         let lo = pfn.saturating_sub(self.max_pages.saturating_sub(1));
         self.open
             .range((lo, 0)..=(pfn, u64::MAX))
-            .any(|(&(start, _), e)| {
-                start + e.pages > pfn
-                    && e.released_at.is_some_and(|r| r <= now)
-                    && e.flushed_at.is_none_or(|f| f > now)
-            })
+            .any(|(&(start, _), e)| start + e.pages > pfn && e.exposed_at(now))
     }
 }
 

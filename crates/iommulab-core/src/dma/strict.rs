@@ -18,7 +18,7 @@ impl DmaPolicy for Strict {
         iova_pfn: u64,
         pages: u64,
     ) -> Time {
-        let (g, t) = core.unmap_ptes(now, cpu, iova_pfn, pages);
+        let (g, t, _) = core.unmap_ptes(now, cpu, iova_pfn, pages);
         // iommu_iotlb_sync(): invalidate and wait, then iommu_dma_free_iova() → free_iova_fast().
         let t = core.iotlb_sync(t, cpu, &g);
         core.free_iova(t, cpu, iova_pfn, pages)

@@ -63,8 +63,7 @@ impl DmaPolicy for Xsmmu {
             t = self.sync(core, t, cpu);
         }
         // __iommu_dma_unmap_no_sync(): clear the PTEs, free the IOVA, no iommu_iotlb_sync().
-        let (_g, t) = core.unmap_ptes(t, cpu, iova_pfn, pages);
-        let ticket = core.safety.last_ticket();
+        let (_g, t, ticket) = core.unmap_ptes(t, cpu, iova_pfn, pages);
         let t = core.free_iova(t, cpu, iova_pfn, pages);
         self.pending[cpu].push(ticket);
         t
