@@ -76,12 +76,20 @@ pub(crate) fn build_host(sc: &Scenario) -> (Host, PolicyName, String) {
     (host, policy, policy_reason)
 }
 
+/// The variants of built-in scenario `name` with `key=value` overrides, for tests.
+#[cfg(test)]
+pub(crate) fn builtin_with(name: &str, ov: &[(&str, &str)]) -> Vec<Variant> {
+    let ov: Vec<(String, String)> = ov
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    crate::scenario::load(crate::scenario::Source::Builtin(name), &ov).unwrap()
+}
+
 /// A host of the built-in default scenario under `policy`, for unit tests of workload parts.
 #[cfg(test)]
 pub(crate) fn test_host(policy: &str) -> Host {
-    let ov = vec![("os.policy".to_string(), policy.to_string())];
-    let v = crate::scenario::load(crate::scenario::Source::Builtin("default"), &ov).unwrap();
-    build_host(&v[0].scenario).0
+    build_host(&builtin_with("default", &[("os.policy", policy)])[0].scenario).0
 }
 
 impl Simulation {
@@ -254,14 +262,9 @@ pub fn run_variant(v: &Variant) -> RunResult {
 mod tests {
     use super::*;
     use crate::hw::InvKind;
-    use crate::scenario::{load, Source};
 
     fn default_with(ov: &[(&str, &str)]) -> Vec<Variant> {
-        let ov: Vec<(String, String)> = ov
-            .iter()
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .collect();
-        load(Source::Builtin("default"), &ov).unwrap()
+        builtin_with("default", ov)
     }
 
     #[test]
@@ -307,16 +310,13 @@ mod tests {
     }
 
     fn c2(policy: &str, duration_ms: &str) -> RunResult {
-        let ov: Vec<(String, String)> = [
-            // Past the RX page cache's warm-up churn.
+        // Past the RX page cache's warm-up churn.
+        let ov = [
             ("run.duration_ms", duration_ms),
             ("run.warmup_ms", "6"),
             ("os.policy", policy),
-        ]
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect();
-        run_variant(&load(Source::Builtin("c2"), &ov).unwrap()[0])
+        ];
+        run_variant(&builtin_with("c2", &ov)[0])
     }
 
     #[test]
@@ -347,10 +347,7 @@ mod tests {
     /// times more pages; strict is slowest.
     #[test]
     fn c2_orders_xsmmu_over_fands_over_strict() {
-        let run = |p: &str| {
-            let ov = vec![("os.policy".to_string(), p.to_string())];
-            run_variant(&load(Source::Builtin("c2"), &ov).unwrap()[0])
-        };
+        let run = |p: &str| run_variant(&builtin_with("c2", &[("os.policy", p)])[0]);
         let (strict, fands, xsmmu) = (run("strict"), run("fands"), run("xsmmu"));
         assert!(
             xsmmu.throughput_gbps > fands.throughput_gbps

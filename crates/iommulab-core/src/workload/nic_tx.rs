@@ -355,13 +355,12 @@ mod tests {
 
     fn run_tx(policy: &str, extra: &[(&str, &str)]) -> crate::metrics::RunResult {
         let mut ov = vec![
-            ("os.policy".to_string(), policy.to_string()),
-            ("run.duration_ms".to_string(), "4".to_string()),
-            ("run.warmup_ms".to_string(), "2".to_string()),
+            ("os.policy", policy),
+            ("run.duration_ms", "4"),
+            ("run.warmup_ms", "2"),
         ];
-        ov.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let v = crate::scenario::load(crate::scenario::Source::Builtin("tx"), &ov).unwrap();
-        crate::run::run_variant(&v[0])
+        ov.extend_from_slice(extra);
+        crate::run::run_variant(&crate::run::builtin_with("tx", &ov)[0])
     }
 
     #[test]

@@ -335,13 +335,12 @@ mod tests {
 
     fn run_rr(policy: &str, extra: &[(&str, &str)]) -> RunResult {
         let mut ov = vec![
-            ("os.policy".to_string(), policy.to_string()),
-            ("run.duration_ms".to_string(), "4".to_string()),
-            ("run.warmup_ms".to_string(), "1".to_string()),
+            ("os.policy", policy),
+            ("run.duration_ms", "4"),
+            ("run.warmup_ms", "1"),
         ];
-        ov.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
-        let v = crate::scenario::load(crate::scenario::Source::Builtin("rr"), &ov).unwrap();
-        crate::run::run_variant(&v[0])
+        ov.extend_from_slice(extra);
+        crate::run::run_variant(&crate::run::builtin_with("rr", &ov)[0])
     }
 
     const ONE: [(&str, &str); 3] = [
