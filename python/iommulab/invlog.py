@@ -25,25 +25,25 @@ def inv_log(variant, window_ms: float) -> str:
     sim = variant.simulate()
     out = [f"# {variant.label}: policy {sc['os']['policy']}, window {window_ms:g} ms of simulated time\n"]
     step = max(1, round(window_ms * 1e6))
-    prev = {"total": 0, "unmapped": 0, **{k: 0 for k, _ in NAMES}, "_secs": 0.0}
+    prev, prev_t = dict.fromkeys(["total", "unmapped"] + [k for k, _ in NAMES], 0), warm
     t = warm
     while t < sim.end_ns:
         t = min(t + step, sim.end_ns)
         sim.advance_to(t)
         r = json.loads(sim.result_json())
         inv = r["invalidations"]
-        now = {"total": inv["total"], "unmapped": r["iova_pages_unmapped"],
-               **{k: inv.get(k, 0) for k, _ in NAMES}, "_secs": (t - warm) / 1e9}
-        d = {k: now[k] - prev[k] for k in now if k != "_secs"}
-        secs = now["_secs"] - prev["_secs"]
+        now = {"total": inv["total"], "unmapped": r["iova_pages_unmapped"], **{k: inv.get(k, 0) for k, _ in NAMES}}
+        d = {k: now[k] - prev[k] for k in now}
+        secs = (t - prev_t) / 1e9
+
+        def per_page(n: int) -> float:
+            return n / d["unmapped"] if d["unmapped"] else 0.0
+
         kinds = " ".join(f"{name}={d[k]} ({d[k] / secs:.1f}/s)" for k, name in NAMES if k in inv)
         out.append(_line(t / 1e9, f"IOTLB inv in {window_ms:g} ms: Total={d['total']} ({d['total'] / secs:.1f}/s) "
                                   f"{kinds}"))
-        per_page = d["total"] / d["unmapped"] if d["unmapped"] else 0.0
-        tail = ""
-        if sc["os"]["policy"] == "xsmmu" and d["dsi"]:
-            tail = f" DSI_xSMMU/page={d['dsi'] / d['unmapped'] if d['unmapped'] else 0.0:.3f}"
+        tail = f" DSI_xSMMU/page={per_page(d['dsi']):.3f}" if sc["os"]["policy"] == "xsmmu" and d["dsi"] else ""
         out.append(_line(t / 1e9, f"IOVA_unmapped={d['unmapped']} ({d['unmapped'] / secs:.1f}/s) "
-                                  f"inv/page={per_page:.3f}{tail}"))
-        prev = now
+                                  f"inv/page={per_page(d['total']):.3f}{tail}"))
+        prev, prev_t = now, t
     return "".join(out)
