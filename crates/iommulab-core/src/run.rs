@@ -117,7 +117,8 @@ impl Simulation {
         };
         let attack_rate = sc.attack.replay_per_sec;
         if attack_rate > 0.0 {
-            host.dma.attack = Some(Replay::new(sc.attack.recent as usize));
+            let identity = !host.dma.policy.translated();
+            host.dma.attack = Some(Replay::new(sc.attack.recent as usize, identity));
             host.schedule(ATTACK_TICK_NS, Event::Attack);
         }
         workload.start(&mut host, 0);
@@ -187,13 +188,7 @@ impl Simulation {
                 self.attack_owed += self.attack_rate * ATTACK_TICK_NS as f64 / 1e9;
                 let n = self.attack_owed.floor();
                 self.attack_owed -= n;
-                let dma = &mut self.host.dma;
-                if let Some(mut a) = dma.attack.take() {
-                    for _ in 0..n as u64 {
-                        a.probe(dma, t);
-                    }
-                    dma.attack = Some(a);
-                }
+                self.host.dma.replay(n as u64, t);
                 self.host.schedule(t + ATTACK_TICK_NS, Event::Attack);
             }
             Event::CpuFree { cpu } => {

@@ -28,16 +28,19 @@ pub struct Replay {
     recent: usize,
     seen: VecDeque<u64>,
     known: HashSet<u64>,
-    /// IOVA pfn → live mappings of it (an identity domain has no translation to ask).
+    /// An identity domain has no translation to ask, so the device's live mappings are counted here:
+    /// IOVA pfn → live mappings of it (kept only then).
+    identity: bool,
     live: HashMap<u64, u32>,
     cursor: usize,
     pub stats: AttackStats,
 }
 
 impl Replay {
-    pub fn new(recent: usize) -> Self {
+    pub fn new(recent: usize, identity: bool) -> Self {
         Replay {
             recent,
+            identity,
             ..Default::default()
         }
     }
@@ -53,11 +56,16 @@ impl Replay {
             } else if self.known.insert(p) {
                 self.seen.push_back(p);
             }
-            *self.live.entry(p).or_insert(0) += 1;
+            if self.identity {
+                *self.live.entry(p).or_insert(0) += 1;
+            }
         }
     }
 
     pub fn unmapped(&mut self, iova: u64, pages: u64) {
+        if !self.identity {
+            return;
+        }
         for p in iova..iova + pages {
             if let Some(n) = self.live.get_mut(&p) {
                 *n -= 1;
@@ -77,9 +85,8 @@ impl Replay {
         let iova = self.seen[self.cursor];
         self.cursor += 1;
         self.stats.probes += 1;
-        let mapped = self.live.contains_key(&iova);
         match dma.translate(iova) {
-            None if mapped => self.stats.reached_mapped += 1,
+            None if self.live.contains_key(&iova) => self.stats.reached_mapped += 1,
             None => {
                 self.stats.reached_unmapped += 1;
                 self.stats.reached_released += 1;

@@ -320,6 +320,15 @@ impl DmaLayer {
     pub fn batch_end(&mut self, now: Time, cpu: usize) -> Time {
         self.policy.batch_end(&mut self.core, now, cpu)
     }
+    /// The malicious device, if any, replays `n` IOVAs at `now`.
+    pub fn replay(&mut self, n: u64, now: Time) {
+        if let Some(mut a) = self.attack.take() {
+            for _ in 0..n {
+                a.probe(self, now);
+            }
+            self.attack = Some(a);
+        }
+    }
     pub fn timer(&mut self, now: Time, cpu: usize) -> Time {
         self.policy.timer(&mut self.core, now, cpu)
     }
