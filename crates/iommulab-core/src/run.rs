@@ -12,7 +12,8 @@ use crate::workload::{
     nic_rx::NicRxWorkload, nic_tx::NicTxWorkload, nvme::NvmeWorkload, rr::RrWorkload, Workload,
 };
 
-/// The malicious device replays in rounds this far apart.
+/// The malicious device replays in rounds this far apart (a modelling batch like the wire chunk, not a device
+/// property: the rate is `attack.replay_per_sec`, carried across rounds).
 const ATTACK_TICK_NS: Time = 1000;
 
 pub struct Simulation {
