@@ -14,7 +14,7 @@ from . import __version__
 from .api import ProgressFn, RunResult, load, run_variants
 
 # Every policy the simulator has, cheapest protection first.
-POLICIES = ["passthrough", "lazy", "xsmmu", "fands", "strict"]
+POLICIES = ["passthrough", "lazy", "xsmmu", "blocks", "fns", "fands", "strict"]
 
 
 def compare(scenario: Any = None, sets: Mapping[str, Any] | None = None, policies: list[str] | None = None,
@@ -99,7 +99,7 @@ def _x_of(r: RunResult) -> float | None:
 W, H, LEFT, RIGHT, TOP, BOTTOM = 1060, 440, 70, 330, 40, 70
 LANE = 90  # the "none" and "unprotected" lanes either side of the log axis
 # One colour per policy (matplotlib's tab10 order).
-COLOURS = {"passthrough": "#d62728", "lazy": "#ff7f0e", "xsmmu": "#2ca02c", "fands": "#9467bd", "strict": "#1f77b4"}
+COLOURS = {"passthrough": "#d62728", "lazy": "#ff7f0e", "xsmmu": "#2ca02c", "fands": "#9467bd", "fns": "#8c564b", "blocks": "#17becf", "strict": "#1f77b4"}
 X_DECADES = (0, 5)  # 1 µs .. 100 ms
 
 

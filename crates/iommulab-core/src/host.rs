@@ -183,6 +183,13 @@ impl Host {
         t
     }
 
+    /// Unmap the segments `(dma pfn, pages)` of one completed descriptor.
+    pub fn dma_unmap_desc(&mut self, now: Time, cpu: usize, segs: &[(u64, u64)]) -> Time {
+        let t = self.dma.unmap_desc(now, cpu, segs);
+        self.take_timer_request();
+        t
+    }
+
     /// Run a DMA-layer timer on its CPU; returns the release time.
     /// Device side of one DMA page: the latency its translation adds to the write (the PCIe base; with
     /// ATS, nothing more on an ATC hit and a translation-request round trip on a miss; one memory read per

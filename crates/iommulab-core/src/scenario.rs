@@ -274,6 +274,12 @@ pub enum PolicyName {
     /// FANDS (seed 002 §3.1): one contiguous IOVA block per RX multi-packet WQE, invalidated once at
     /// unmap; no RX page recycling under the IOMMU; strict elsewhere.
     Fands,
+    /// F&S (SOSP'24 §3): contiguous 64-page IOVA chunks (per RX multi-packet WQE, and packed across
+    /// descriptors for single mappings), one invalidation per descriptor, with IH so walk caches survive.
+    Fns,
+    /// Block batching with recycling: mappings packed into per-CPU IOVA chunks with per-chunk reference
+    /// counts; unmapped pages held until one range invalidation per chunk at the end of each batch.
+    Blocks,
     /// Resolve from `os.arch` and `os.cmdline` as iommu_subsys_init() does.
     Auto,
 }
@@ -286,6 +292,8 @@ impl PolicyName {
             PolicyName::Lazy => "lazy",
             PolicyName::Xsmmu => "xsmmu",
             PolicyName::Fands => "fands",
+            PolicyName::Fns => "fns",
+            PolicyName::Blocks => "blocks",
             PolicyName::Auto => "auto",
         }
     }

@@ -68,7 +68,11 @@ fn kstrtobool(v: &str) -> Option<bool> {
 fn sysfs(p: PolicyName) -> &'static str {
     match p {
         PolicyName::Passthrough => "identity",
-        PolicyName::Strict | PolicyName::Xsmmu | PolicyName::Fands => "DMA",
+        PolicyName::Strict
+        | PolicyName::Xsmmu
+        | PolicyName::Fands
+        | PolicyName::Fns
+        | PolicyName::Blocks => "DMA",
         PolicyName::Lazy | PolicyName::Auto => "DMA-FQ",
     }
 }

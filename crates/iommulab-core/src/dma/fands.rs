@@ -4,7 +4,9 @@
 //! the last page unmaps the whole block with one iotlb_sync and frees the IOVA (__iommu_dma_unmap_iova).
 //! The pages are not recycled while the device is behind an IOMMU (mlx5e_free_rx_mpwqe calls
 //! mlx5e_page_release with recycle = false): every WQE takes fresh pages. Every other mapping (TX, ACKs,
-//! rings) is strict. The driver side lives in the NIC RX workload; this file is the DMA side.
+//! rings) is strict. The patch's dmar.c change makes qi_flush_iotlb() take IH from the address, so every
+//! PSI whose unmap freed no table keeps the walk caches. The driver side lives in the NIC RX workload; this
+//! file is the DMA side.
 
 use super::strict::Strict;
 use super::{DmaCore, DmaPolicy};
@@ -18,6 +20,9 @@ impl DmaPolicy for Fands {
         PolicyName::Fands
     }
     fn rx_wqe_iova_blocks(&self) -> bool {
+        true
+    }
+    fn psi_ih(&self) -> bool {
         true
     }
     fn unmap(

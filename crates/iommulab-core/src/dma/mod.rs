@@ -4,9 +4,12 @@
 //! common iommu-dma paths; a [`DmaPolicy`] decides what happens around them — one file per policy.
 
 pub mod attack;
+pub mod blocks;
+pub mod chunks;
 pub mod default_domain;
 pub mod fands;
 pub mod flush_queue;
+pub mod fns;
 pub mod iova;
 pub mod kernel;
 pub mod passthrough;
@@ -130,6 +133,13 @@ impl DmaCore {
             self.stats.map_failures += 1;
             return None;
         };
+        let t = self.map_at(t, cpu, iova, phys_base, n);
+        Some((iova * self.granule + off, t))
+    }
+
+    /// iommu_map_atomic(): write the PTEs of `n` granules at IOVA granule `iova` to physical pfn
+    /// `phys_base` (granule-aligned), then iotlb_sync_map. Returns the release time.
+    fn map_at(&mut self, t: Time, cpu: usize, iova: u64, phys_base: u64, n: u64) -> Time {
         let iova = iova * self.granule;
         let len = n * self.granule;
         let written = self.iommu.map_pages(self.dom, iova, phys_base, len);
@@ -137,7 +147,7 @@ impl DmaCore {
         let t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, len);
         self.stats.maps += 1;
         self.stats.pages_mapped += len;
-        Some((iova + off, t))
+        t
     }
 
     /// FANDS' mlx5e_alloc_rx_mpwqe() + dma_map_page_attrs_iova(): one IOVA block for `phys` (4 KiB pages,
@@ -200,7 +210,7 @@ impl DmaCore {
     pub fn iotlb_sync(&mut self, now: Time, cpu: usize, g: &IotlbGather) -> Time {
         let t = self.iommu.iotlb_sync(now, cpu, self.dom, g);
         if !g.is_empty() {
-            self.safety.invalidated(Some((g.start, g.end)), now, t);
+            self.safety.invalidated(Some((g.start, g.end)), t);
         }
         t
     }
@@ -208,7 +218,7 @@ impl DmaCore {
     /// iommu_flush_iotlb_all(): invalidate the whole domain and wait.
     pub fn flush_iotlb_all(&mut self, now: Time, cpu: usize) -> Time {
         let t = self.iommu.flush_iotlb_all(now, cpu, self.dom);
-        self.safety.invalidated(None, now, t);
+        self.safety.invalidated(None, t);
         t
     }
 }
@@ -259,6 +269,23 @@ pub trait DmaPolicy: Send + Sync {
     fn batch_end(&mut self, _core: &mut DmaCore, now: Time, _cpu: usize) -> Time {
         now
     }
+    /// The driver unmaps every segment of one completed descriptor (mlx5e_tx_dma_unmap over a WQE's
+    /// segments): by default one dma_unmap each.
+    fn unmap_desc(
+        &mut self,
+        core: &mut DmaCore,
+        now: Time,
+        cpu: usize,
+        segs: &[(u64, u64)],
+    ) -> Time {
+        segs.iter().fold(now, |t, &(iova, pages)| {
+            self.unmap(core, t, cpu, iova, pages)
+        })
+    }
+    /// The policy's kernel makes VT-d page-selective invalidations carry IH (see [`Iommu::honour_psi_ih`]).
+    fn psi_ih(&self) -> bool {
+        false
+    }
 }
 
 /// The DMA layer of one device: shared state plus its domain's policy.
@@ -284,8 +311,14 @@ impl DmaLayer {
             PolicyName::Lazy => Box::new(flush_queue::FlushQueue::with_options(cpus, hz, fq)),
             PolicyName::Xsmmu => Box::new(xsmmu::Xsmmu::new(cpus)),
             PolicyName::Fands => Box::new(fands::Fands),
+            PolicyName::Fns => Box::new(fns::Fns::new(cpus)),
+            PolicyName::Blocks => Box::new(blocks::Blocks::new(cpus)),
             PolicyName::Auto => unreachable!("resolved before the host is built"),
         };
+        let mut core = core;
+        if policy.psi_ih() {
+            core.iommu.honour_psi_ih();
+        }
         DmaLayer {
             core,
             policy,
@@ -314,6 +347,21 @@ impl DmaLayer {
         let t = self.policy.unmap(&mut self.core, now, cpu, iova_pfn, pages);
         if !self.policy.holds_pages() {
             self.core.release(iova_pfn, t);
+        }
+        t
+    }
+    /// The segments `(iova, pages)` of one completed descriptor.
+    pub fn unmap_desc(&mut self, now: Time, cpu: usize, segs: &[(u64, u64)]) -> Time {
+        if let Some(a) = self.attack.as_mut() {
+            for &(iova, pages) in segs {
+                a.unmapped(iova, pages);
+            }
+        }
+        let t = self.policy.unmap_desc(&mut self.core, now, cpu, segs);
+        if !self.policy.holds_pages() {
+            for &(iova, _) in segs {
+                self.core.release(iova, t);
+            }
         }
         t
     }
@@ -445,6 +493,8 @@ pub(crate) mod tests {
                 Just(PolicyName::Lazy),
                 Just(PolicyName::Xsmmu),
                 Just(PolicyName::Fands),
+                Just(PolicyName::Fns),
+                Just(PolicyName::Blocks),
             ]
         }
 
@@ -456,7 +506,7 @@ pub(crate) mod tests {
         }
 
         proptest! {
-            /// Safety accounting: strict, xSMMU and FANDS never release a page before an invalidation covering
+            /// Safety accounting: strict, xSMMU, FANDS, F&S and blocks never release a page before an invalidation covering
             /// it completed; lazy releases at once and its window ends with the flush queue's flush (a full
             /// ring or the timer: at most the timeout plus the timer wheel's rounding).
             #[test]
@@ -497,7 +547,17 @@ pub(crate) mod tests {
                                 if let Some(t) = d.core.timer_request.take() { timers.push(t); }
                             }
                         }
-                        SOp::Op(Op::Translate(_)) => {}
+                        SOp::Op(Op::Translate(i)) => {
+                            // The device's own DMA to a live buffer never meets a stale translation: an IOVA
+                            // is handed out again only after an invalidation covering it (xSMMU excepted: it
+                            // frees the IOVA before its DSI).
+                            if live.is_empty() { continue; }
+                            let (iova, pages) = live[i % live.len()];
+                            let tr = d.translate(iova + (i as u64) % pages).unwrap();
+                            if policy != PolicyName::Xsmmu {
+                                prop_assert!(!tr.stale, "stale translation of a live buffer under {:?}", policy);
+                            }
+                        }
                         SOp::BatchEnd(cpu) => now = now.max(d.batch_end(now, cpu)),
                     }
                     if policy != PolicyName::Lazy {

@@ -3,9 +3,10 @@
 //! A page released before that completion could still be reached by the device through a cached
 //! translation after the kernel was free to hand it to someone else: its exposure window is the gap.
 //!
-//! An invalidation covers a range only if it was issued after the range's PTEs were cleared (an entry
-//! cached before the clear is dropped only by a later invalidation; dma-iommu.c fq_flush_iotlb counts the
-//! same way with fq_flush_start_cnt).
+//! An invalidation covers a range if the simulation handled it after the range's PTEs were cleared: from
+//! then on the IOMMU's caches hold nothing of the range, whatever the two CPUs' clocks said. CPUs run
+//! ahead on their own clocks, so an invalidation handled later may carry an earlier time; the range counts
+//! as covered at the later of the invalidation's completion and its own clear.
 
 use crate::metrics::hist::Histogram;
 use crate::sim::Time;
@@ -91,8 +92,8 @@ impl SafetyLog {
         }
     }
 
-    /// An invalidation of [start, end] (None: the whole domain) issued at `issued` completed at `done`.
-    pub fn invalidated(&mut self, range: Option<(u64, u64)>, issued: Time, done: Time) {
+    /// An invalidation of [start, end] (None: the whole domain) completed at `done`.
+    pub fn invalidated(&mut self, range: Option<(u64, u64)>, done: Time) {
         let (lo, hi) = match range {
             Some((s, e)) => (s.saturating_sub(self.max_pages.saturating_sub(1)), e),
             None => (0, u64::MAX),
@@ -100,9 +101,9 @@ impl SafetyLog {
         let mut settled = Vec::new();
         for (&k, e) in self.open.range_mut((lo, 0)..=(hi, u64::MAX)) {
             let overlaps = range.is_none_or(|(s, _)| k.0 + e.pages > s);
-            // CPUs run ahead on their own clocks, so an invalidation handled later may have completed
-            // earlier: the earliest completion counts.
-            if overlaps && e.unmapped_at <= issued && e.flushed_at.is_none_or(|f| done < f) {
+            // An invalidation handled later may have completed earlier: the earliest completion counts.
+            let done = done.max(e.unmapped_at);
+            if overlaps && e.flushed_at.is_none_or(|f| done < f) {
                 e.flushed_at = Some(done);
                 if e.released_at.is_some() {
                     settled.push(k);
@@ -154,7 +155,7 @@ mod tests {
     fn strict_order_is_never_exposed() {
         let mut s = SafetyLog::default();
         s.unmapped(10, 2, 100);
-        s.invalidated(Some((10, 11)), 110, 900);
+        s.invalidated(Some((10, 11)), 900);
         s.released(10, 900);
         assert_eq!((s.stats.pages_settled, s.stats.pages_exposed), (2, 0));
         assert!(s.open.is_empty());
@@ -163,14 +164,14 @@ mod tests {
     #[test]
     fn release_before_the_flush_is_a_window() {
         let mut s = SafetyLog::default();
+        // A flush handled before the unmap does not cover it.
+        s.invalidated(None, 5_000);
         s.unmapped(10, 1, 100);
         s.released(10, 150);
         assert_eq!(s.exposed_open(200), 1);
         assert!(s.released_unflushed(10, 200) && !s.released_unflushed(11, 200));
-        // A flush issued before the unmap does not cover it.
-        s.invalidated(None, 90, 5_000);
         assert_eq!(s.stats.pages_settled, 0);
-        s.invalidated(None, 10_000, 10_150);
+        s.invalidated(None, 10_150);
         assert_eq!((s.stats.pages_settled, s.stats.pages_exposed), (1, 1));
         assert_eq!(s.stats.window.count(), 1);
         assert!((s.stats.window.max() as i64 - 10_000).abs() < 400);
@@ -180,8 +181,8 @@ mod tests {
     fn tickets_keep_two_unmaps_of_one_iova_apart() {
         let mut s = SafetyLog::default();
         let a = s.unmapped(7, 1, 10);
+        s.invalidated(None, 30);
         s.unmapped(7, 1, 20);
-        s.invalidated(None, 15, 30);
         // The first unmap: covered by the flush at 30 and released at 40, safe; the second stays open.
         s.released_ticket(a, 40);
         assert_eq!((s.stats.pages_settled, s.stats.pages_exposed), (1, 0));
@@ -193,9 +194,19 @@ mod tests {
     fn the_earliest_completion_counts_whatever_the_order_it_is_seen_in() {
         let mut s = SafetyLog::default();
         s.unmapped(3, 1, 100);
-        s.invalidated(None, 500, 600);
-        s.invalidated(None, 200, 300);
+        s.invalidated(None, 600);
+        s.invalidated(None, 300);
         s.released(3, 300);
+        assert_eq!((s.stats.pages_settled, s.stats.pages_exposed), (1, 0));
+    }
+
+    #[test]
+    fn an_invalidation_timed_before_the_clear_covers_it_from_the_clear() {
+        // A CPU running ahead cleared the PTEs at 500; a lagging CPU's flush, handled after, completed at 300.
+        let mut s = SafetyLog::default();
+        s.unmapped(3, 1, 500);
+        s.invalidated(None, 300);
+        s.released(3, 520);
         assert_eq!((s.stats.pages_settled, s.stats.pages_exposed), (1, 0));
     }
 
@@ -206,7 +217,7 @@ mod tests {
         s.unmapped(100, 1, 0);
         s.released(0, 1);
         s.released(100, 1);
-        s.invalidated(Some((63, 63)), 5, 10);
+        s.invalidated(Some((63, 63)), 10);
         assert_eq!(s.stats.pages_exposed, 64);
         assert_eq!(s.exposed_open(20), 1);
     }

@@ -138,6 +138,22 @@ impl IotlbGather {
         self.start = self.start.min(pfn);
         self.end = self.end.max(pfn + n - 1);
     }
+    /// iommu_iotlb_gather_is_disjoint(): `other` neither overlaps nor touches this non-empty range (the
+    /// caller syncs what it gathered before adding it).
+    pub fn is_disjoint(&self, other: &IotlbGather) -> bool {
+        !self.is_empty()
+            && !other.is_empty()
+            && (other.end + 1 < self.start || other.start > self.end + 1)
+    }
+    /// Add another unmap's gather (range, freed tables, page size).
+    pub fn merge(&mut self, other: &IotlbGather) {
+        if other.is_empty() {
+            return;
+        }
+        self.add_range(other.start, other.pages());
+        self.freed_tables += other.freed_tables;
+        self.pgsize_shift = self.pgsize_shift.max(other.pgsize_shift);
+    }
 }
 
 /// What one device-side translation did.
@@ -349,6 +365,10 @@ pub trait Iommu: Send + Sync {
     ) -> Time;
     /// After an unmap (strict): invalidate the gathered range and wait for completion.
     fn iotlb_sync(&mut self, now: Time, cpu: usize, dom: DomainId, gather: &IotlbGather) -> Time;
+    /// The driver's page-selective invalidations carry the hint that only leaf entries changed whenever the
+    /// unmap freed no table (the F&S dmar.c fix on VT-d). SMMUv3's iotlb_sync already sends Leaf = 1, and
+    /// virtio-iommu has no hint, so only VT-d changes.
+    fn honour_psi_ih(&mut self) {}
     /// Whole-domain invalidation and wait (the flush queue's flush_iotlb_all).
     fn flush_iotlb_all(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time;
     /// attach_dev: install the device's context (VT-d context/PASID entry, SMMUv3 STE and CD) pointing at

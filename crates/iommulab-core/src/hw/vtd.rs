@@ -73,6 +73,9 @@ pub struct Vtd {
     q_lock: SpinLock,
     /// The invalidation hardware as a server: busy while it processes descriptors.
     hw: SpinLock,
+    /// qi_flush_iotlb() takes IH from bit 6 of the address (the F&S / FANDS dmar.c change), whatever the
+    /// kernel version.
+    psi_ih_patched: bool,
 }
 
 impl Vtd {
@@ -88,6 +91,7 @@ impl Vtd {
             cache_lock: Vec::new(),
             q_lock: SpinLock::default(),
             hw: SpinLock::default(),
+            psi_ih_patched: false,
         }
     }
 
@@ -295,8 +299,12 @@ impl Iommu for Vtd {
         }
         // intel_iommu_tlb_sync(): IH only when no page-table pages were freed, and before 6.18 the hint never
         // reached the descriptor (qi_desc_iotlb() built it with IH = 0).
-        let ih = g.freed_tables == 0 && self.kernel.vtd_psi_ih();
+        let ih = g.freed_tables == 0 && (self.kernel.vtd_psi_ih() || self.psi_ih_patched);
         self.flush_range(now, dom, g.start, g.pages(), ih, true)
+    }
+
+    fn honour_psi_ih(&mut self) {
+        self.psi_ih_patched = true;
     }
 
     fn flush_iotlb_all(&mut self, now: Time, _cpu: usize, dom: DomainId) -> Time {

@@ -267,10 +267,13 @@ impl SendQueue {
                 _ => break,
             }
             let p = self.posted.pop_front().expect("front checked");
-            for _ in 0..p.segs {
-                let s = self.segs.pop_front().expect("segments of a posted WQE");
-                t = host.dma_unmap(t, cpu, s.dma, s.pages);
-            }
+            let segs: Vec<(u64, u64)> = (0..p.segs)
+                .map(|_| {
+                    let s = self.segs.pop_front().expect("segments of a posted WQE");
+                    (s.dma, s.pages)
+                })
+                .collect();
+            t = host.dma_unmap_desc(t, cpu, &segs);
             done(p.tag);
         }
         // xSMMU: one sync per TX completion batch.
