@@ -41,7 +41,7 @@ def test_compare_json_and_policy_choice(tmp_path):
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    policy=st.sampled_from(["strict", "lazy", "xsmmu", "fands", "passthrough"]),
+    policy=st.sampled_from(["strict", "lazy", "xsmmu", "fands", "fns", "blocks", "passthrough"]),
     queues=st.integers(1, 4),
     flows=st.integers(1, 8),
     mtu=st.sampled_from([1500, 4000, 9000]),
@@ -90,3 +90,16 @@ def test_inv_log_prints_seed_002_window_lines():
     assert "IOVA_unmapped=" in lines[1] and "inv/page=" in lines[1] and "DSI_xSMMU/page=" in lines[1]
     p = cli("run", "c2", "--inv-log", "-1", check_rc=2)
     assert p.stderr.count("\n") == 1 and "--inv-log" in p.stderr
+
+
+def test_sub_page_exposure_counts_small_buffers_sharing_pages():
+    by = {}
+    for policy in ["passthrough", "strict", "blocks"]:
+        r = iommulab.run("tx", **{"os.policy": policy, "run.duration_ms": 3, "run.warmup_ms": 1})
+        by[policy] = r.safety["sub_page"]
+    assert by["passthrough"]["buffers"] == 0 and by["passthrough"]["mean_reachable_bytes"] == 0
+    for policy in ["strict", "blocks"]:
+        sp = by[policy]
+        # Frags and heads smaller than their pages: some bytes of other data, never a whole page.
+        assert sp["buffers"] > 0 and 0 < sp["bytes_p50"] <= sp["bytes_p99"] <= sp["bytes_max"] < 4096, sp
+        assert sp["mean_reachable_bytes"] > 0, sp

@@ -46,6 +46,13 @@ def _exposed(r: RunResult) -> str:
     return f"{s['exposed_share'] * 100:.1f}%"
 
 
+def _sub_page(r: RunResult) -> str:
+    s = r.safety
+    if not s["protected"]:
+        return "all"
+    return f"{s['sub_page']['mean_reachable_bytes'] / 1024:.1f}"
+
+
 COLUMNS = [
     # header, width, formatter
     ("Gbps", 8, lambda r: f"{r.throughput_gbps:.2f}"),
@@ -58,6 +65,7 @@ COLUMNS = [
     ("win p99 ms", 11, lambda r: _window(r, "p99_us")),
     ("win max ms", 11, lambda r: _window(r, "max_us")),
     ("stale hits", 11, lambda r: f"{r.stale_translations}"),
+    ("sub-page KiB", 13, lambda r: _sub_page(r)),
 ]
 
 
@@ -79,7 +87,8 @@ def format_compare(scenario: dict[str, Any], results: list[RunResult], plot: str
         "",
         "exposed: share of unmapped pages released to their owner before an invalidation covering them completed "
         "(all: identity domain, the device reaches every page) · win: that gap per exposed page, p50/p99/max "
-        "(0: none exposed) · stale hits: device translations served by an entry the page table no longer held",
+        "(0: none exposed) · stale hits: device translations served by an entry the page table no longer held "
+        "· sub-page: other data sharing the pages of mapped small buffers, reachable on average at any instant",
     ]
     if plot:
         lines.append(f"plot: {plot}")

@@ -183,6 +183,21 @@ impl Host {
         t
     }
 
+    /// Map a buffer of `bytes` at byte `offset` of page `phys` (dma_map_single): (dma pfn, pages, release
+    /// time). What else shares its pages is logged as sub-page exposure.
+    pub fn dma_map_buf(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys: u64,
+        offset: u64,
+        bytes: u64,
+    ) -> Option<(u64, u64, Time)> {
+        let r = self.dma.map_buf(now, cpu, phys, offset, bytes);
+        self.take_timer_request();
+        r
+    }
+
     /// Unmap the segments `(dma pfn, pages)` of one completed descriptor.
     pub fn dma_unmap_desc(&mut self, now: Time, cpu: usize, segs: &[(u64, u64)]) -> Time {
         let t = self.dma.unmap_desc(now, cpu, segs);

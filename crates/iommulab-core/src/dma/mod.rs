@@ -200,6 +200,16 @@ impl DmaCore {
         (g, t, ticket)
     }
 
+    /// A buffer of `bytes` was mapped at `iova_pfn` over `pages` pages at `t`: log the bytes of other data
+    /// its granules let the device reach.
+    pub fn shared_buffer(&mut self, iova_pfn: u64, pages: u64, bytes: u64, t: Time) {
+        let (base, _, n) = self.granules(iova_pfn, pages);
+        let reach = n * self.granule * crate::hw::PAGE_SIZE;
+        if reach > bytes {
+            self.safety.shared_buffer(base, reach - bytes, t);
+        }
+    }
+
     /// The pages of the range unmapped at `iova_pfn` went back to their owner at `t`.
     pub fn release(&mut self, iova_pfn: u64, t: Time) {
         let (base, _, _) = self.granules(iova_pfn, 1);
@@ -331,6 +341,23 @@ impl DmaLayer {
             a.mapped(iova, pages);
         }
         r
+    }
+    /// dma_map_single() of a buffer of `bytes` starting `offset` bytes into page `phys_pfn`: the pages it
+    /// spans are mapped, and what else they hold is logged as sub-page exposure.
+    pub fn map_buf(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        offset: u64,
+        bytes: u64,
+    ) -> Option<(u64, u64, Time)> {
+        let pages = crate::hw::pages_spanned(offset, bytes);
+        let (iova, t) = self.map(now, cpu, phys_pfn, pages)?;
+        if self.policy.translated() {
+            self.core.shared_buffer(iova, pages, bytes, t);
+        }
+        Some((iova, pages, t))
     }
     /// FANDS' block mapping of `phys` into one IOVA range.
     pub fn map_block(&mut self, now: Time, cpu: usize, phys: &[u64]) -> Option<(u64, Time)> {

@@ -10,7 +10,7 @@
 
 use crate::metrics::hist::Histogram;
 use crate::sim::Time;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -36,6 +36,12 @@ pub struct SafetyStats {
     pub pages_exposed: u64,
     /// Per exposed page: ns from its release to the invalidation's completion.
     pub window: Histogram,
+    /// Buffers whose mapping reaches bytes that are not theirs (the rest of the granules they share), and
+    /// per buffer how many such bytes.
+    pub subpage_buffers: u64,
+    pub subpage_bytes: Histogram,
+    /// Sum over unmapped such buffers of those bytes times the time they were mapped (byte·ns).
+    pub subpage_byte_ns: u128,
 }
 
 /// One logged unmap: (IOVA pfn, sequence). An IOVA freed before its invalidation (xSMMU) can be mapped and
@@ -49,12 +55,25 @@ pub struct SafetyLog {
     seq: u64,
     /// The largest range logged, so a range invalidation finds ranges starting before it.
     max_pages: u64,
+    /// Mapped buffers that share their granules with other data: IOVA pfn → (bytes not theirs, mapped at).
+    shared: HashMap<u64, (u64, Time)>,
     pub stats: SafetyStats,
 }
 
 impl SafetyLog {
+    /// A buffer mapped at IOVA pfn `pfn` (its first granule) at `t` lets the device reach `others` bytes
+    /// that are not the buffer's (sub-page exposure: a 66-byte ACK head exposes the rest of its slab page).
+    pub fn shared_buffer(&mut self, pfn: u64, others: u64, t: Time) {
+        self.stats.subpage_buffers += 1;
+        self.stats.subpage_bytes.record(others);
+        self.shared.insert(pfn, (others, t));
+    }
+
     /// The PTEs of [pfn, pfn + pages) were cleared at `t`.
     pub fn unmapped(&mut self, pfn: u64, pages: u64, t: Time) -> Ticket {
+        if let Some((others, at)) = self.shared.remove(&pfn) {
+            self.stats.subpage_byte_ns += others as u128 * t.saturating_sub(at) as u128;
+        }
         self.seq += 1;
         self.max_pages = self.max_pages.max(pages);
         self.open.insert(

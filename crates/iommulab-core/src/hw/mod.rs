@@ -100,6 +100,11 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
 pub const PAGE_SHIFT: u32 = 12;
 pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
 
+/// 4 KiB pages spanned by `bytes` starting `offset` bytes into a page (at least one).
+pub fn pages_spanned(offset: u64, bytes: u64) -> u64 {
+    (offset % PAGE_SIZE + bytes).div_ceil(PAGE_SIZE).max(1)
+}
+
 /// After `struct iommu_iotlb_gather` (include/linux/iommu.h): the range an unmap touched and the page-table
 /// pages it freed, handed to `iotlb_sync`.
 #[derive(Debug, Clone, Default)]

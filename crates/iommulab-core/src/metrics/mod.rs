@@ -102,6 +102,21 @@ pub struct Safety {
     /// Exposure window per exposed page (release to invalidation completion), µs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub window: Option<hist::Latency>,
+    /// Buffers mapped in the window whose pages hold other data the device could reach meanwhile.
+    pub sub_page: SubPage,
+}
+
+/// Sub-page exposure: small buffers (skb heads in a slab page, frags sharing a page) mapped whole pages.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct SubPage {
+    pub buffers: u64,
+    /// Per such buffer, bytes of other data in its mapped granules: p50, p99, max.
+    pub bytes_p50: u64,
+    pub bytes_p99: u64,
+    pub bytes_max: u64,
+    /// Those bytes integrated over the time each buffer stayed mapped, divided by the window: how much
+    /// unrelated memory the device could reach at any instant, on average.
+    pub mean_reachable_bytes: f64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -291,6 +306,19 @@ impl RunResult {
                     exposed_share: r6(ratio(exposed, settled)),
                     pages_exposed_at_end: b.exposed_open,
                     window: b.safety.window.since(&a.safety.window).latency(r6),
+                    sub_page: {
+                        let h = b.safety.subpage_bytes.since(&a.safety.subpage_bytes);
+                        let byte_ns = b.safety.subpage_byte_ns - a.safety.subpage_byte_ns;
+                        SubPage {
+                            buffers: b.safety.subpage_buffers - a.safety.subpage_buffers,
+                            bytes_p50: h.quantile(0.5),
+                            bytes_p99: h.quantile(0.99),
+                            bytes_max: h.max(),
+                            mean_reachable_bytes: r6(
+                                byte_ns as f64 / (b.time - a.time).max(1) as f64
+                            ),
+                        }
+                    },
                 }
             },
             latency: b.wl.latency.since(&a.wl.latency).latency(r6),

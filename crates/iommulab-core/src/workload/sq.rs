@@ -63,10 +63,7 @@ impl Seg {
     }
 }
 
-/// Pages spanned by `bytes` starting `offset` bytes into a page.
-pub fn pages_spanned(offset: u64, bytes: u64) -> u64 {
-    (offset % PAGE + bytes).div_ceil(PAGE).max(1)
-}
+pub use crate::hw::pages_spanned;
 
 /// skb heads come from kmalloc-512 (alloc_skb(MAX_TCP_HEADER) for ACKs and small sends): 8 per slab page. The
 /// number of slab pages a queue's heads cycle over is a modelling choice: it only decides which physical page
@@ -90,12 +87,13 @@ impl HeadSlab {
     /// part): its segment and the CPU's release time. None if IOVA space ran out (the head stays free).
     pub fn map(&mut self, host: &mut Host, cpu: usize, t: Time, bytes: u64) -> Option<(Seg, Time)> {
         let phys = self.base + (self.used / HEADS_PER_PAGE) % HEAD_SLAB_PAGES;
-        let (dma, t) = host.dma_map(t, cpu, phys, 1)?;
+        let offset = (self.used % HEADS_PER_PAGE) * (PAGE / HEADS_PER_PAGE);
+        let (dma, pages, t) = host.dma_map_buf(t, cpu, phys, offset, bytes)?;
         self.used += 1;
         let seg = Seg {
             dma,
-            pages: 1,
-            offset: 0,
+            pages,
+            offset,
             bytes,
         };
         Some((seg, t))
@@ -153,8 +151,9 @@ impl FragStream {
             let n = left.min(self.chunk_bytes - in_chunk);
             let chunk = self.chunks[(pos / self.chunk_bytes) as usize];
             let offset = in_chunk % PAGE;
-            let pages = pages_spanned(offset, n);
-            let Some((dma, t2)) = host.dma_map(t, cpu, chunk + in_chunk / PAGE, pages) else {
+            let Some((dma, pages, t2)) =
+                host.dma_map_buf(t, cpu, chunk + in_chunk / PAGE, offset, n)
+            else {
                 for s in segs.drain(first..) {
                     t = host.dma_unmap(t, cpu, s.dma, s.pages);
                 }
