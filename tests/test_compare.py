@@ -103,3 +103,9 @@ def test_sub_page_exposure_counts_small_buffers_sharing_pages():
         # Frags and heads smaller than their pages: some bytes of other data, never a whole page.
         assert sp["buffers"] > 0 and 0 < sp["bytes_p50"] <= sp["bytes_p99"] <= sp["bytes_max"] < 4096, sp
         assert sp["mean_reachable_bytes"] > 0, sp
+
+
+def test_wqe_block_schemes_refuse_a_granule_they_cannot_map():
+    p = cli("run", "c1", "--set", "os.policy=fands", "--set", "workload.nic_rx.rq=mlx5_striding", "--set",
+            "platform.iommu.granule_kb=64", "--set", "platform.iommu.pwc_entries=[4,28]", check_rc=2)
+    assert p.stderr.count("\n") == 1 and "os.policy" in p.stderr and "granule" in p.stderr

@@ -760,6 +760,18 @@ impl Scenario {
         )?;
         if let Some(nic) = &w.nic_rx {
             nic.validate(cpu.cores)?;
+            let blocks = matches!(self.os.policy, PolicyName::Fands | PolicyName::Fns)
+                && nic.rq == RqKind::Mlx5Striding;
+            check(
+                !blocks || io.granule_kb == 4,
+                "os.policy",
+                format!(
+                    "expected a 4 KiB IOMMU granule for \"{}\" with a striding RQ: its WQE blocks map \
+                     4 KiB pages one by one (platform.iommu.granule_kb is {})",
+                    self.os.policy.as_str(),
+                    io.granule_kb
+                ),
+            )?;
         }
         if let Some(nic) = &w.nic_tx {
             nic.validate(cpu.cores)?;
