@@ -47,7 +47,7 @@ pub struct Blocks {
 impl Blocks {
     pub fn new(cpus: usize) -> Self {
         Blocks {
-            chunks: IovaChunks::new(cpus),
+            chunks: IovaChunks::new(cpus, true),
             held: (0..cpus.max(1)).map(|_| Vec::new()).collect(),
             held_pages: vec![0; cpus.max(1)],
         }

@@ -29,6 +29,10 @@ struct Chunk {
 pub struct IovaChunks {
     /// Per CPU: the base granule of the chunk it hands slots out of.
     current: Vec<Option<u64>>,
+    /// Slots of a CPU's current chunk put back after their invalidation, handed out again newest first
+    /// (`reuse` only): (first granule, granules).
+    free: Vec<Vec<(u64, u64)>>,
+    reuse: bool,
     /// Chunks by base granule.
     chunks: BTreeMap<u64, Chunk>,
     /// Chunks allocated and freed (for tests and reports).
@@ -37,9 +41,14 @@ pub struct IovaChunks {
 }
 
 impl IovaChunks {
-    pub fn new(cpus: usize) -> Self {
+    /// `reuse`: slots of the current chunk that were put back are handed out again (newest first, as the
+    /// rcache's magazines would), so a hot buffer keeps its IOVA while the chunk lasts; else a chunk's
+    /// slots are used once. Slots of a closed chunk are not reused: it goes back whole.
+    pub fn new(cpus: usize, reuse: bool) -> Self {
         IovaChunks {
             current: vec![None; cpus.max(1)],
+            free: vec![Vec::new(); cpus.max(1)],
+            reuse,
             chunks: BTreeMap::new(),
             allocated: 0,
             freed: 0,
@@ -58,6 +67,7 @@ impl IovaChunks {
     ) -> Option<(u64, Time)> {
         if cpu >= self.current.len() {
             self.current.resize(cpu + 1, None);
+            self.free.resize_with(cpu + 1, Vec::new);
         }
         let t = now + core.costs.dma_iommu_op_ns;
         let (phys_base, off, n) = core.granules(phys_pfn, pages);
@@ -70,6 +80,10 @@ impl IovaChunks {
     fn slots(&mut self, core: &mut DmaCore, now: Time, cpu: usize, n: u64) -> Option<(u64, Time)> {
         if let Some(base) = self.current[cpu] {
             let c = self.chunks.get_mut(&base).expect("current chunk is listed");
+            if let Some(i) = self.free[cpu].iter().rposition(|&(_, k)| k == n) {
+                c.live += n;
+                return Some((self.free[cpu].remove(i).0, now));
+            }
             if c.size - c.used >= n {
                 let slot = base + c.used;
                 c.used += n;
@@ -97,6 +111,7 @@ impl IovaChunks {
         if !own {
             // The old chunk is closed: it goes back once its last buffer does.
             if let Some(old) = self.current[cpu].replace(base) {
+                self.free[cpu].clear();
                 let c = self.chunks.get_mut(&old).expect("current chunk is listed");
                 c.open = false;
                 t = self.free_if_done(core, t, cpu, old);
@@ -128,9 +143,15 @@ impl IovaChunks {
         let Some(base) = self.chunk_of(core, iova_pfn) else {
             return core.free_iova(now, cpu, iova_pfn, pages);
         };
-        let (_, _, n) = core.granules(iova_pfn, pages);
+        let (first, _, n) = core.granules(iova_pfn, pages);
         let c = self.chunks.get_mut(&base).expect("found above");
         c.live = c.live.checked_sub(n).expect("a chunk's slots are put once");
+        if self.reuse && c.open {
+            // Back to the free slots of the CPU whose current chunk this is.
+            if let Some(owner) = self.current.iter().position(|&b| b == Some(base)) {
+                self.free[owner].push((first / core.granule, n));
+            }
+        }
         self.free_if_done(core, now, cpu, base)
     }
 
@@ -153,7 +174,7 @@ mod tests {
     #[test]
     fn buffers_take_consecutive_slots_and_a_chunk_returns_when_full_and_empty() {
         let mut c = core(1);
-        let mut ch = IovaChunks::new(1);
+        let mut ch = IovaChunks::new(1, false);
         let mut t = 0;
         let mut iovas = vec![];
         for p in 0..CHUNK_GRANULES + 1 {
@@ -180,9 +201,23 @@ mod tests {
     }
 
     #[test]
+    fn with_reuse_a_put_slot_of_the_current_chunk_comes_back_first() {
+        let mut c = core(1);
+        let mut ch = IovaChunks::new(1, true);
+        let (a, t) = ch.map(&mut c, 0, 0, 100, 1).unwrap();
+        let (b, t) = ch.map(&mut c, t, 0, 200, 1).unwrap();
+        let t = ch.put(&mut c, t, 0, a, 1);
+        let (again, t) = ch.map(&mut c, t, 0, 300, 1).unwrap();
+        assert_eq!(again, a);
+        let (next, _) = ch.map(&mut c, t, 0, 400, 1).unwrap();
+        assert_eq!(next, b + 1, "no free slot: the next unused one");
+        assert_eq!(ch.allocated, 1);
+    }
+
+    #[test]
     fn a_buffer_larger_than_a_chunk_gets_its_own_and_leaves_the_current_one() {
         let mut c = core(1);
-        let mut ch = IovaChunks::new(1);
+        let mut ch = IovaChunks::new(1, false);
         let (a, t) = ch.map(&mut c, 0, 0, 100, 1).unwrap();
         let (big, t) = ch.map(&mut c, t, 0, 1000, CHUNK_GRANULES + 3).unwrap();
         let (b, t) = ch.map(&mut c, t, 0, 200, 2).unwrap();

@@ -21,7 +21,7 @@ pub struct Fns {
 impl Fns {
     pub fn new(cpus: usize) -> Self {
         Fns {
-            chunks: IovaChunks::new(cpus),
+            chunks: IovaChunks::new(cpus, false),
         }
     }
 }
