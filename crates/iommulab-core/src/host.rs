@@ -178,9 +178,7 @@ impl Host {
 
     /// dma_unmap_page() on `cpu` at `now`: the release time.
     pub fn dma_unmap(&mut self, now: Time, cpu: usize, dma_pfn: u64, pages: u64) -> Time {
-        let t = self.dma.unmap(now, cpu, dma_pfn, pages);
-        self.take_timer_request();
-        t
+        self.dma_unmap_desc(now, cpu, &[(dma_pfn, pages)])
     }
 
     /// Map a buffer of `bytes` at byte `offset` of page `phys` (dma_map_single): (dma pfn, pages, release

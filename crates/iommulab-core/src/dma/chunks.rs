@@ -69,33 +69,30 @@ impl IovaChunks {
             self.current.resize(cpu + 1, None);
             self.free.resize_with(cpu + 1, Vec::new);
         }
-        let t = now + core.costs.dma_iommu_op_ns;
-        let (phys_base, off, n) = core.granules(phys_pfn, pages);
-        let (iova, t) = self.slots(core, t, cpu, n)?;
-        let t = core.map_at(t, cpu, iova, phys_base, n);
-        Some((iova * core.granule + off, t))
+        core.map_with(now, cpu, phys_pfn, pages, |core, t, cpu, n| {
+            self.slots(core, t, cpu, n)
+        })
     }
 
-    /// `n` consecutive granules: from the current chunk if they fit, else from a new one.
-    fn slots(&mut self, core: &mut DmaCore, now: Time, cpu: usize, n: u64) -> Option<(u64, Time)> {
+    /// `n` consecutive granules: from the current chunk if they fit, else from a new one (None: no IOVA).
+    fn slots(&mut self, core: &mut DmaCore, now: Time, cpu: usize, n: u64) -> (Option<u64>, Time) {
         if let Some(base) = self.current[cpu] {
             let c = self.chunks.get_mut(&base).expect("current chunk is listed");
             if let Some(i) = self.free[cpu].iter().rposition(|&(_, k)| k == n) {
                 c.live += n;
-                return Some((self.free[cpu].remove(i).0, now));
+                return (Some(self.free[cpu].remove(i).0), now);
             }
             if c.size - c.used >= n {
                 let slot = base + c.used;
                 c.used += n;
                 c.live += n;
-                return Some((slot, now));
+                return (Some(slot), now);
             }
         }
         let size = n.max(CHUNK_GRANULES);
         let (base, mut t) = core.alloc_iova(now, cpu, size);
         let Some(base) = base else {
-            core.stats.map_failures += 1;
-            return None;
+            return (None, t);
         };
         self.allocated += 1;
         let own = n > CHUNK_GRANULES;
@@ -117,7 +114,7 @@ impl IovaChunks {
                 t = self.free_if_done(core, t, cpu, old);
             }
         }
-        Some((base, t))
+        (Some(base), t)
     }
 
     /// The base granule of the chunk holding IOVA pfn `iova_pfn`, if a chunk holds it.

@@ -126,20 +126,29 @@ impl DmaCore {
         phys_pfn: u64,
         pages: u64,
     ) -> Option<(u64, Time)> {
+        self.map_with(now, cpu, phys_pfn, pages, |core, t, cpu, n| {
+            core.alloc_iova(t, cpu, n)
+        })
+    }
+
+    /// __iommu_dma_map() with the IOVA from `alloc` (granules wanted → first granule, time): widen to whole
+    /// granules, write the PTEs (iommu_map_atomic), iotlb_sync_map. Returns (iova pfn of `phys_pfn`, release
+    /// time); None, counted as a map failure, when `alloc` found no IOVA.
+    fn map_with(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        pages: u64,
+        alloc: impl FnOnce(&mut Self, Time, usize, u64) -> (Option<u64>, Time),
+    ) -> Option<(u64, Time)> {
         let t = now + self.costs.dma_iommu_op_ns;
         let (phys_base, off, n) = self.granules(phys_pfn, pages);
-        let (iova, t) = self.alloc_iova(t, cpu, n);
+        let (iova, t) = alloc(self, t, cpu, n);
         let Some(iova) = iova else {
             self.stats.map_failures += 1;
             return None;
         };
-        let t = self.map_at(t, cpu, iova, phys_base, n);
-        Some((iova * self.granule + off, t))
-    }
-
-    /// iommu_map_atomic(): write the PTEs of `n` granules at IOVA granule `iova` to physical pfn
-    /// `phys_base` (granule-aligned), then iotlb_sync_map. Returns the release time.
-    fn map_at(&mut self, t: Time, cpu: usize, iova: u64, phys_base: u64, n: u64) -> Time {
         let iova = iova * self.granule;
         let len = n * self.granule;
         let written = self.iommu.map_pages(self.dom, iova, phys_base, len);
@@ -147,7 +156,7 @@ impl DmaCore {
         let t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, len);
         self.stats.maps += 1;
         self.stats.pages_mapped += len;
-        t
+        Some((iova + off, t))
     }
 
     /// FANDS' mlx5e_alloc_rx_mpwqe() + dma_map_page_attrs_iova(): one IOVA block for `phys` (4 KiB pages,
@@ -368,16 +377,9 @@ impl DmaLayer {
         r
     }
     pub fn unmap(&mut self, now: Time, cpu: usize, iova_pfn: u64, pages: u64) -> Time {
-        if let Some(a) = self.attack.as_mut() {
-            a.unmapped(iova_pfn, pages);
-        }
-        let t = self.policy.unmap(&mut self.core, now, cpu, iova_pfn, pages);
-        if !self.policy.holds_pages() {
-            self.core.release(iova_pfn, t);
-        }
-        t
+        self.unmap_desc(now, cpu, &[(iova_pfn, pages)])
     }
-    /// The segments `(iova, pages)` of one completed descriptor.
+    /// The segments `(iova, pages)` of one completed descriptor (one segment: a plain dma_unmap).
     pub fn unmap_desc(&mut self, now: Time, cpu: usize, segs: &[(u64, u64)]) -> Time {
         if let Some(a) = self.attack.as_mut() {
             for &(iova, pages) in segs {

@@ -187,6 +187,8 @@ pub struct SendQueue {
     posted: VecDeque<Posted>,
     /// The segments of posted WQEs, in order.
     segs: VecDeque<Seg>,
+    /// The (dma pfn, pages) of the WQE being reaped (kept to reuse its allocation).
+    reaping: Vec<(u64, u64)>,
 }
 
 impl SendQueue {
@@ -201,6 +203,7 @@ impl SendQueue {
                 cq,
                 posted: VecDeque::new(),
                 segs: VecDeque::new(),
+                reaping: Vec::new(),
             },
             t,
         ))
@@ -266,13 +269,10 @@ impl SendQueue {
                 _ => break,
             }
             let p = self.posted.pop_front().expect("front checked");
-            let segs: Vec<(u64, u64)> = (0..p.segs)
-                .map(|_| {
-                    let s = self.segs.pop_front().expect("segments of a posted WQE");
-                    (s.dma, s.pages)
-                })
-                .collect();
-            t = host.dma_unmap_desc(t, cpu, &segs);
+            self.reaping.clear();
+            self.reaping
+                .extend(self.segs.drain(..p.segs as usize).map(|s| (s.dma, s.pages)));
+            t = host.dma_unmap_desc(t, cpu, &self.reaping);
             done(p.tag);
         }
         // xSMMU: one sync per TX completion batch.
