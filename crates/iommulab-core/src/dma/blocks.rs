@@ -109,9 +109,10 @@ impl DmaPolicy for Blocks {
         let (g, t, ticket) = core.unmap_ptes(t, cpu, iova_pfn, pages);
         let chunk = self.chunks.chunk_of(core, iova_pfn);
         let list = &mut self.held[cpu];
+        // The chunk unmapped last is the likeliest: look from the end (each chunk has one entry).
         let i = match list
             .iter()
-            .position(|h| chunk.is_some() && h.chunk == chunk)
+            .rposition(|h| chunk.is_some() && h.chunk == chunk)
         {
             Some(i) => i,
             None => {
