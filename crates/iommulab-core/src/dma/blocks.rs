@@ -17,6 +17,7 @@
 //! descriptor.
 
 use super::chunks::IovaChunks;
+use super::per_cpu::PerCpu;
 use super::safety::Ticket;
 use super::xsmmu::XSMMU_PENDING_THRESHOLD;
 use super::{DmaCore, DmaPolicy};
@@ -37,26 +38,31 @@ struct Held {
     segs: Vec<(u64, u64)>,
 }
 
+/// One CPU's held unmaps, by chunk in the order the chunks were first touched, and their pages.
+#[derive(Default)]
+struct CpuHeld {
+    list: Vec<Held>,
+    pages: u64,
+}
+
 pub struct Blocks {
     chunks: IovaChunks,
-    /// Per CPU: held unmaps by chunk, in the order the chunks were first touched.
-    held: Vec<Vec<Held>>,
-    held_pages: Vec<u64>,
+    held: PerCpu<CpuHeld>,
 }
 
 impl Blocks {
     pub fn new(cpus: usize) -> Self {
         Blocks {
             chunks: IovaChunks::new(cpus, true),
-            held: (0..cpus.max(1)).map(|_| Vec::new()).collect(),
-            held_pages: vec![0; cpus.max(1)],
+            held: PerCpu::new(cpus),
         }
     }
 
     /// One invalidation per chunk with held pages, then the pages go back and the slots are done.
     fn sync(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
         let mut t = now;
-        for h in std::mem::take(&mut self.held[cpu]) {
+        let held = std::mem::take(self.held.get_mut(cpu));
+        for h in held.list {
             t = core.iotlb_sync(t, cpu, &h.gather);
             for k in h.tickets {
                 core.safety.released_ticket(k, t);
@@ -65,7 +71,6 @@ impl Blocks {
                 t = self.chunks.put(core, t, cpu, iova, pages);
             }
         }
-        self.held_pages[cpu] = 0;
         t
     }
 }
@@ -98,17 +103,14 @@ impl DmaPolicy for Blocks {
         iova_pfn: u64,
         pages: u64,
     ) -> Time {
-        if cpu >= self.held.len() {
-            self.held.resize_with(cpu + 1, Vec::new);
-            self.held_pages.resize(cpu + 1, 0);
-        }
         let mut t = now;
-        if self.held_pages[cpu] >= BLOCKS_PENDING_THRESHOLD {
+        if self.held.get_mut(cpu).pages >= BLOCKS_PENDING_THRESHOLD {
             t = self.sync(core, t, cpu);
         }
         let (g, t, ticket) = core.unmap_ptes(t, cpu, iova_pfn, pages);
         let chunk = self.chunks.chunk_of(core, iova_pfn);
-        let list = &mut self.held[cpu];
+        let held = self.held.get_mut(cpu);
+        let list = &mut held.list;
         // The chunk unmapped last is the likeliest: look from the end (each chunk has one entry).
         let i = match list
             .iter()
@@ -129,12 +131,12 @@ impl DmaPolicy for Blocks {
         h.gather.merge(&g);
         h.tickets.push(ticket);
         h.segs.push((iova_pfn, pages));
-        self.held_pages[cpu] += pages;
+        held.pages += pages;
         t
     }
     fn batch_end(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
         match self.held.get(cpu) {
-            Some(h) if !h.is_empty() => self.sync(core, now, cpu),
+            Some(h) if !h.list.is_empty() => self.sync(core, now, cpu),
             _ => now,
         }
     }
@@ -199,6 +201,6 @@ mod tests {
             c.iommu.counters().get(InvKind::Psi),
             BLOCKS_PENDING_THRESHOLD / 64
         );
-        assert_eq!(b.held_pages[0], 1);
+        assert_eq!(b.held.get(0).map(|h| h.pages), Some(1));
     }
 }

@@ -6,6 +6,7 @@
 //! of a chunk is handed out twice while a translation of it may still be cached, so the caller must only
 //! `put` a range after the invalidation covering it completed.
 
+use super::per_cpu::PerCpu;
 use super::DmaCore;
 use crate::sim::Time;
 use std::collections::BTreeMap;
@@ -26,12 +27,18 @@ struct Chunk {
     open: bool,
 }
 
-pub struct IovaChunks {
-    /// Per CPU: the base granule of the chunk it hands slots out of.
-    current: Vec<Option<u64>>,
-    /// Slots of a CPU's current chunk put back after their invalidation, handed out again newest first
+/// One CPU's chunk state.
+#[derive(Default)]
+struct CpuChunk {
+    /// The base granule of the chunk it hands slots out of.
+    current: Option<u64>,
+    /// Slots of its current chunk put back after their invalidation, handed out again newest first
     /// (`reuse` only): (first granule, granules).
-    free: Vec<Vec<(u64, u64)>>,
+    free: Vec<(u64, u64)>,
+}
+
+pub struct IovaChunks {
+    cpus: PerCpu<CpuChunk>,
     reuse: bool,
     /// Chunks by base granule.
     chunks: BTreeMap<u64, Chunk>,
@@ -46,8 +53,7 @@ impl IovaChunks {
     /// slots are used once. Slots of a closed chunk are not reused: it goes back whole.
     pub fn new(cpus: usize, reuse: bool) -> Self {
         IovaChunks {
-            current: vec![None; cpus.max(1)],
-            free: vec![Vec::new(); cpus.max(1)],
+            cpus: PerCpu::new(cpus),
             reuse,
             chunks: BTreeMap::new(),
             allocated: 0,
@@ -65,10 +71,6 @@ impl IovaChunks {
         phys_pfn: u64,
         pages: u64,
     ) -> Option<(u64, Time)> {
-        if cpu >= self.current.len() {
-            self.current.resize(cpu + 1, None);
-            self.free.resize_with(cpu + 1, Vec::new);
-        }
         core.map_with(now, cpu, phys_pfn, pages, |core, t, cpu, n| {
             self.slots(core, t, cpu, n)
         })
@@ -76,11 +78,12 @@ impl IovaChunks {
 
     /// `n` consecutive granules: from the current chunk if they fit, else from a new one (None: no IOVA).
     fn slots(&mut self, core: &mut DmaCore, now: Time, cpu: usize, n: u64) -> (Option<u64>, Time) {
-        if let Some(base) = self.current[cpu] {
+        let me = self.cpus.get_mut(cpu);
+        if let Some(base) = me.current {
             let c = self.chunks.get_mut(&base).expect("current chunk is listed");
-            if let Some(i) = self.free[cpu].iter().rposition(|&(_, k)| k == n) {
+            if let Some(i) = me.free.iter().rposition(|&(_, k)| k == n) {
                 c.live += n;
-                return (Some(self.free[cpu].remove(i).0), now);
+                return (Some(me.free.remove(i).0), now);
             }
             if c.size - c.used >= n {
                 let slot = base + c.used;
@@ -107,8 +110,9 @@ impl IovaChunks {
         );
         if !own {
             // The old chunk is closed: it goes back once its last buffer does.
-            if let Some(old) = self.current[cpu].replace(base) {
-                self.free[cpu].clear();
+            let me = self.cpus.get_mut(cpu);
+            if let Some(old) = me.current.replace(base) {
+                me.free.clear();
                 let c = self.chunks.get_mut(&old).expect("current chunk is listed");
                 c.open = false;
                 t = self.free_if_done(core, t, cpu, old);
@@ -145,8 +149,8 @@ impl IovaChunks {
         c.live = c.live.checked_sub(n).expect("a chunk's slots are put once");
         if self.reuse && c.open {
             // Back to the free slots of the CPU whose current chunk this is.
-            if let Some(owner) = self.current.iter().position(|&b| b == Some(base)) {
-                self.free[owner].push((first / core.granule, n));
+            if let Some(owner) = self.cpus.iter_mut().find(|c| c.current == Some(base)) {
+                owner.free.push((first / core.granule, n));
             }
         }
         self.free_if_done(core, now, cpu, base)

@@ -3,6 +3,7 @@
 //! a 10 ms timer, or, for devices whose IOTLB flushes a hypervisor shadows (`shadow_on_flush`), one ring of
 //! 32768 with a 1 s timer.
 
+use super::per_cpu::PerCpu;
 use super::{DmaCore, DmaPolicy};
 use crate::scenario::PolicyName;
 use crate::sim::{Time, NS_PER_MS};
@@ -57,7 +58,7 @@ struct FqEntry {
 pub struct FlushQueue {
     opts: FqOptions,
     /// One ring per CPU, or the single queue at index 0.
-    rings: Vec<VecDeque<FqEntry>>,
+    rings: PerCpu<VecDeque<FqEntry>>,
     flush_start_cnt: u64,
     flush_finish_cnt: u64,
     timer_on: bool,
@@ -76,7 +77,7 @@ impl FlushQueue {
         let rings = if opts.single_queue { 1 } else { cpus.max(1) };
         FlushQueue {
             opts,
-            rings: vec![VecDeque::new(); rings],
+            rings: PerCpu::new(rings),
             flush_start_cnt: 0,
             flush_finish_cnt: 0,
             timer_on: false,
@@ -104,11 +105,13 @@ impl FlushQueue {
     /// rcache of the CPU running this (raw_cpu_ptr in free_iova_fast), not of the ring's owner.
     fn ring_free(&mut self, core: &mut DmaCore, now: Time, ring: usize, cpu: usize) -> Time {
         let mut t = now;
-        while let Some(e) = self.rings[ring].front() {
-            if e.counter >= self.flush_finish_cnt {
+        let finished = self.flush_finish_cnt;
+        let entries = self.rings.get_mut(ring);
+        while let Some(e) = entries.front() {
+            if e.counter >= finished {
                 break;
             }
-            let e = self.rings[ring].pop_front().expect("front exists");
+            let e = entries.pop_front().expect("front exists");
             t = core.free_iova(t, cpu, e.iova_pfn, e.pages);
         }
         t
@@ -135,7 +138,7 @@ impl FlushQueue {
 
     /// Entries waiting on the ring `cpu` queues on.
     pub fn queued(&self, cpu: usize) -> usize {
-        self.rings[self.ring_of(cpu)].len()
+        self.rings.get(self.ring_of(cpu)).map_or(0, VecDeque::len)
     }
 }
 
@@ -154,20 +157,17 @@ impl DmaPolicy for FlushQueue {
     ) -> Time {
         // The gather is queued: io-pgtable and intel skip range gathering and no sync is issued here.
         let (_g, t, _) = core.unmap_ptes(now, cpu, iova_pfn, pages);
-        // queue_iova(): this CPU's ring (or the single queue) under its lock; rings for CPUs beyond the
-        // first ones on demand. fq_full(): one slot stays empty.
+        // queue_iova(): this CPU's ring (or the single queue) under its lock. fq_full(): one slot stays
+        // empty.
         let ring = self.ring_of(cpu);
-        if ring >= self.rings.len() {
-            self.rings.resize_with(ring + 1, VecDeque::new);
-        }
         let mut t = t + core.costs.lock_ns;
         t = self.ring_free(core, t, ring, cpu);
-        if self.rings[ring].len() >= self.opts.size - 1 {
+        if self.rings.get_mut(ring).len() >= self.opts.size - 1 {
             core.stats.fq_flush_full += 1;
             t = self.flush(core, t, cpu);
             t = self.ring_free(core, t, ring, cpu);
         }
-        self.rings[ring].push_back(FqEntry {
+        self.rings.get_mut(ring).push_back(FqEntry {
             iova_pfn,
             pages,
             counter: self.flush_start_cnt,
@@ -185,7 +185,7 @@ impl DmaPolicy for FlushQueue {
         self.timer_on = false;
         core.stats.fq_flush_timer += 1;
         let mut t = self.flush(core, now, cpu);
-        for ring in 0..self.rings.len() {
+        for ring in 0..self.rings.cpus() {
             t = self.ring_free(core, t + core.costs.lock_ns, ring, cpu);
         }
         t

@@ -13,6 +13,7 @@ pub mod fns;
 pub mod iova;
 pub mod kernel;
 pub mod passthrough;
+pub mod per_cpu;
 pub mod safety;
 pub mod strict;
 pub mod xsmmu;

@@ -9,6 +9,7 @@
 //! cached non-leaf entries"), so the DSI drops the domain's paging-structure caches like any DSI. On
 //! SMMUv3 the same call is a TLBI by ASID.
 
+use super::per_cpu::PerCpu;
 use super::safety::Ticket;
 use super::{DmaCore, DmaPolicy};
 use crate::scenario::PolicyName;
@@ -20,20 +21,20 @@ pub const XSMMU_PENDING_THRESHOLD: usize = 1024;
 
 pub struct Xsmmu {
     /// Per CPU (one queue per CPU): the unmaps whose pages wait for the next sync.
-    pending: Vec<Vec<Ticket>>,
+    pending: PerCpu<Vec<Ticket>>,
 }
 
 impl Xsmmu {
     pub fn new(cpus: usize) -> Self {
         Xsmmu {
-            pending: vec![Vec::new(); cpus.max(1)],
+            pending: PerCpu::new(cpus),
         }
     }
 
     /// dma_sync_device_iotlb(): one domain-wide invalidation, then the held pages go back.
     fn sync(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
         let t = core.flush_iotlb_all(now, cpu);
-        for k in self.pending[cpu].drain(..) {
+        for k in self.pending.get_mut(cpu).drain(..) {
             core.safety.released_ticket(k, t);
         }
         t
@@ -55,17 +56,14 @@ impl DmaPolicy for Xsmmu {
         iova_pfn: u64,
         pages: u64,
     ) -> Time {
-        if cpu >= self.pending.len() {
-            self.pending.resize_with(cpu + 1, Vec::new);
-        }
         let mut t = now;
-        if self.pending[cpu].len() >= XSMMU_PENDING_THRESHOLD {
+        if self.pending.get_mut(cpu).len() >= XSMMU_PENDING_THRESHOLD {
             t = self.sync(core, t, cpu);
         }
         // __iommu_dma_unmap_no_sync(): clear the PTEs, free the IOVA, no iommu_iotlb_sync().
         let (_g, t, ticket) = core.unmap_ptes(t, cpu, iova_pfn, pages);
         let t = core.free_iova(t, cpu, iova_pfn, pages);
-        self.pending[cpu].push(ticket);
+        self.pending.get_mut(cpu).push(ticket);
         t
     }
     fn batch_end(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
@@ -119,6 +117,6 @@ mod tests {
             t = x.unmap(&mut c, t2, 0, iova, 1);
         }
         assert_eq!(c.iommu.counters().get(InvKind::Dsi), 1);
-        assert_eq!(x.pending[0].len(), 1);
+        assert_eq!(x.pending.get(0).map(Vec::len), Some(1));
     }
 }
