@@ -2,8 +2,7 @@
 
 use crate::dma::DmaLayer;
 use crate::scenario::Platform;
-use crate::sim::{Cpu, EventQueue, Rng, Time};
-use std::collections::VecDeque;
+use crate::sim::{Cfs, Cpu, Ctx, EventQueue, Rng, RunQueue, Time};
 
 /// Events of the engine. Workloads own their kinds; the DMA layer and IOVA allocator have their own timers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +19,7 @@ pub enum Event {
     IovaDepotWork,
     /// The malicious device's next round of IOVA replays.
     Attack,
-    /// A CPU finished its current work: run the oldest work waiting for it.
+    /// A CPU finished its current work: run the work waiting for it that `sim::sched` picks.
     CpuFree {
         cpu: u32,
     },
@@ -77,9 +76,8 @@ impl PageAllocator {
 
 pub struct Host {
     pub cpus: Vec<Cpu>,
-    /// Work that found its CPU busy, oldest first: served in arrival order, so a NAPI poll that repolls
-    /// cannot starve a reader that was waiting (ksoftirqd and the reader share the CPU fairly under load).
-    waiting: Vec<VecDeque<Event>>,
+    /// Work that found its CPU busy: softirq work first, then ksoftirqd and tasks in turns (`sim::sched`).
+    waiting: Vec<RunQueue<Event>>,
     free_pending: Vec<bool>,
     /// The CPU was just handed to waiting work: its next cpu_acquire succeeds.
     granted: Vec<bool>,
@@ -91,10 +89,10 @@ pub struct Host {
 }
 
 impl Host {
-    pub fn new(cpus: usize, dma: DmaLayer, platform: Platform, rng: Rng) -> Self {
+    pub fn new(cpus: usize, dma: DmaLayer, platform: Platform, rng: Rng, cfs: Cfs) -> Self {
         Host {
             cpus: vec![Cpu::default(); cpus],
-            waiting: vec![VecDeque::new(); cpus],
+            waiting: vec![RunQueue::new(cfs); cpus],
             free_pending: vec![false; cpus],
             granted: vec![false; cpus],
             dma,
@@ -105,35 +103,37 @@ impl Host {
         }
     }
 
-    /// Work `ev` wants `cpu` at `now`. True: run it now. False: it waits its turn and is delivered again
-    /// (as the same event) when the CPU is free and the work queued before it has run.
-    pub fn cpu_acquire(&mut self, cpu: usize, now: Time, ev: Event) -> bool {
-        if std::mem::take(&mut self.granted[cpu])
-            || (self.cpus[cpu].busy_until <= now && self.waiting[cpu].is_empty())
-        {
+    /// Work `ev`, running in `ctx`, wants `cpu` at `now`. True: run it now. False: it waits its turn
+    /// (`sim::sched`) and is delivered again (as the same event) when the CPU is free and chooses it.
+    pub fn cpu_acquire(&mut self, cpu: usize, now: Time, ev: Event, ctx: Ctx) -> bool {
+        let prev_end = self.cpus[cpu].busy_until;
+        if std::mem::take(&mut self.granted[cpu]) {
             return true;
         }
-        self.waiting[cpu].push_back(ev);
+        if prev_end <= now && self.waiting[cpu].is_empty() {
+            self.waiting[cpu].started(ctx, now, prev_end);
+            return true;
+        }
+        self.waiting[cpu].push(ctx, ev, now, prev_end);
         if !self.free_pending[cpu] {
             self.free_pending[cpu] = true;
-            let at = self.cpus[cpu].busy_until.max(now);
+            let at = prev_end.max(now);
             self.events.push(at, Event::CpuFree { cpu: cpu as u32 });
         }
         false
     }
 
-    /// A CPU-free event: hand the oldest waiting work back (to be dispatched now), or wait longer.
+    /// A CPU-free event: hand the work chosen to run next back (to be dispatched now), or wait longer.
     pub fn cpu_free(&mut self, cpu: usize, now: Time) -> Option<Event> {
         self.free_pending[cpu] = false;
-        if self.cpus[cpu].busy_until > now {
+        let prev_end = self.cpus[cpu].busy_until;
+        if prev_end > now {
             self.free_pending[cpu] = true;
-            self.events.push(
-                self.cpus[cpu].busy_until,
-                Event::CpuFree { cpu: cpu as u32 },
-            );
+            self.events
+                .push(prev_end, Event::CpuFree { cpu: cpu as u32 });
             return None;
         }
-        let ev = self.waiting[cpu].pop_front()?;
+        let ev = self.waiting[cpu].pick(now, prev_end)?;
         self.granted[cpu] = true;
         if !self.waiting[cpu].is_empty() {
             self.free_pending[cpu] = true;
@@ -232,7 +232,7 @@ impl Host {
     }
 
     pub fn run_dma_timer(&mut self, now: Time, cpu: usize) {
-        if !self.cpu_acquire(cpu, now, Event::DmaTimer { cpu: cpu as u32 }) {
+        if !self.cpu_acquire(cpu, now, Event::DmaTimer { cpu: cpu as u32 }, Ctx::Softirq) {
             return;
         }
         let end = self.dma.timer(now, cpu);

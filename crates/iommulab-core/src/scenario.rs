@@ -322,6 +322,10 @@ pub struct Os {
     /// CONFIG_HZ: the flush-queue timer is rounded to jiffies.
     #[serde(default = "default_hz")]
     pub hz: u32,
+    /// CFS wakeup granularity (µs): how far a waking task or ksoftirqd must be behind the running one to
+    /// preempt it (`sim::sched`). Default: the kernel's 1 ms scaled by 1 + log2(min(cores, 8)).
+    #[serde(default)]
+    pub sched_wakeup_granularity_us: Option<u32>,
 }
 fn default_kernel() -> String {
     "6.12".into()
@@ -743,6 +747,11 @@ impl Scenario {
             (1..=10_000).contains(&self.os.hz),
             "os.hz",
             "expected CONFIG_HZ in 1..=10000 (e.g. 100, 250, 1000)",
+        )?;
+        check(
+            self.os.sched_wakeup_granularity_us.is_none_or(|g| g >= 1),
+            "os.sched_wakeup_granularity_us",
+            "expected a granularity of at least 1 µs",
         )?;
         parse_kernel(&self.os.kernel).map_err(|m| (vec!["os".into(), "kernel".into()], m))?;
         let w = &self.workload;

@@ -9,12 +9,14 @@ mod dma_engine;
 mod events;
 mod lock;
 mod rng;
+mod sched;
 
 pub use cpu::Cpu;
 pub use dma_engine::DmaEngine;
 pub use events::EventQueue;
 pub use lock::SpinLock;
 pub use rng::Rng;
+pub use sched::{Cfs, Ctx, RunQueue};
 
 /// Simulated time in nanoseconds.
 pub type Time = u64;

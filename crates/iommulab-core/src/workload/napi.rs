@@ -6,7 +6,7 @@
 //! event is live only at its own time.
 
 use crate::host::{Event, Host};
-use crate::sim::Time;
+use crate::sim::{Ctx, Time};
 
 /// A completion queue's event moderation.
 #[derive(Debug, Clone, Copy)]
@@ -138,7 +138,7 @@ impl Napi {
         if !self.begin(now) {
             return false;
         }
-        self.cpu_wait = !host.cpu_acquire(cpu, now, ev);
+        self.cpu_wait = !host.cpu_acquire(cpu, now, ev, Ctx::Softirq);
         !self.cpu_wait
     }
 

@@ -21,7 +21,7 @@ use super::sq::{wqebbs, FragStream, Seg, SendQueue, MAP_RETRY_NS, TX_CQ_POLL_BUD
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::scenario::NicTx;
-use crate::sim::Time;
+use crate::sim::{Ctx, Time};
 
 /// include/net/tcp.h MAX_TCP_HEADER (128 + MAX_HEADER, cache-aligned; 320 on x86-64 distribution
 /// configs): tcp_xmit_size_goal() keeps an skb below GSO_MAX_SIZE - 1 - MAX_TCP_HEADER.
@@ -141,7 +141,7 @@ impl NicTxWorkload {
         }
         let q = self.flows[f].queue;
         let cpu = self.queues[q].cpu;
-        if !host.cpu_acquire(cpu, now, event(EV_SEND, f)) {
+        if !host.cpu_acquire(cpu, now, event(EV_SEND, f), Ctx::Task) {
             return;
         }
         self.flows[f].scheduled = false;

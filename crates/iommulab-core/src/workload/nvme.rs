@@ -12,7 +12,7 @@ use super::{event, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::hw::PAGE_SIZE as PAGE;
 use crate::scenario::{Nvme, NvmeRw};
-use crate::sim::{DmaEngine, Time};
+use crate::sim::{Ctx, DmaEngine, Time};
 
 const EV_SUBMIT: u16 = 0;
 const EV_DATA: u16 = 1;
@@ -99,7 +99,7 @@ impl NvmeWorkload {
     /// The completion interrupt on the job's CPU: nvme_unmap_data(), the reap, and the next submission.
     fn complete(&mut self, host: &mut Host, now: Time, s: usize) {
         let cpu = self.slots[s].cpu;
-        if !host.cpu_acquire(cpu, now, event(EV_COMPLETE, s)) {
+        if !host.cpu_acquire(cpu, now, event(EV_COMPLETE, s), Ctx::Softirq) {
             return;
         }
         let dma = self.slots[s]
@@ -142,7 +142,7 @@ impl Workload for NvmeWorkload {
         match kind {
             EV_SUBMIT => {
                 let cpu = self.slots[s].cpu;
-                if host.cpu_acquire(cpu, now, event(EV_SUBMIT, s)) {
+                if host.cpu_acquire(cpu, now, event(EV_SUBMIT, s), Ctx::Task) {
                     let t = self.submit(host, s, now);
                     host.cpus[cpu].account(now, t);
                 }

@@ -27,7 +27,7 @@ use super::sq::{
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::scenario::Rr;
-use crate::sim::Time;
+use crate::sim::{Ctx, Time};
 use std::collections::VecDeque;
 
 const EV_REQUEST: u16 = 0;
@@ -208,7 +208,7 @@ impl RrWorkload {
     /// The server thread of queue `q` answers its oldest request.
     fn serve(&mut self, host: &mut Host, now: Time, q: usize) {
         let cpu = self.queues[q].cpu;
-        if !host.cpu_acquire(cpu, now, event(EV_SERVE, q)) {
+        if !host.cpu_acquire(cpu, now, event(EV_SERVE, q), Ctx::Task) {
             return;
         }
         let Some(req) = self.queues[q].backlog.front().copied() else {

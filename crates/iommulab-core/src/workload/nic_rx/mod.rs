@@ -20,7 +20,7 @@ use super::sq::{HeadSlab, SendQueue, CQE_BYTES, DS_BYTES};
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::scenario::{NicRx, RqKind};
-use crate::sim::Time;
+use crate::sim::{Ctx, Time};
 use pages::{PageId, Pages, Source};
 use rq::{Layout, Rq};
 use std::collections::VecDeque;
@@ -382,7 +382,7 @@ impl NicRxWorkload {
         let q = self.flows[f].queue;
         let cpu = self.queues[q].cpu;
         let ev = event(EV_READ, f);
-        if !host.cpu_acquire(cpu, now, ev) {
+        if !host.cpu_acquire(cpu, now, ev, Ctx::Task) {
             return;
         }
         let copy_ns = (self.payload as f64 * host.platform.cpu.copy_ns_per_byte).round() as u64;

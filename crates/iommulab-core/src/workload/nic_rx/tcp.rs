@@ -2,46 +2,92 @@
 //!
 //! GRO merges a flow's segments of one NAPI poll into skbs of at most `gro_max` bytes (net/core/gro.c
 //! dev_gro_receive; all flushed when the poll ends, napi_complete_done). For each skb TCP acknowledges at
-//! once only when more than one full-sized segment is unacknowledged and the window it would advertise has
-//! not shrunk since the last ACK (net/ipv4/tcp_input.c __tcp_ack_snd_check, __tcp_select_window): while the
-//! socket fills, ACKs wait. The reader's recvmsg then acknowledges when more than one segment is
+//! once when more than one full-sized segment is unacknowledged and the window it would advertise has not
+//! shrunk since the last ACK, or when the skb grew the window (quick-ACK) (net/ipv4/tcp_input.c
+//! __tcp_ack_snd_check). The reader's recvmsg then acknowledges when more than one segment is
 //! unacknowledged or the window grew to at least twice what the sender has left (net/ipv4/tcp.c
 //! tcp_cleanup_rbuf). The delayed-ACK timer is not modelled: in bulk receive a read always comes first.
-//! Windows are in payload bytes of a `rcvbuf`-byte receive space.
+//!
+//! The window offered is Linux's (net/ipv4/tcp_output.c __tcp_select_window): the free receive space,
+//! capped by `rcv_ssthresh`, which grows only as data arrives into free space beyond it
+//! (tcp_input.c tcp_grow_window) and never beyond `window_clamp`, the full space less one segment
+//! (tcp_init_buffer_space); a window once offered is never shrunk (tcp_select_window). The cap is what
+//! lets an skb that lands in an emptied socket be acknowledged at once.
+//! Windows are in payload bytes of a `rcvbuf`-byte receive space (tcp_adv_win_scale and the skbs'
+//! truesize folded in); every skb is taken to have a good payload/truesize ratio (tcp_grow_window's
+//! check #2), as the page fragments of the modelled RX rings do.
+
+/// Initial rcv_ssthresh: the SYN's window, at most 64 KiB (tcp_select_initial_window, 5.4 to 6.0:
+/// `min(space, U16_MAX)`), which tcp_grow_window then opens.
+const INITIAL_WINDOW: u64 = 65535;
 
 pub struct RxTcp {
     gro_max: u64,
     mss: u64,
     rcvbuf: u64,
+    /// window_clamp: tcp_init_buffer_space() reserves one segment of the full space.
+    clamp: u64,
     /// Bytes of each flow's open GRO skb, and the flows with one open, in order.
     gro: Vec<u64>,
     open: Vec<u32>,
-    /// Received since the last ACK (rcv_nxt - rcv_wup), and the window that ACK advertised (rcv_wnd).
+    /// Per flow: received since the last ACK (rcv_nxt - rcv_wup), the window that ACK advertised
+    /// (rcv_wnd), rcv_ssthresh, and quick-ACK mode (icsk_ack.quick).
     unacked: Vec<u64>,
     advertised: Vec<u64>,
+    ssthresh: Vec<u64>,
+    quick: Vec<bool>,
 }
 
 impl RxTcp {
     pub fn new(flows: usize, mss: u64, gro_max: u64, rcvbuf: u64) -> Self {
+        let clamp = rcvbuf.saturating_sub(mss).max(mss.min(rcvbuf));
+        let initial = INITIAL_WINDOW.min(clamp);
         RxTcp {
             gro_max: gro_max.max(mss),
             mss,
             rcvbuf,
+            clamp,
             gro: vec![0; flows],
             open: Vec::new(),
             unacked: vec![0; flows],
-            advertised: vec![rcvbuf; flows],
+            advertised: vec![initial; flows],
+            ssthresh: vec![initial; flows],
+            quick: vec![false; flows],
         }
     }
 
-    /// __tcp_select_window(): the free receive space.
-    fn window(&self, queued: u64) -> u64 {
-        self.rcvbuf.saturating_sub(queued)
+    /// __tcp_select_window(): the free space, capped by rcv_ssthresh; below half the full space quick-ACK
+    /// mode ends, and below a sixteenth of it (or one segment) the window closes.
+    fn select(&mut self, f: usize, queued: u64) -> u64 {
+        let free = self.rcvbuf.saturating_sub(queued);
+        if free < self.clamp / 2 {
+            self.quick[f] = false;
+            if free < self.rcvbuf / 16 || free < self.mss {
+                return 0;
+            }
+        }
+        free.min(self.ssthresh[f])
     }
 
+    /// tcp_grow_window(): an skb of `len` bytes arrived with `queued` bytes now held; rcv_ssthresh grows
+    /// toward the free space by at least two segments or twice the skb, and the ACK goes out at once.
+    fn grow(&mut self, f: usize, len: u64, queued: u64) {
+        let room = self
+            .clamp
+            .min(self.rcvbuf.saturating_sub(queued))
+            .saturating_sub(self.ssthresh[f]);
+        if room > 0 {
+            self.ssthresh[f] += room.min((2 * self.mss).max(2 * len));
+            self.quick[f] = true;
+        }
+    }
+
+    /// tcp_send_ack() through tcp_select_window(): never offer less than what is left of the last window.
     fn ack(&mut self, f: usize, queued: u64) -> bool {
+        let left = self.advertised[f].saturating_sub(self.unacked[f]);
+        self.advertised[f] = self.select(f, queued).max(left);
         self.unacked[f] = 0;
-        self.advertised[f] = self.window(queued);
+        self.quick[f] = false; // tcp_dec_quickack_mode()
         true
     }
 
@@ -67,11 +113,13 @@ impl RxTcp {
         }
     }
 
-    /// TCP queues an skb of `bytes` for flow `f`, whose socket now holds `queued` bytes: true when it
-    /// sends an ACK now.
+    /// TCP queues an skb of `bytes` for flow `f`, whose socket now holds `queued` bytes (tcp_data_queue,
+    /// tcp_event_data_recv): true when __tcp_ack_snd_check() sends an ACK now.
     pub fn deliver(&mut self, f: usize, bytes: u64, queued: u64) -> bool {
         self.unacked[f] += bytes;
-        if self.unacked[f] > self.mss && self.window(queued) >= self.advertised[f] {
+        self.grow(f, bytes, queued);
+        let more_than_one = self.unacked[f] > self.mss;
+        if (more_than_one && self.select(f, queued) >= self.advertised[f]) || self.quick[f] {
             return self.ack(f, queued);
         }
         false
@@ -84,8 +132,11 @@ impl RxTcp {
             return self.ack(f, queued);
         }
         let left = self.advertised[f].saturating_sub(self.unacked[f]);
-        if 2 * left <= self.rcvbuf && self.window(queued) >= 2 * left && self.window(queued) > 0 {
-            return self.ack(f, queued);
+        if 2 * left <= self.clamp {
+            let window = self.select(f, queued);
+            if window > 0 && window >= 2 * left {
+                return self.ack(f, queued);
+            }
         }
         false
     }
@@ -106,27 +157,80 @@ mod tests {
         assert_eq!(rest, vec![(0, 32000)]);
     }
 
+    /// Open flow 0's window: skbs of `skb` bytes into an empty socket, each read at once, until
+    /// rcv_ssthresh stops growing.
+    fn opened(t: &mut RxTcp, skb: u64) {
+        loop {
+            let before = t.ssthresh[0];
+            t.deliver(0, skb, skb);
+            t.read(0, 0);
+            if t.ssthresh[0] == before {
+                return;
+            }
+        }
+    }
+
     #[test]
-    fn acks_at_once_only_while_the_window_does_not_shrink() {
+    fn the_window_opens_with_quick_acks_up_to_the_clamp() {
         let mut t = RxTcp::new(1, 1000, 65536, 100_000);
-        // A lone segment waits; the second makes more than one MSS unacknowledged.
-        assert!(!t.deliver(0, 1000, 0));
-        assert!(t.deliver(0, 1000, 0));
+        assert_eq!(t.ssthresh[0], INITIAL_WINDOW);
+        // An skb that finds free space beyond rcv_ssthresh is acknowledged at once, even a lone segment.
+        assert!(t.deliver(0, 1000, 1000));
+        t.read(0, 0);
+        opened(&mut t, 1000);
+        // rcv_ssthresh reached the free space after one segment; window_clamp is one segment short of full.
+        assert_eq!(t.ssthresh[0], 99_000);
+        assert_eq!(t.clamp, 99_000);
+        // Once it is open, a lone segment waits (the last one `opened` delivered), and a second goes.
+        assert_eq!(t.unacked[0], 1000);
+        assert!(t.deliver(0, 1000, 1000));
+    }
+
+    #[test]
+    fn acks_wait_while_the_socket_fills_and_the_read_sends_them() {
+        let mut t = RxTcp::new(1, 1000, 65536, 100_000);
+        opened(&mut t, 1000);
         // The socket fills (nothing read): the window shrinks, no immediate ACK.
         assert!(!t.deliver(0, 5000, 5000));
         assert!(!t.deliver(0, 5000, 10_000));
-        // The reader drains it: recvmsg acknowledges.
+        // The reader drains it: recvmsg acknowledges, once.
         assert!(t.read(0, 0));
         assert!(!t.read(0, 0));
     }
 
     #[test]
+    fn rcv_ssthresh_lets_an_skb_into_an_emptied_socket_be_acked_at_once() {
+        // 10000-byte skbs, each into an empty socket: rcv_ssthresh stops at the free space with one queued.
+        let mut t = RxTcp::new(1, 1000, 65536, 100_000);
+        opened(&mut t, 10_000);
+        assert_eq!(t.ssthresh[0], 90_000);
+        // Two skbs before the reader runs: the second shrinks the window and waits; the read acknowledges.
+        assert!(t.deliver(0, 10_000, 10_000));
+        assert!(!t.deliver(0, 10_000, 20_000));
+        assert!(t.read(0, 0));
+        // That ACK offered rcv_ssthresh, not the whole free space, so the next skb into the emptied
+        // socket does not shrink the window and is acknowledged at once.
+        assert_eq!(t.advertised[0], 90_000);
+        assert!(t.deliver(0, 10_000, 10_000));
+        // A larger one would shrink it: it waits for the read.
+        t.read(0, 0);
+        assert!(!t.deliver(0, 20_000, 20_000));
+        assert!(t.read(0, 0));
+    }
+
+    #[test]
     fn a_read_that_doubles_a_nearly_used_window_acks() {
-        // 6000-byte segments in a 10000-byte space: one segment (not more than an MSS) is unacknowledged.
-        let mut t = RxTcp::new(1, 6000, 65536, 10_000);
+        // 6000-byte segments in a 20000-byte space (window_clamp 14000).
+        let mut t = RxTcp::new(1, 6000, 65536, 20_000);
         assert!(!t.deliver(0, 5000, 5000));
-        // The sender has 5000 left; a read that frees only 7000 does not double it, one that frees all does.
-        assert!(!t.read(0, 3000));
+        assert!(!t.deliver(0, 5000, 10_000));
+        // A read of 1000 bytes acknowledges the 10000 and offers the 11000 then free.
+        assert!(t.read(0, 9000));
+        assert_eq!(t.advertised[0], 11_000);
+        // One segment's worth arrives: not more than an MSS, no ACK; the sender has 6000 left.
+        assert!(!t.deliver(0, 5000, 14_000));
+        // A read that frees only up to 10000 does not double it; one that frees all does.
+        assert!(!t.read(0, 10_000));
         assert!(t.read(0, 0));
     }
 }
