@@ -226,8 +226,13 @@ pub struct PcieProfile {
 #[serde(deny_unknown_fields)]
 pub struct CpuProfile {
     pub cores: u32,
-    /// Network stack (driver RX, GRO, IP/TCP) per packet.
+    /// Per packet off the wire: the driver's RX completion, skb build and GRO merge
+    /// (mlx5e_handle_rx_cqe_mpwrq, napi_gro_receive).
     pub stack_ns_per_packet: u64,
+    /// Per skb up the stack after GRO: netif_receive_skb → ip_rcv → tcp_v4_rcv → tcp_rcv_established →
+    /// tcp_data_queue → sk_data_ready, and the skb's free after the copy. A pure ACK or a small request is
+    /// one packet and one skb; a GRO skb carries up to 64 KiB of a flow's segments.
+    pub stack_ns_per_skb: u64,
     /// recvmsg copy to user space per byte.
     pub copy_ns_per_byte: f64,
     /// Scheduler wake-up of a reader blocked on a socket.
@@ -252,6 +257,13 @@ pub struct CpuProfile {
     #[serde(default = "default_tx_packet_ns")]
     pub tx_packet_ns: u64,
 }
+impl CpuProfile {
+    /// Receiving one packet that GRO does not merge (a pure ACK, a small request): one packet, one skb.
+    pub fn rx_lone_packet_ns(&self) -> u64 {
+        self.stack_ns_per_packet + self.stack_ns_per_skb
+    }
+}
+
 /// Estimate: tcp_send_ack() through __tcp_transmit_skb, dev_queue_xmit and the driver's xmit.
 const TX_PACKET_NS: u64 = 600;
 fn default_tx_packet_ns() -> u64 {

@@ -429,6 +429,7 @@ pub(crate) mod tests {
         CpuProfile {
             cores: cpus as u32,
             stack_ns_per_packet: 0,
+            stack_ns_per_skb: 0,
             copy_ns_per_byte: 0.0,
             wakeup_ns: 0,
             page_alloc_ns: 0,

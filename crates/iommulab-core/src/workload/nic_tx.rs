@@ -220,7 +220,7 @@ impl NicTxWorkload {
         }
         let tx_busy = reaped.len() == TX_CQ_POLL_BUDGET;
         self.reaped = reaped;
-        let stack_ns = host.platform.cpu.stack_ns_per_packet;
+        let stack_ns = host.platform.cpu.rx_lone_packet_ns();
         let mut acks = 0;
         if let Some(rx) = self.queues[q].rx.as_mut() {
             while acks < self.cfg.napi_budget && rx.pop_ready(t).is_some() {

@@ -356,7 +356,9 @@ impl NicRxWorkload {
             }
         }
         self.tcp.flush(&mut skbs);
+        let skb_ns = host.platform.cpu.stack_ns_per_skb;
         for &(f, bytes) in &skbs {
+            t += skb_ns; // netif_receive_skb_list → tcp_v4_rcv → tcp_data_queue
             let queued = self.flows[f as usize].sock.len() as u64 * self.payload;
             if self.tcp.deliver(f as usize, bytes, queued) && self.cfg.acks {
                 t = self.send_ack(host, q, t);
