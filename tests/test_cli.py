@@ -136,6 +136,9 @@ def test_bad_scenario_gets_one_line_naming_file_line_and_expectation(write, edit
     (("run", "--set", "platform.profile=smmuv3-server", "--set", "platform.iommu.granule_kb=64"),
      "iommu.pwc_entries`: expected one entry count"),
     (("run", "--set", "platform.pcie.ats=true", "--set", "platform.pcie.atc_ways=7"), "platform.pcie.atc_ways"),
+    (("run", "--set", "workload.nic_rx.readers=own", "--set", "platform.cpu.cores=8"),
+     "more cores than queues (8 cores, 8 queues)"),
+    (("run", "--set", "workload.nic_rx.readers=elsewhere"), "expected `queue` or `own`"),
 ])
 def test_bad_flags_get_one_line(args, what):
     err = one_line_error(cli(*args))

@@ -113,6 +113,7 @@ impl Simulation {
                 link,
                 slots,
                 p.pcie.device_buffer_bytes,
+                p.cpu.cores as usize,
             ))
         } else if let Some(nic) = &w.nic_tx {
             Box::new(NicTxWorkload::new(nic, link, slots))
@@ -268,6 +269,33 @@ mod tests {
 
     fn default_with(ov: &[(&str, &str)]) -> Vec<Variant> {
         builtin_with("default", ov)
+    }
+
+    /// Readers on CPUs of their own take the copy off the queues' CPUs, which keep NAPI's work; aRFS keeps
+    /// every reader on its queue's CPU.
+    #[test]
+    fn readers_on_their_own_cpus_take_the_copy_off_the_queues_cpus() {
+        let busy = |readers: &str| {
+            let ov = [
+                ("run.duration_ms", "4"),
+                ("run.warmup_ms", "2"),
+                ("os.policy", "passthrough"),
+                ("workload.nic_rx.readers", readers),
+            ];
+            let mut s = Simulation::new(&builtin_with("c2", &ov)[0]);
+            s.advance_to(Time::MAX);
+            let cpus = s.workload.cpus();
+            let busy: Vec<u64> = s.host.cpus.iter().map(|c| c.busy_ns).collect();
+            (cpus, busy)
+        };
+        let (cpus_q, q) = busy("queue");
+        let (cpus_o, o) = busy("own");
+        assert_eq!(cpus_q, (0..8).collect::<Vec<_>>());
+        assert_eq!(cpus_o, (0..16).collect::<Vec<_>>());
+        assert!(q[8..].iter().all(|&b| b == 0), "{q:?}");
+        assert!(o[8..16].iter().all(|&b| b > 0), "{o:?}");
+        let napi = |b: &[u64]| b[..8].iter().sum::<u64>();
+        assert!(napi(&o) * 10 < napi(&q) * 8, "{o:?} {q:?}");
     }
 
     #[test]

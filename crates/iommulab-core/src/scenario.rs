@@ -578,12 +578,24 @@ pub struct NicRx {
     pub irq_usecs: u32,
     #[serde(default = "default_irq_frames")]
     pub irq_frames: u32,
+    /// Where each flow's reader runs: on its queue's CPU (aRFS steers the flow to the reader's CPU), or on
+    /// a CPU of its own past the queues' (IRQs and applications kept apart; RSS hashes the flow).
+    #[serde(default)]
+    pub readers: Readers,
 }
 fn default_irq_usecs() -> u32 {
     64
 }
 fn default_irq_frames() -> u32 {
     64
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Readers {
+    #[default]
+    Queue,
+    Own,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
@@ -896,6 +908,14 @@ impl NicRx {
             nic.rcvbuf_bytes >= nic.mtu as u64,
             "workload.nic_rx.rcvbuf_bytes",
             "expected at least one MTU",
+        )?;
+        check(
+            nic.readers == Readers::Queue || cores > nic.queues,
+            "workload.nic_rx.readers",
+            format!(
+                "expected \"queue\", or \"own\" with more cores than queues ({cores} cores, {} queues)",
+                nic.queues
+            ),
         )?;
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! Multi-queue NIC receive of bulk TCP (iperf3-like).
 //!
-//! The wire offers packets at line rate; each goes to one flow, each flow to one queue (aRFS: the flow's
-//! reader runs on the queue's CPU). The device writes each frame into posted RX buffers (`rq`: one page per
+//! The wire offers packets at line rate; each goes to one flow, each flow to one queue; the flow's reader
+//! runs on the queue's CPU (aRFS) or on a CPU of its own (`readers`). The device writes each frame into posted RX buffers (`rq`: one page per
 //! descriptor, or mlx5's multi-packet WQEs), translating every page it touches through the IOMMU, fetches
 //! each descriptor it starts and writes a completion entry per frame (`desc_ring`). NAPI on the queue's
 //! CPU reaps TX completions, then processes RX completions up to its budget: frames go through GRO to the
@@ -19,7 +19,7 @@ use super::net::{self, ACK_FRAME, ETH_HLEN};
 use super::sq::{HeadSlab, SendQueue, CQE_BYTES, DS_BYTES};
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
-use crate::scenario::{NicRx, RqKind};
+use crate::scenario::{NicRx, Readers, RqKind};
 use crate::sim::{Ctx, Time};
 use pages::{PageId, Pages, Source};
 use rq::{Layout, Rq};
@@ -71,6 +71,8 @@ struct Flow {
     /// Bytes sent and not yet read: in the NIC, awaiting NAPI, or in the socket (bounded by the window).
     window_used: u64,
     reader_scheduled: bool,
+    /// The CPU the reader runs on.
+    reader_cpu: usize,
 }
 
 pub struct NicRxWorkload {
@@ -99,7 +101,15 @@ impl NicRxWorkload {
         link_gbps: f64,
         translation_slots: u32,
         device_buffer_bytes: u64,
+        cores: usize,
     ) -> Self {
+        let queues = cfg.queues as usize;
+        // A reader on its queue's CPU, or on the next of the CPUs past the queues' (the scheduler wakes a
+        // reader on an idle CPU, select_idle_sibling()).
+        let reader_cpu = |f: usize| match cfg.readers {
+            Readers::Queue => f % queues,
+            Readers::Own => queues + f % (cores - queues),
+        };
         let frame_bytes = cfg.mtu as u64 + ETH_HLEN;
         let payload = net::mss(cfg.mtu);
         let (layout, descs) = match cfg.rq {
@@ -132,11 +142,12 @@ impl NicRxWorkload {
                 .collect(),
             flows: (0..cfg.flows as usize)
                 .map(|f| Flow {
-                    queue: f % cfg.queues as usize,
+                    queue: f % queues,
                     sock: VecDeque::new(),
                     sock_pages: VecDeque::new(),
                     window_used: 0,
                     reader_scheduled: false,
+                    reader_cpu: reader_cpu(f),
                 })
                 .collect(),
             pages: Pages::new(source, cfg.queues as usize),
@@ -213,10 +224,10 @@ impl NicRxWorkload {
         t
     }
 
-    /// tcp_send_ack() on queue `q`'s CPU: map the ACK's skb head, post a send WQE; the device fetches it,
-    /// reads the frame and writes a TX completion, after which NAPI unmaps the head.
-    fn send_ack(&mut self, host: &mut Host, q: usize, t: Time) -> Time {
-        let cpu = self.queues[q].cpu;
+    /// tcp_send_ack() on `cpu` through queue `q`'s send queue (a reader's CPU without a queue of its own
+    /// picks one by the flow's hash): map the ACK's skb head, post a send WQE; the device fetches it, reads
+    /// the frame and writes a TX completion, after which NAPI unmaps the head.
+    fn send_ack(&mut self, host: &mut Host, q: usize, cpu: usize, t: Time) -> Time {
         let Some(mut tx) = self.queues[q].tx.take() else {
             return t;
         };
@@ -361,7 +372,7 @@ impl NicRxWorkload {
             t += skb_ns; // netif_receive_skb_list → tcp_v4_rcv → tcp_data_queue
             let queued = self.flows[f as usize].sock.len() as u64 * self.payload;
             if self.tcp.deliver(f as usize, bytes, queued) && self.cfg.acks {
-                t = self.send_ack(host, q, t);
+                t = self.send_ack(host, q, cpu, t);
             }
         }
         skbs.clear();
@@ -382,7 +393,7 @@ impl NicRxWorkload {
 
     fn read(&mut self, host: &mut Host, now: Time, f: usize) {
         let q = self.flows[f].queue;
-        let cpu = self.queues[q].cpu;
+        let cpu = self.flows[f].reader_cpu;
         let ev = event(EV_READ, f);
         if !host.cpu_acquire(cpu, now, ev, Ctx::Task) {
             return;
@@ -409,7 +420,7 @@ impl NicRxWorkload {
         }
         let queued = self.flows[f].sock.len() as u64 * self.payload;
         if read > 0 && self.tcp.read(f, queued) && self.cfg.acks {
-            t = self.send_ack(host, q, t);
+            t = self.send_ack(host, q, cpu, t);
         }
         host.cpus[cpu].account(now, t);
         if self.flows[f].sock.is_empty() {
@@ -493,7 +504,11 @@ impl Workload for NicRxWorkload {
     }
 
     fn cpus(&self) -> Vec<usize> {
-        self.queues.iter().map(|q| q.cpu).collect()
+        let mut cpus: Vec<usize> = self.queues.iter().map(|q| q.cpu).collect();
+        cpus.extend(self.flows.iter().map(|f| f.reader_cpu));
+        cpus.sort_unstable();
+        cpus.dedup();
+        cpus
     }
 
     fn line_rate_gbps(&self) -> f64 {
