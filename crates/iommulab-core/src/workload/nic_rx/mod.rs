@@ -1,8 +1,8 @@
 //! Multi-queue NIC receive of bulk TCP (iperf3-like).
 //!
 //! The wire offers packets at line rate; each goes to one flow, each flow to one queue; the flow's reader
-//! runs on the queue's CPU (aRFS) or on a CPU of its own (`readers`). The device writes each frame into posted RX buffers (`rq`: one page per
-//! descriptor, or mlx5's multi-packet WQEs), translating every page it touches through the IOMMU, fetches
+//! runs on the queue's CPU (aRFS) or on a CPU of its own (`readers`). The device writes each frame into
+//! posted RX buffers (`rq`: one page per descriptor, or mlx5's multi-packet WQEs), translating every page it touches through the IOMMU, fetches
 //! each descriptor it starts and writes a completion entry per frame (`desc_ring`). NAPI on the queue's
 //! CPU reaps TX completions, then processes RX completions up to its budget: frames go through GRO to the
 //! flow's socket, TCP sends ACKs (`tcp`), finished descriptors go back to the driver, and the ring is
@@ -104,10 +104,11 @@ impl NicRxWorkload {
         cores: usize,
     ) -> Self {
         let queues = cfg.queues as usize;
-        // A reader on its queue's CPU, or on the next of the CPUs past the queues' (the scheduler wakes a
-        // reader on an idle CPU, select_idle_sibling()).
-        let reader_cpu = |f: usize| match cfg.readers {
-            Readers::Queue => f % queues,
+        // Flow f is steered to queue f % queues, which runs on the CPU of its number. Its reader runs there,
+        // or on the next of the CPUs past the queues' (the scheduler wakes a reader on an idle CPU,
+        // select_idle_sibling()).
+        let reader_cpu = |q: usize, f: usize| match cfg.readers {
+            Readers::Queue => q,
             Readers::Own => queues + f % (cores - queues),
         };
         let frame_bytes = cfg.mtu as u64 + ETH_HLEN;
@@ -128,7 +129,7 @@ impl NicRxWorkload {
         };
         NicRxWorkload {
             cfg: cfg.clone(),
-            queues: (0..cfg.queues as usize)
+            queues: (0..queues)
                 .map(|q| RxQueue {
                     cpu: q,
                     rq: Rq::new(layout, descs),
@@ -141,16 +142,17 @@ impl NicRxWorkload {
                 })
                 .collect(),
             flows: (0..cfg.flows as usize)
-                .map(|f| Flow {
-                    queue: f % queues,
+                .map(|f| (f % queues, f))
+                .map(|(q, f)| Flow {
+                    queue: q,
                     sock: VecDeque::new(),
                     sock_pages: VecDeque::new(),
                     window_used: 0,
                     reader_scheduled: false,
-                    reader_cpu: reader_cpu(f),
+                    reader_cpu: reader_cpu(q, f),
                 })
                 .collect(),
-            pages: Pages::new(source, cfg.queues as usize),
+            pages: Pages::new(source, queues),
             tcp: RxTcp::new(
                 cfg.flows as usize,
                 payload,
