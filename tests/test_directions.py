@@ -29,7 +29,8 @@ def test_iommu_off_saturates_the_link_and_strict_does_not_on_c3():
 def test_larger_mtu_helps_strict(scenario):
     small = run(scenario, **{"os.policy": "strict", "workload.nic_rx.mtu": 1500})
     big = run(scenario, **{"os.policy": "strict", "workload.nic_rx.mtu": 9000})
-    assert big.throughput_gbps > 1.5 * small.throughput_gbps
+    # Per-frame translations (descriptor, completion entry) and ACKs per byte fall with the MTU.
+    assert big.throughput_gbps > 1.4 * small.throughput_gbps
 
 
 def test_lazy_follows_the_line_rate_and_strict_does_not_on_c1():

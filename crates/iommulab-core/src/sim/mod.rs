@@ -12,7 +12,7 @@ mod rng;
 mod sched;
 
 pub use cpu::Cpu;
-pub use dma_engine::DmaEngine;
+pub use dma_engine::{DmaEngine, Path};
 pub use events::EventQueue;
 pub use lock::SpinLock;
 pub use rng::Rng;

@@ -1,6 +1,7 @@
 //! Workloads: event sources that drive the DMA layer and the device. One file per workload.
 
 pub mod desc_ring;
+mod dim;
 pub mod napi;
 pub mod net;
 pub mod nic_rx;
@@ -12,7 +13,7 @@ pub mod sq;
 
 use crate::host::{Event, Host};
 use crate::metrics::hist::Histogram;
-use crate::sim::{DmaEngine, Time};
+use crate::sim::{DmaEngine, Path, Time};
 use desc_ring::DescRing;
 use serde::Serialize;
 
@@ -38,19 +39,25 @@ impl Device {
         }
     }
 
-    /// The device writes or reads `bytes` of data at DMA page `dma` no earlier than `t`: its completion
-    /// time.
-    pub fn access(&mut self, host: &mut Host, t: Time, dma: u64, bytes: u64) -> Time {
+    /// The device writes or reads `bytes` of data at DMA page `dma` on `path` no earlier than `t`: its
+    /// completion time.
+    pub fn access(&mut self, host: &mut Host, path: Path, t: Time, dma: u64, bytes: u64) -> Time {
         let (lat, fault) = host.dma_page(dma);
         self.faults += fault as u64;
-        self.engine.issue(t, lat, bytes)
+        self.engine.issue_on(path, t, lat, bytes)
     }
 
     /// The next entry of a descriptor or completion ring: its translation, without the per-packet DMA base.
-    pub fn ring_access(&mut self, host: &mut Host, t: Time, ring: &mut DescRing) -> Time {
+    pub fn ring_access(
+        &mut self,
+        host: &mut Host,
+        path: Path,
+        t: Time,
+        ring: &mut DescRing,
+    ) -> Time {
         let (lat, fault) = host.dma_translation(ring.next_page());
         self.faults += fault as u64;
-        self.engine.issue(t, lat, ring.entry_bytes())
+        self.engine.issue_on(path, t, lat, ring.entry_bytes())
     }
 }
 

@@ -5,6 +5,7 @@
 //! until napi_complete_done() re-arms both. Each (re)scheduling supersedes the earlier poll event, so a poll
 //! event is live only at its own time.
 
+use super::dim::{Dim, RX_CQE_PROFILES, TX_EQE_PROFILES};
 use crate::host::{Event, Host};
 use crate::sim::{Ctx, Time};
 
@@ -60,6 +61,12 @@ pub struct Napi {
     at: Option<Time>,
     /// The poll waits for its CPU and will be delivered again.
     cpu_wait: bool,
+    /// Per CQ: interrupts raised (cq->event_ctr), and the packets and bytes its queue counted, which DIM
+    /// samples; DIM for each CQ when adaptive moderation is on.
+    events: [u64; 2],
+    packets: [u64; 2],
+    bytes: [u64; 2],
+    dim: Option<[Dim; 2]>,
 }
 
 impl Napi {
@@ -70,7 +77,36 @@ impl Napi {
             arms: [Arm::default(); 2],
             at: None,
             cpu_wait: false,
+            events: [0; 2],
+            packets: [0; 2],
+            bytes: [0; 2],
+            dim: None,
         }
+    }
+
+    /// Adaptive moderation on both CQs (mlx5's default: en_main.c mlx5e_build_nic_params sets
+    /// rx_dim_enabled and tx_dim_enabled when the device supports it).
+    pub fn with_dim(mut self) -> Self {
+        self.dim = Some([
+            Dim::new(RX_CQE_PROFILES, true),
+            Dim::new(TX_EQE_PROFILES, false),
+        ]);
+        self
+    }
+
+    /// The moderation `cq` runs with now.
+    fn moderation(&self, cq: usize) -> Moderation {
+        match &self.dim {
+            Some(d) => d[cq].moderation(),
+            None if cq == RX_CQ => self.rx_moderation,
+            None => MLX5_TX_CQ_MODERATION,
+        }
+    }
+
+    /// The queue behind `cq` handled `packets` of `bytes` (its rq or sq stats, which DIM samples).
+    pub fn count(&mut self, cq: usize, packets: u64, bytes: u64) {
+        self.packets[cq] += packets;
+        self.bytes[cq] += bytes;
     }
 
     /// Schedule the poll at `at`, superseding any earlier-scheduled one (napi_schedule, or a repoll after
@@ -83,17 +119,12 @@ impl Napi {
     /// A completion entry of `cq` becomes visible at `at`: arm the interrupts if NAPI is idle, count it on
     /// an armed CQ. Returns the poll's new time when the caller must deliver a poll event then.
     pub fn completion(&mut self, cq: usize, at: Time) -> Option<Time> {
-        let m = if cq == RX_CQ {
-            self.rx_moderation
-        } else {
-            MLX5_TX_CQ_MODERATION
-        };
+        let m = self.moderation(cq);
         if !self.scheduled {
             self.scheduled = true;
-            self.arms = [Arm {
-                armed: true,
-                ..Arm::default()
-            }; 2];
+            for arm in &mut self.arms {
+                arm.armed = true;
+            }
         }
         if self.at.is_some_and(|poll| poll <= at) {
             // Completions are announced ahead of time: the poll comes before this one is visible, and
@@ -122,13 +153,20 @@ impl Napi {
         Some(first)
     }
 
-    /// A poll event at `now`: whether it is the live one (not superseded). The interrupts are disarmed.
+    /// A poll event at `now`: whether it is the live one (not superseded). The CQs whose interrupt fired
+    /// are disarmed (mlx5e_completion_event counts it); one still counting down its period stays armed and
+    /// fires later, scheduling NAPI again.
     pub fn begin(&mut self, now: Time) -> bool {
         if !(self.cpu_wait || self.at == Some(now)) {
             return false;
         }
         self.at = None;
-        self.arms = [Arm::default(); 2];
+        for (cq, arm) in self.arms.iter_mut().enumerate() {
+            if arm.fire.is_some_and(|f| f <= now) {
+                self.events[cq] += 1;
+                *arm = Arm::default();
+            }
+        }
         true
     }
 
@@ -166,15 +204,28 @@ impl Napi {
             self.schedule(t);
             return Some(t);
         }
+        // mlx5e_handle_tx_dim() / mlx5e_handle_rx_dim() before the CQs are re-armed.
+        if let Some(dims) = self.dim.as_mut() {
+            for (cq, d) in dims.iter_mut().enumerate() {
+                d.sample(t, self.events[cq], self.packets[cq], self.bytes[cq]);
+            }
+        }
         self.complete();
-        let mut poll = None;
         for at in rx {
-            poll = self.completion(RX_CQ, at.max(t)).or(poll);
+            self.completion(RX_CQ, at.max(t));
         }
         for at in tx {
-            poll = self.completion(TX_CQ, at.max(t)).or(poll);
+            self.completion(TX_CQ, at.max(t));
         }
-        poll.filter(|&p| self.at == Some(p))
+        // An interrupt still armed from before fires on its own time (or at once: NAPI missed it).
+        match self.arms.iter().filter_map(|a| a.fire).min() {
+            Some(first) => {
+                self.scheduled = true;
+                self.schedule(first.max(t));
+                Some(first.max(t))
+            }
+            None => self.at.filter(|&p| p >= t),
+        }
     }
 }
 
@@ -252,6 +303,40 @@ mod tests {
         assert_eq!(n.completion(TX_CQ, 200), None);
         assert_eq!(n.completion(RX_CQ, 300), Some(3300), "RX's period restarts");
         assert!(n.begin(3300));
+    }
+
+    #[test]
+    fn a_cq_still_counting_down_when_the_other_fires_fires_later_and_polls_again() {
+        let mut n = Napi::new(M);
+        // A TX completion at 100 (EQE mode, 16 µs) would fire at 16100; an RX one at 200 fires at 3200 first.
+        assert_eq!(n.completion(TX_CQ, 100), Some(16_100));
+        assert_eq!(n.completion(RX_CQ, 200), Some(3200));
+        assert!(n.begin(3200));
+        assert_eq!(n.events, [1, 0], "RX's interrupt counted");
+        // The poll ends at 4000 with nothing on its way: TX's interrupt is still armed and comes at 16100.
+        assert_eq!(n.finish(4000, false, [], []), Some(16_100));
+        assert!(n.begin(16_100));
+        assert_eq!(n.events, [1, 1]);
+        assert_eq!(
+            n.finish(17_000, false, [], []),
+            None,
+            "nothing armed is pending"
+        );
+    }
+
+    #[test]
+    fn with_dim_each_cq_starts_at_its_default_profile() {
+        let n = Napi::new(M).with_dim();
+        assert_eq!(
+            (n.moderation(RX_CQ).usecs, n.moderation(RX_CQ).frames),
+            (8, 128)
+        );
+        assert!(n.moderation(RX_CQ).from_cqe);
+        assert_eq!(
+            (n.moderation(TX_CQ).usecs, n.moderation(TX_CQ).frames),
+            (8, 128)
+        );
+        assert!(!n.moderation(TX_CQ).from_cqe);
     }
 
     #[test]

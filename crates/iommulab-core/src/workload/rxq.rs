@@ -6,7 +6,7 @@ use super::desc_ring::DescRing;
 use super::sq::{CQE_BYTES, DS_BYTES};
 use super::Device;
 use crate::host::Host;
-use crate::sim::Time;
+use crate::sim::{Path, Time};
 use std::collections::VecDeque;
 
 pub struct KeptRxRing<T> {
@@ -52,9 +52,9 @@ impl<T> KeptRxRing<T> {
     ) -> Time {
         let page = self.pages[self.next];
         self.next = (self.next + 1) % self.pages.len();
-        dev.ring_access(host, now, &mut self.desc);
-        let written = dev.access(host, now, page, bytes);
-        let done = written.max(dev.ring_access(host, now, &mut self.cq));
+        dev.ring_access(host, Path::Receive, now, &mut self.desc);
+        let written = dev.access(host, Path::Receive, now, page, bytes);
+        let done = written.max(dev.ring_access(host, Path::Receive, now, &mut self.cq));
         self.pending.push_back((done, what));
         done
     }

@@ -7,7 +7,7 @@ use super::desc_ring::DescRing;
 use super::Device;
 use crate::host::Host;
 use crate::hw::PAGE_SIZE as PAGE;
-use crate::sim::Time;
+use crate::sim::{Path, Time};
 use std::collections::VecDeque;
 
 /// en.h MLX5E_PARAMS_DEFAULT_LOG_SQ_SIZE: 1024 send WQE building blocks per TX queue, one CQE each.
@@ -221,12 +221,12 @@ impl SendQueue {
     ) -> Time {
         let mut fetched = t;
         for _ in 0..wqebbs.max(1) {
-            fetched = fetched.max(dev.ring_access(host, t, &mut self.sq));
+            fetched = fetched.max(dev.ring_access(host, Path::SendRead, t, &mut self.sq));
         }
         let mut read = fetched;
         for s in segs {
             for (page, bytes) in s.page_bytes() {
-                read = read.max(dev.access(host, fetched, page, bytes));
+                read = read.max(dev.access(host, Path::SendRead, fetched, page, bytes));
             }
         }
         read
@@ -242,7 +242,7 @@ impl SendQueue {
         segs: &[Seg],
         tag: u32,
     ) -> Time {
-        let done = dev.ring_access(host, at, &mut self.cq);
+        let done = dev.ring_access(host, Path::SendWrite, at, &mut self.cq);
         self.segs.extend(segs.iter().copied());
         self.posted.push_back(Posted {
             done,

@@ -20,7 +20,7 @@ use super::sq::{HeadSlab, SendQueue, CQE_BYTES, DS_BYTES};
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::scenario::{NicRx, Readers, RqKind};
-use crate::sim::{Ctx, Time};
+use crate::sim::{Ctx, Path, Time};
 use pages::{PageId, Pages, Source};
 use rq::{Layout, Rq};
 use std::collections::VecDeque;
@@ -138,7 +138,14 @@ impl NicRxWorkload {
                     tx: None,
                     cq: VecDeque::new(),
                     cq_pages: VecDeque::new(),
-                    napi: Napi::new(Moderation::cqe(cfg.irq_usecs, cfg.irq_frames)),
+                    napi: {
+                        let napi = Napi::new(Moderation::cqe(cfg.irq_usecs, cfg.irq_frames));
+                        if cfg.dim {
+                            napi.with_dim()
+                        } else {
+                            napi
+                        }
+                    },
                 })
                 .collect(),
             flows: (0..cfg.flows as usize)
@@ -239,6 +246,7 @@ impl NicRxWorkload {
             return t;
         };
         self.stats.tx_packets += 1;
+        self.queues[q].napi.count(TX_CQ, 1, ACK_FRAME);
         let seg = [seg];
         let read = tx.sq.fetch_and_read(&mut self.dev, host, t, 1, &seg);
         let done = tx.sq.complete(&mut self.dev, host, read, &seg, 0);
@@ -294,7 +302,7 @@ impl NicRxWorkload {
             let mut desc = self.queues[q].desc.take();
             for _ in 0..placed.started {
                 if let Some(ring) = desc.as_mut() {
-                    self.dev.ring_access(host, t, ring);
+                    self.dev.ring_access(host, Path::Receive, t, ring);
                 }
             }
             self.queues[q].desc = desc;
@@ -302,14 +310,14 @@ impl NicRxWorkload {
             for &(id, bytes) in &pieces {
                 self.pages.stack_get(id);
                 let dma = self.pages.dma(id).expect("posted pages are mapped");
-                done = self.dev.access(host, t, dma, bytes);
+                done = self.dev.access(host, Path::Receive, t, dma, bytes);
                 self.stats.dma_pages += 1;
                 self.queues[q].cq_pages.push_back(id);
             }
             // The completion entry is written after the data (PCIe keeps posted writes in order); its
             // translation overlaps the data's transfer.
             if let Some(mut cq) = self.queues[q].rx_cq.take() {
-                done = done.max(self.dev.ring_access(host, t, &mut cq));
+                done = done.max(self.dev.ring_access(host, Path::Receive, t, &mut cq));
                 self.queues[q].rx_cq = Some(cq);
             }
             let rq = &mut self.queues[q];
@@ -369,6 +377,9 @@ impl NicRxWorkload {
             }
         }
         self.tcp.flush(&mut skbs);
+        self.queues[q]
+            .napi
+            .count(RX_CQ, done as u64, done as u64 * self.frame_bytes);
         let skb_ns = host.platform.cpu.stack_ns_per_skb;
         for &(f, bytes) in &skbs {
             t += skb_ns; // netif_receive_skb_list → tcp_v4_rcv → tcp_data_queue
