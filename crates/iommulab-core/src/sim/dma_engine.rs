@@ -69,56 +69,55 @@ impl DmaEngine {
     /// Issue one transaction of `bytes` on `path` whose translation takes `translate_ns`. Returns its
     /// completion time.
     pub fn issue_on(&mut self, path: Path, at: Time, translate_ns: u64, bytes: u64) -> Time {
+        let xfer = (bytes * self.ps_per_byte).div_ceil(1000);
+        self.transactions += 1;
+        self.bytes += bytes;
         if path == Path::Receive {
-            return self.issue(at, translate_ns, bytes);
+            let translated = self.translate(false, at, translate_ns);
+            self.link_free_at = translated.max(self.link_free_at) + xfer;
+            return self.link_free_at;
         }
-        let mut start = at;
-        if self.send_in_flight.len() >= self.slots {
-            let Reverse(free) = self.send_in_flight.pop().expect("slots > 0");
-            start = start.max(free);
-        }
-        self.slot_wait_ns += start - at;
-        let translated = start + translate_ns;
-        self.send_in_flight.push(Reverse(translated));
+        let translated = self.translate(true, at, translate_ns);
         // The slot it used is one the receive path does not get: its next free slot moves on by as much.
+        let start = translated - translate_ns;
         if self.in_flight.len() >= self.slots {
             let Reverse(free) = self.in_flight.pop().expect("slots > 0");
             self.in_flight.push(Reverse(free.max(start) + translate_ns));
         } else {
             self.in_flight.push(Reverse(translated));
         }
-        let xfer = (bytes * self.ps_per_byte).div_ceil(1000);
-        let done = if path == Path::SendRead {
-            let done = translated.max(self.down_free_at) + xfer;
-            self.down_free_at = done;
-            done
+        if path == Path::SendRead {
+            self.down_free_at = translated.max(self.down_free_at) + xfer;
+            self.down_free_at
         } else {
             // Upstream beside the receive buffer's writes: its transfer time is theirs to wait.
             self.link_free_at = translated.max(self.link_free_at) + xfer;
             translated + xfer
+        }
+    }
+
+    /// Wait for one of the slots the receive (or send) side queues for, hold it while translating: when the
+    /// translation is done.
+    fn translate(&mut self, send: bool, at: Time, translate_ns: u64) -> Time {
+        let queue = if send {
+            &mut self.send_in_flight
+        } else {
+            &mut self.in_flight
         };
-        self.transactions += 1;
-        self.bytes += bytes;
-        done
+        let mut start = at;
+        if queue.len() >= self.slots {
+            let Reverse(free) = queue.pop().expect("slots > 0");
+            start = start.max(free);
+        }
+        queue.push(Reverse(start + translate_ns));
+        self.slot_wait_ns += start - at;
+        start + translate_ns
     }
 
     /// Issue one received frame's transaction (`Path::Receive`) of `bytes` whose translation takes
     /// `translate_ns`. Returns its completion time.
     pub fn issue(&mut self, at: Time, translate_ns: u64, bytes: u64) -> Time {
-        let mut start = at;
-        if self.in_flight.len() >= self.slots {
-            let Reverse(free) = self.in_flight.pop().expect("slots > 0");
-            start = start.max(free);
-        }
-        self.slot_wait_ns += start - at;
-        let translated = start + translate_ns;
-        self.in_flight.push(Reverse(translated));
-        let xfer = (bytes * self.ps_per_byte).div_ceil(1000);
-        let done = translated.max(self.link_free_at) + xfer;
-        self.link_free_at = done;
-        self.transactions += 1;
-        self.bytes += bytes;
-        done
+        self.issue_on(Path::Receive, at, translate_ns, bytes)
     }
 }
 
