@@ -23,8 +23,8 @@ pub enum Path {
 /// backlog their slots are taken well into the future. Send-side transactions (`SendRead`, `SendWrite`)
 /// queue only among themselves: the device fetches a doorbell's WQE beside its receive buffer, and PCIe
 /// orders a read behind the posted writes already at the root port, not behind frames still in the device
-/// (PCIe Base Spec §2.4.1, Table 2-39). Their translation time is charged to the receive path's next slot,
-/// so the IOMMU serves the same total work.
+/// (PCIe Base Spec §2.4.1, Transaction Ordering Rules). Their translation time is charged to the receive
+/// path's next slot, so the IOMMU serves the same total work.
 #[derive(Debug, Clone)]
 pub struct DmaEngine {
     slots: usize,
