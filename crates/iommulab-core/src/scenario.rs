@@ -172,6 +172,21 @@ pub struct VtdProfile {
     pub wbf_ns: u64,
     /// CPU time per cache tag when a flush walks the domain's tags under its cache_lock (6.10+).
     pub cache_tag_ns: u64,
+    /// What a page-selective invalidation with IH=0 drops from the paging-structure caches.
+    #[serde(default)]
+    pub psi_nonleaf: PsiNonLeaf,
+}
+
+/// The paging-structure-cache entries a PSI with IH=0 invalidates (VT-d spec §6.5.2.3, IOTLB Invalidate
+/// Descriptor, IH; an implementation may invalidate at a coarser granularity than requested).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PsiNonLeaf {
+    /// Only the non-leaf entries used to translate the ADDR/AM range (what the spec requires).
+    #[default]
+    Range,
+    /// Every non-leaf entry of the domain, the leaf entries of the range only (Intel server IIO).
+    Domain,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -1562,7 +1577,7 @@ mod tests {
     }
 
     /// Every number, capability flag or array of numbers in a profile, as its dotted key.
-    fn numeric_keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+    fn setting_keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
         for (k, v) in t {
             let key = if prefix.is_empty() {
                 k.clone()
@@ -1576,7 +1591,9 @@ mod tests {
                 toml::Value::Array(a) if a.iter().all(|x| x.is_integer() || x.is_float()) => {
                     out.push(key)
                 }
-                toml::Value::Table(inner) if key != "sources" => numeric_keys(inner, &key, out),
+                // A named choice inside a section (the top level's description and vendor are not settings).
+                toml::Value::String(_) if !prefix.is_empty() => out.push(key),
+                toml::Value::Table(inner) if key != "sources" => setting_keys(inner, &key, out),
                 _ => {}
             }
         }
@@ -1592,7 +1609,7 @@ mod tests {
                 .cloned()
                 .unwrap_or_default();
             let mut keys = vec![];
-            numeric_keys(&t, "", &mut keys);
+            setting_keys(&t, "", &mut keys);
             assert!(keys.len() > 20, "{name}: {keys:?}");
             let missing: Vec<_> = keys
                 .iter()

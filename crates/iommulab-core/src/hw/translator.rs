@@ -367,12 +367,17 @@ impl Translator {
         }
     }
 
-    /// Drop every IOTLB and walk-cache entry of `dom`.
-    pub fn invalidate_domain(&mut self, dom: DomainId) {
-        self.iotlb.invalidate_domain(dom);
+    /// Drop every walk-cache (non-leaf) entry of `dom`, leaving the IOTLB.
+    pub fn invalidate_walk_caches(&mut self, dom: DomainId) {
         for p in &mut self.pwc {
             p.invalidate_where(|t| tag_dom(t) == dom as u64);
         }
+    }
+
+    /// Drop every IOTLB and walk-cache entry of `dom`.
+    pub fn invalidate_domain(&mut self, dom: DomainId) {
+        self.iotlb.invalidate_domain(dom);
+        self.invalidate_walk_caches(dom);
     }
 
     pub fn invalidate_all(&mut self) {

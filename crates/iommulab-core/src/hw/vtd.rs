@@ -6,7 +6,7 @@
 use super::translator::Translator;
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::dma::kernel::KernelVersion;
-use crate::scenario::{IommuProfile, VtdProfile};
+use crate::scenario::{IommuProfile, PsiNonLeaf, VtdProfile};
 use crate::sim::{SpinLock, Time};
 
 /// intel/iommu.h QI_MAX_BATCHED_DESC_COUNT: descriptors gathered before a qi_submit_sync().
@@ -114,8 +114,14 @@ impl Vtd {
                 ih,
             } => {
                 self.tr.c.count(InvKind::Psi, 1);
+                // IH=0 on an IIO that drops the domain's non-leaf entries: the range's leaves, then every
+                // walk-cache entry of the domain.
+                let domain_wide = !ih && self.cfg.psi_nonleaf == PsiNonLeaf::Domain;
                 self.tr
-                    .invalidate_range(dom, addr_pfn, 1u64 << am.min(63), ih);
+                    .invalidate_range(dom, addr_pfn, 1u64 << am.min(63), ih || domain_wide);
+                if domain_wide {
+                    self.tr.invalidate_walk_caches(dom);
+                }
             }
             InvDesc::Dsi { dom } => {
                 self.tr.c.count(InvKind::Dsi, 1);
@@ -357,6 +363,7 @@ pub(crate) mod tests {
                 rwbf: false,
                 wbf_ns: 300,
                 cache_tag_ns: 30,
+                psi_nonleaf: PsiNonLeaf::Range,
             }),
             smmuv3: None,
             virtio: None,
@@ -434,6 +441,34 @@ pub(crate) mod tests {
             }],
         );
         assert_eq!(v.translate(1, 0x40003).walk_reads, 4);
+    }
+
+    #[test]
+    fn psi_without_ih_drops_other_ranges_walk_entries_only_on_a_domain_level_iio() {
+        // Two leaf tables (2 MiB apart), both PDEs cached; a PSI with IH=0 on the first.
+        let after_psi = |scope: PsiNonLeaf| {
+            let mut p = cfg();
+            p.vtd.as_mut().unwrap().psi_nonleaf = scope;
+            let mut v = vtd(&p);
+            v.map_pages(1, 0x40000, 7, 1024);
+            v.translate(1, 0x40000);
+            v.translate(1, 0x40200);
+            let psi = InvDesc::Psi {
+                dom: 1,
+                addr_pfn: 0x40000,
+                am: 0,
+                ih: false,
+            };
+            v.qi_submit_sync(0, &[psi]);
+            (
+                v.translate(1, 0x40201).walk_reads,
+                v.translate(1, 0x40200).iotlb_hit,
+            )
+        };
+        // The spec's minimum keeps the other table's PDE: one read for its leaf PTE.
+        assert_eq!(after_psi(PsiNonLeaf::Range), (1, true));
+        // The IIO drops every non-leaf entry of the domain: a full walk, but other leaves stay cached.
+        assert_eq!(after_psi(PsiNonLeaf::Domain), (4, true));
     }
 
     #[test]
