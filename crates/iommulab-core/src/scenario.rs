@@ -1251,6 +1251,32 @@ fn value_label(v: &toml::Value) -> String {
     }
 }
 
+/// The text of the `--set` flag that wrote key `path` when TOML read it as a number or boolean but the key
+/// expects a string (`msg` is the deserializer's complaint), so it can be taken as written.
+fn set_as_written(
+    path: &[String],
+    msg: &str,
+    overrides: &[(String, String)],
+    table: &toml::Table,
+) -> Option<String> {
+    if !msg.contains("expected a string") {
+        return None;
+    }
+    let (_, raw) = overrides
+        .iter()
+        .rev()
+        .find(|(k, _)| input::split_key(k).is_ok_and(|kp| kp == path))?;
+    let mut cur = table.get(path.first()?)?;
+    for seg in &path[1..] {
+        cur = cur.as_table()?.get(seg)?;
+    }
+    matches!(
+        cur,
+        toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_)
+    )
+    .then(|| raw.trim().to_string())
+}
+
 /// Load a scenario, apply `--set key=value` overrides, merge its platform profile and expand `[compare]`.
 pub fn load(
     source: Source<'_>,
@@ -1359,7 +1385,17 @@ pub fn load(
         None => {}
     }
 
-    let base_sc = deserialize(table.clone()).map_err(|(p, m)| origins.error(&p, &m))?;
+    let base_sc = loop {
+        match deserialize(table.clone()) {
+            Ok(sc) => break sc,
+            Err((p, m)) => match set_as_written(&p, &m, overrides, &table) {
+                // `--set os.kernel=6.10`: TOML reads a number, the key wants text; take it as written.
+                Some(raw) => input::set_path(&mut table, &p, toml::Value::String(raw))
+                    .map_err(|e| origins.error(&p, &e))?,
+                None => return Err(origins.error(&p, &m)),
+            },
+        }
+    };
     if axes.is_empty() {
         return Ok(vec![Variant {
             label: base_sc.os.policy.as_str().into(),
@@ -1515,6 +1551,31 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.origin, "--set os.polcy=lazy", "{e}");
+    }
+
+    #[test]
+    fn a_set_value_read_as_a_number_where_text_is_expected_is_taken_as_written() {
+        let set = |k: &str, v: &str| {
+            load(
+                Source::Text {
+                    name: "t.toml",
+                    text: MIN,
+                },
+                &[(k.to_string(), v.to_string())],
+            )
+        };
+        // TOML reads 6.10 as the float 6.1; the kernel is the text as written.
+        assert_eq!(
+            set("os.kernel", "6.10").unwrap()[0].scenario.os.kernel,
+            "6.10"
+        );
+        assert_eq!(
+            set("os.kernel", "6.0").unwrap()[0].scenario.os.kernel,
+            "6.0"
+        );
+        // A number where a number is expected still has to be one of the right kind.
+        let e = set("workload.nic_rx.queues", "4.5").unwrap_err();
+        assert_eq!(e.origin, "--set workload.nic_rx.queues=4.5", "{e}");
     }
 
     #[test]
