@@ -98,6 +98,9 @@ def test_scenario_file_and_set_override(write):
     assert doc["policy"] == "strict" and doc["seed"] == 7 and doc["scenario"] == "mini"
     doc = cli_json(str(f), "--set", "os.policy=lazy", "--set", "run.seed=3")
     assert doc["policy"] == "lazy" and doc["seed"] == 3
+    # A version TOML would read as a float (6.10 -> 6.1) is taken as written.
+    p = cli("run", str(f), "--set", "os.kernel=6.10", check_rc=0)
+    assert "kernel 6.10 " in p.stdout, p.stdout
 
 
 def one_line_error(p):
