@@ -1252,13 +1252,9 @@ fn value_label(v: &toml::Value) -> String {
 }
 
 /// The text of the `--set` flag that wrote key `path` when TOML read it as a number or boolean but the key
-/// expects a string (`msg` is the deserializer's complaint), so it can be taken as written.
-fn set_as_written(
-    path: &[String],
-    msg: &str,
-    overrides: &[(String, String)],
-    table: &toml::Table,
-) -> Option<String> {
+/// expects a string (`msg` is the deserializer's complaint), so it can be taken as written. The last flag for
+/// a key is the value the key holds (profile keys too: overrides are merged over the profile).
+fn set_as_written(path: &[String], msg: &str, overrides: &[(String, String)]) -> Option<String> {
     if !msg.contains("expected a string") {
         return None;
     }
@@ -1266,12 +1262,8 @@ fn set_as_written(
         .iter()
         .rev()
         .find(|(k, _)| input::split_key(k).is_ok_and(|kp| kp == path))?;
-    let mut cur = table.get(path.first()?)?;
-    for seg in &path[1..] {
-        cur = cur.as_table()?.get(seg)?;
-    }
     matches!(
-        cur,
+        input::parse_value(raw),
         toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_)
     )
     .then(|| raw.trim().to_string())
@@ -1388,7 +1380,7 @@ pub fn load(
     let base_sc = loop {
         match deserialize(table.clone()) {
             Ok(sc) => break sc,
-            Err((p, m)) => match set_as_written(&p, &m, overrides, &table) {
+            Err((p, m)) => match set_as_written(&p, &m, overrides) {
                 // `--set os.kernel=6.10`: TOML reads a number, the key wants text; take it as written.
                 Some(raw) => input::set_path(&mut table, &p, toml::Value::String(raw))
                     .map_err(|e| origins.error(&p, &e))?,
