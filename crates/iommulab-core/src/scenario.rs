@@ -1255,7 +1255,8 @@ fn value_label(v: &toml::Value) -> String {
 /// expects a string (`msg` is the deserializer's complaint), so it can be taken as written. The last flag for
 /// a key is the value the key holds (profile keys too: overrides are merged over the profile).
 fn set_as_written(path: &[String], msg: &str, overrides: &[(String, String)]) -> Option<String> {
-    if !msg.contains("expected a string") {
+    // serde's complaint for a plain string key, and toml's for a named choice (an enum).
+    if !(msg.contains("expected a string") || msg.contains("expected string only")) {
         return None;
     }
     let (_, raw) = overrides
@@ -1568,6 +1569,9 @@ mod tests {
         // A number where a number is expected still has to be one of the right kind.
         let e = set("workload.nic_rx.queues", "4.5").unwrap_err();
         assert_eq!(e.origin, "--set workload.nic_rx.queues=4.5", "{e}");
+        // A named choice given a number is read as that name, so the error lists the choices.
+        let e = set("os.policy", "1").unwrap_err();
+        assert!(e.msg.contains("unknown variant `1`"), "{e}");
     }
 
     #[test]
