@@ -68,8 +68,8 @@ struct Flow {
     /// Packets in the socket (pages each), and their pages in order.
     sock: VecDeque<u8>,
     sock_pages: VecDeque<PageId>,
-    /// Bytes sent and not yet read: in the NIC, awaiting NAPI, or in the socket (bounded by the window).
-    window_used: u64,
+    /// Bytes sent since the stream began.
+    sent: u64,
     reader_scheduled: bool,
     /// The CPU the reader runs on.
     reader_cpu: usize,
@@ -154,7 +154,7 @@ impl NicRxWorkload {
                     queue: q,
                     sock: VecDeque::new(),
                     sock_pages: VecDeque::new(),
-                    window_used: 0,
+                    sent: 0,
                     reader_scheduled: false,
                     reader_cpu: reader_cpu(q, f),
                 })
@@ -270,14 +270,14 @@ impl NicRxWorkload {
         while self.next_arrival_ps < chunk_end_ps {
             let t = self.next_arrival_ps / 1000;
             self.next_arrival_ps += self.slot_ps;
-            // Each slot goes to a random flow; TCP senders only send inside the receive window, so a flow whose
-            // socket buffer (with what is already on its way) is full passes the slot on, and the slot idles
-            // when every window is closed.
+            // Each slot goes to a random flow; TCP senders only send inside the receive window, so a flow that
+            // has sent up to the window's right edge passes the slot on, and the slot idles when every
+            // window is used up.
             let n = self.flows.len();
             let pick = host.rng.below(n as u64) as usize;
             let open = (0..n)
                 .map(|i| (pick + i) % n)
-                .find(|&f| self.flows[f].window_used + self.payload <= self.cfg.rcvbuf_bytes);
+                .find(|&f| self.flows[f].sent + self.payload <= self.tcp.right_edge(f));
             let Some(f) = open else {
                 self.stats.window_closed += 1;
                 continue;
@@ -295,7 +295,7 @@ impl NicRxWorkload {
                 self.stats.drops_ring += 1;
                 continue;
             };
-            self.flows[f].window_used += self.payload;
+            self.flows[f].sent += self.payload;
             self.stats.bytes_received += self.payload;
             // The device fetches each descriptor it starts (translated like any access; NICs prefetch
             // descriptors ahead of need, so the fetch does not hold up the data).
@@ -426,7 +426,6 @@ impl NicRxWorkload {
                     .expect("pages of packet");
                 t = self.pages.stack_put(host, q, cpu, id, t);
             }
-            self.flows[f].window_used -= self.payload;
             read += self.payload;
             self.stats.bytes_delivered += self.payload;
             self.stats.packets_delivered += 1;

@@ -16,6 +16,9 @@
 //! Windows are in payload bytes of a `rcvbuf`-byte receive space (tcp_adv_win_scale and the skbs'
 //! truesize folded in); every skb is taken to have a good payload/truesize ratio (tcp_grow_window's
 //! check #2), as the page fragments of the modelled RX rings do.
+//!
+//! The sender sends only inside the window the last ACK offered: up to its right edge, rcv_wup + rcv_wnd
+//! (tcp_output.c tcp_snd_wnd_test on the sender; the ACK is taken to reach it at once).
 
 /// Initial rcv_ssthresh: the SYN's window, at most 64 KiB (tcp_select_initial_window, 5.4 to 6.0:
 /// `min(space, U16_MAX)`), which tcp_grow_window then opens.
@@ -30,8 +33,9 @@ pub struct RxTcp {
     /// Bytes of each flow's open GRO skb, and the flows with one open, in order.
     gro: Vec<u64>,
     open: Vec<u32>,
-    /// Per flow: received since the last ACK (rcv_nxt - rcv_wup), the window that ACK advertised
-    /// (rcv_wnd), rcv_ssthresh, and quick-ACK mode (icsk_ack.quick).
+    /// Per flow: bytes acknowledged (rcv_wup), received since the last ACK (rcv_nxt - rcv_wup), the window
+    /// that ACK advertised (rcv_wnd), rcv_ssthresh, and quick-ACK mode (icsk_ack.quick).
+    acked: Vec<u64>,
     unacked: Vec<u64>,
     advertised: Vec<u64>,
     ssthresh: Vec<u64>,
@@ -49,6 +53,7 @@ impl RxTcp {
             clamp,
             gro: vec![0; flows],
             open: Vec::new(),
+            acked: vec![0; flows],
             unacked: vec![0; flows],
             advertised: vec![initial; flows],
             ssthresh: vec![initial; flows],
@@ -86,9 +91,15 @@ impl RxTcp {
     fn ack(&mut self, f: usize, queued: u64) -> bool {
         let left = self.advertised[f].saturating_sub(self.unacked[f]);
         self.advertised[f] = self.select(f, queued).max(left);
-        self.unacked[f] = 0;
+        self.acked[f] += std::mem::take(&mut self.unacked[f]);
         self.quick[f] = false; // tcp_dec_quickack_mode()
         true
+    }
+
+    /// The last byte flow `f`'s sender may send, plus one: the right edge of the window last advertised
+    /// (rcv_wup + rcv_wnd), in bytes from the start of the stream.
+    pub fn right_edge(&self, f: usize) -> u64 {
+        self.acked[f] + self.advertised[f]
     }
 
     /// One segment of flow `f` reaches GRO. Some(bytes) when it first closes the flow's open skb, which
@@ -216,6 +227,36 @@ mod tests {
         t.read(0, 0);
         assert!(!t.deliver(0, 20_000, 20_000));
         assert!(t.read(0, 0));
+    }
+
+    /// What the receiver holds once a sender held to the right edge has sent all it may, in skbs of `skb`
+    /// bytes, to a socket already holding `queued`; and the ACKs that sent.
+    fn fill(t: &mut RxTcp, skb: u64, mut queued: u64) -> (u64, u32) {
+        let mut acks = 0;
+        while t.acked[0] + t.unacked[0] + skb <= t.right_edge(0) {
+            queued += skb;
+            acks += t.deliver(0, skb, queued) as u32;
+        }
+        (queued, acks)
+    }
+
+    #[test]
+    fn a_sender_held_to_the_right_edge_stops_at_a_closed_window_until_the_reader_opens_it() {
+        let mut t = RxTcp::new(1, 1000, 65536, 100_000);
+        opened(&mut t, 1000);
+        // The window the last ACK offered fills without an ACK: each skb shrinks it.
+        let (queued, acks) = fill(&mut t, 2000, 1000);
+        assert_eq!((queued, acks), (99_000, 0));
+        // A small read acknowledges but can offer no window (below a sixteenth of the space): the edge
+        // stays where it was and nothing more arrives, so nothing more is acknowledged.
+        assert!(t.read(0, 98_000));
+        let edge = t.right_edge(0);
+        assert_eq!(edge, t.acked[0]);
+        assert_eq!(fill(&mut t, 2000, 98_000), (98_000, 0));
+        // A read that frees half the space sends the window update, and the sender goes on.
+        assert!(t.read(0, 48_000));
+        assert_eq!(t.right_edge(0), edge + 52_000);
+        assert_eq!(fill(&mut t, 2000, 48_000), (100_000, 0));
     }
 
     #[test]
