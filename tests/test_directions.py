@@ -54,15 +54,16 @@ def test_a_larger_ring_spreads_iova_over_more_walk_cache_entries():
 def test_more_flows_per_queue_send_more_acks_and_miss_more():
     # F&S (SOSP'24, Figure 2): with more flows on the same 5 cores, more ACKs per page of data contend for
     # the IOTLB and their unmaps drop walk-cache entries; throughput degrades further. In the model a flow's
-    # ACKs come from its reader (one per drain, tcp_cleanup_rbuf) and from skbs landing in an emptied socket;
-    # at 10 flows (2 per core) ACKs per page rise only a little and misses and throughput stay at the 5-flow
-    # level (within seeds), so the miss and throughput direction is asserted at 20.
+    # ACKs come from its reader (one per drain, tcp_cleanup_rbuf) and from skbs landing in an emptied socket,
+    # so at 10 flows (2 per core) ACKs per page rise by half, and misses rise and throughput falls with them
+    # (for seeds 1-4). At 20 flows the CPUs saturate, readers fall behind and RX pages leave the mlx5 cache:
+    # throughput falls further, by another mechanism.
     few = run("c3", **{"os.policy": "strict"})
     more = run("c3", **{"os.policy": "strict", "workload.nic_rx.flows": 10})
     many = run("c3", **{"os.policy": "strict", "workload.nic_rx.flows": 20})
     per_page = lambda r: r.tx_packets * 4096 / (r.throughput_gbps * 1e9 / 8 * r.sim_seconds)
-    assert per_page(few) < per_page(more)
-    assert per_page(many) > 2 * per_page(few)
-    assert many.iotlb_misses_per_page > few.iotlb_misses_per_page
-    assert many.pwc_misses_per_page[0] > few.pwc_misses_per_page[0]
-    assert many.throughput_gbps < min(more.throughput_gbps, few.throughput_gbps)
+    assert per_page(more) > 1.3 * per_page(few)
+    assert more.iotlb_misses_per_page > few.iotlb_misses_per_page
+    assert more.pwc_misses_per_page[0] > few.pwc_misses_per_page[0]
+    assert more.throughput_gbps < few.throughput_gbps
+    assert many.throughput_gbps < more.throughput_gbps

@@ -14,7 +14,9 @@ def test_the_tx_scenario_runs_every_policy_from_the_cli():
     runs = runs if isinstance(runs, list) else runs["runs"]
     by = {r["policy"]: r for r in runs}
     assert set(by) == {"passthrough", "lazy", "strict"}
-    assert by["strict"]["throughput_gbps"] < by["lazy"]["throughput_gbps"] < by["passthrough"]["throughput_gbps"]
+    # Lazy and passthrough both fill the wire; strict's waits keep it below.
+    assert by["strict"]["throughput_gbps"] < by["lazy"]["throughput_gbps"]
+    assert by["lazy"]["throughput_gbps"] == pytest.approx(by["passthrough"]["throughput_gbps"], rel=1e-3)
     # Every byte sent went through the NIC as segments of one MSS (1448 bytes at MTU 1500).
     r = by["passthrough"]
     assert r["tx_packets"] > 0 and r["packets_per_sec"] * 1448 * 8 / 1e9 == pytest.approx(r["throughput_gbps"], rel=1e-3)

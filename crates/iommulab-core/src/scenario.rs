@@ -584,19 +584,19 @@ pub struct NicRx {
     #[serde(default = "default_gro_max")]
     pub gro_max_bytes: u32,
     /// RX completion-event moderation (CQE period mode): the interrupt fires this long after the latest
-    /// completion, or at `irq_frames` pending. Used when `dim` is false. Default: an assumption that mlx5's
-    /// DIM (on by default) settles on its top CQE-mode RX profile of 64 µs / 64 packets under a bulk stream
-    /// (lib/dim/net_dim.c rx_profile: with bytes and packets per ms unchanged, net_dim_decision() rates
-    /// fewer interrupts better and walks right). The modelled DIM (`dim = true`) does not settle there when
-    /// ACKs close the loop. DIM off (`ethtool -C adaptive-rx off`): mlx5's static 3 µs / 32 (en.h
-    /// MLX5E_PARAMS_DEFAULT_RX_CQ_MODERATION_USEC_FROM_CQE, _PKTS).
+    /// completion, or at `irq_frames` pending. Used when `dim` is false, with TX completions at mlx5's static
+    /// 16 µs / 32 (EQE mode). Default: DIM's top CQE-mode RX profile, 64 µs / 64 packets (lib/dim/net_dim.c
+    /// rx_profile), a stand-in for DIM settled under a bulk stream. mlx5 with DIM off
+    /// (`ethtool -C adaptive-rx off`): 3 µs / 32 (en.h MLX5E_PARAMS_DEFAULT_RX_CQ_MODERATION_USEC_FROM_CQE,
+    /// _PKTS).
     #[serde(default = "default_irq_usecs")]
     pub irq_usecs: u32,
     #[serde(default = "default_irq_frames")]
     pub irq_frames: u32,
-    /// Model DIM's adaptation (lib/dim/net_dim.c) on the RX and TX completion queues instead of the static
-    /// moderation above. Off by default: the static values stand for where DIM is assumed to settle.
-    #[serde(default)]
+    /// DIM's adaptation (lib/dim/net_dim.c) tunes the RX and TX completion queues' moderation, as mlx5 does
+    /// by default (en_main.c mlx5e_build_nic_params sets rx_dim_enabled and tx_dim_enabled); false: the
+    /// static moderation above.
+    #[serde(default = "default_true")]
     pub dim: bool,
     /// Where each flow's reader runs: on its queue's CPU (aRFS steers the flow to the reader's CPU), or on
     /// a CPU of its own past the queues' (IRQs and applications kept apart; RSS hashes the flow).

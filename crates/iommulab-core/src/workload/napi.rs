@@ -1,7 +1,9 @@
 //! NAPI scheduling of one channel with the device's completion-event moderation (mlx5 CQ moderation). A
 //! channel's RX and TX completion queues arm their interrupts separately: an armed CQ fires `usecs` after
-//! its first completion (EQE period mode) or after its latest one (CQE period mode: the period restarts at
-//! every CQE), or as soon as `frames` are pending; whichever CQ fires first schedules the poll, which runs
+//! its last interrupt (EQE period mode: the period restarts when an event is generated, so a completion
+//! that comes later than that fires at once) or after its latest completion (CQE period mode: the period
+//! restarts at every CQE), or as soon as `frames` are pending (commit 9908aa29 "net/mlx5e: CQE based
+//! moderation"; mlx5_ifc.h cq_period_mode); whichever CQ fires first schedules the poll, which runs
 //! until napi_complete_done() re-arms both. Each (re)scheduling supersedes the earlier poll event, so a poll
 //! event is live only at its own time.
 
@@ -64,6 +66,8 @@ pub struct Napi {
     /// Per CQ: interrupts raised (cq->event_ctr), and the packets and bytes its queue counted, which DIM
     /// samples; DIM for each CQ when adaptive moderation is on.
     events: [u64; 2],
+    /// Per CQ: when its last interrupt fired (EQE mode times its period from there).
+    last_event: [Option<Time>; 2],
     packets: [u64; 2],
     bytes: [u64; 2],
     dim: Option<[Dim; 2]>,
@@ -78,6 +82,7 @@ impl Napi {
             at: None,
             cpu_wait: false,
             events: [0; 2],
+            last_event: [None; 2],
             packets: [0; 2],
             bytes: [0; 2],
             dim: None,
@@ -139,10 +144,14 @@ impl Napi {
         let fire = if arm.pending >= m.frames {
             arm.armed = false;
             at
-        } else if m.from_cqe || arm.fire.is_none() {
+        } else if m.from_cqe {
             at + m.usecs * 1000
+        } else if arm.fire.is_none() {
+            // EQE mode: the period runs from the last interrupt; one long past fires at once.
+            let period_end = self.last_event[cq].map_or(0, |e| e + m.usecs * 1000);
+            at.max(period_end)
         } else {
-            return None; // EQE mode: the period runs from the first completion
+            return None; // EQE mode: the period is already running
         };
         arm.fire = Some(fire);
         let first = self.arms.iter().filter_map(|a| a.fire).min()?;
@@ -162,8 +171,9 @@ impl Napi {
         }
         self.at = None;
         for (cq, arm) in self.arms.iter_mut().enumerate() {
-            if arm.fire.is_some_and(|f| f <= now) {
+            if let Some(f) = arm.fire.filter(|&f| f <= now) {
                 self.events[cq] += 1;
+                self.last_event[cq] = Some(f);
                 *arm = Arm::default();
             }
         }
@@ -278,28 +288,50 @@ mod tests {
     }
 
     #[test]
-    fn in_eqe_mode_the_period_runs_from_the_first_completion() {
+    fn in_eqe_mode_the_period_runs_from_the_last_interrupt() {
         let eqe = Moderation {
             from_cqe: false,
             ..M
         };
         let mut n = Napi::new(eqe);
-        assert_eq!(n.completion(RX_CQ, 100), Some(3100));
-        assert_eq!(n.completion(RX_CQ, 200), None);
-        assert_eq!(n.completion(RX_CQ, 300), None);
+        // No interrupt yet: the first completion fires at once.
+        assert_eq!(n.completion(RX_CQ, 100), Some(100));
+        assert!(n.begin(100));
+        assert_eq!(n.finish(200, false, [], []), None);
+        // Within 3 µs of that interrupt a completion waits for the period's end; more do not move it.
+        assert_eq!(n.completion(RX_CQ, 1000), Some(3100));
+        assert_eq!(n.completion(RX_CQ, 2000), None);
+        assert!(n.begin(3100));
+        n.complete();
+        // Later than a period after the last interrupt: at once, however few are pending.
+        assert_eq!(n.completion(RX_CQ, 9000), Some(9000));
+        assert!(n.begin(9000));
+        n.complete();
+        assert_eq!(n.completion(RX_CQ, 9500), Some(12_000));
+        n.completion(RX_CQ, 9600);
+        n.completion(RX_CQ, 9700);
         assert_eq!(
-            n.completion(RX_CQ, 400),
-            Some(400),
+            n.completion(RX_CQ, 9800),
+            Some(9800),
             "the 4th pending fires at once"
         );
-        assert!(n.begin(400));
+    }
+
+    /// A channel whose TX CQ interrupted at `at` and whose poll then completed.
+    fn tx_interrupted_at(at: Time) -> Napi {
+        let mut n = Napi::new(M);
+        assert_eq!(n.completion(TX_CQ, at), Some(at));
+        assert!(n.begin(at));
+        n.complete();
+        n
     }
 
     #[test]
     fn each_cq_arms_on_its_own_and_the_first_to_fire_schedules_the_poll() {
-        let mut n = Napi::new(M);
+        let mut n = tx_interrupted_at(0);
         assert_eq!(n.completion(RX_CQ, 100), Some(3100));
-        // A TX completion in EQE mode fires 16 µs after it: later than RX, so the poll stays at 3100.
+        // A TX completion in EQE mode fires 16 µs after TX's last interrupt: later than RX, so the poll
+        // stays at 3100.
         assert_eq!(n.completion(TX_CQ, 200), None);
         assert_eq!(n.completion(RX_CQ, 300), Some(3300), "RX's period restarts");
         assert!(n.begin(3300));
@@ -307,16 +339,17 @@ mod tests {
 
     #[test]
     fn a_cq_still_counting_down_when_the_other_fires_fires_later_and_polls_again() {
-        let mut n = Napi::new(M);
-        // A TX completion at 100 (EQE mode, 16 µs) would fire at 16100; an RX one at 200 fires at 3200 first.
-        assert_eq!(n.completion(TX_CQ, 100), Some(16_100));
+        let mut n = tx_interrupted_at(100);
+        // A TX completion at 1000 (EQE mode, 16 µs from the interrupt at 100) would fire at 16100; an RX
+        // one at 200 fires at 3200 first.
+        assert_eq!(n.completion(TX_CQ, 1000), Some(16_100));
         assert_eq!(n.completion(RX_CQ, 200), Some(3200));
         assert!(n.begin(3200));
-        assert_eq!(n.events, [1, 0], "RX's interrupt counted");
+        assert_eq!(n.events, [1, 1], "RX's interrupt counted");
         // The poll ends at 4000 with nothing on its way: TX's interrupt is still armed and comes at 16100.
         assert_eq!(n.finish(4000, false, [], []), Some(16_100));
         assert!(n.begin(16_100));
-        assert_eq!(n.events, [1, 1]);
+        assert_eq!(n.events, [1, 2]);
         assert_eq!(
             n.finish(17_000, false, [], []),
             None,

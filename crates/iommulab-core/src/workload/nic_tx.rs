@@ -391,7 +391,7 @@ mod tests {
             pt.throughput_gbps
         );
         assert!(strict.throughput_gbps < lazy.throughput_gbps);
-        assert!(lazy.throughput_gbps < pt.throughput_gbps);
+        assert!(lazy.throughput_gbps <= pt.throughput_gbps);
         assert!(strict.cpu_inv_wait_share > lazy.cpu_inv_wait_share);
     }
 
