@@ -108,6 +108,34 @@ mod tests {
     }
 
     #[test]
+    fn an_iova_freed_before_its_dsi_is_reused_and_the_device_reaches_the_held_page() {
+        // The published design frees each IOVA at unmap (__iommu_dma_unmap_no_sync), ahead of the DSI. A
+        // refill in the same poll takes it back from the rcache (LIFO), and the device, whose IOTLB still
+        // holds the old entry, writes into the held page instead of the new one.
+        let mut c = core(1);
+        let mut x = Xsmmu::new(1);
+        let dom = c.dom;
+        let (iova, t) = c.iommu_map(0, 0, 1000, 1).unwrap();
+        assert_eq!(c.iommu.translate(dom, iova).phys, Some(1000));
+        let t = x.unmap(&mut c, t, 0, iova, 1);
+        let (again, t) = c.iommu_map(t, 0, 2000, 1).unwrap();
+        assert_eq!(again, iova, "the rcache hands the freed IOVA straight back");
+        let tr = c.iommu.translate(dom, again);
+        assert!(tr.stale);
+        assert_eq!(
+            tr.phys,
+            Some(1000),
+            "the write lands in the page still on the pending list"
+        );
+        // Page 1000 is still held, so nothing reaches a page the kernel got back.
+        assert_eq!(c.safety.stats.pages_exposed, 0);
+        // The poll's DSI ends it.
+        x.batch_end(&mut c, t, 0);
+        let tr = c.iommu.translate(dom, again);
+        assert_eq!((tr.stale, tr.phys), (false, Some(2000)));
+    }
+
+    #[test]
     fn a_full_pending_list_syncs_before_the_poll_ends() {
         let mut c = core(1);
         let mut x = Xsmmu::new(1);
