@@ -230,7 +230,6 @@ impl Napi {
         // An interrupt still armed from before fires on its own time (or at once: NAPI missed it).
         match self.arms.iter().filter_map(|a| a.fire).min() {
             Some(first) => {
-                self.scheduled = true;
                 self.schedule(first.max(t));
                 Some(first.max(t))
             }

@@ -2,12 +2,13 @@
 //!
 //! The wire offers packets at line rate; each goes to one flow, each flow to one queue; the flow's reader
 //! runs on the queue's CPU (aRFS) or on a CPU of its own (`readers`). The device writes each frame into
-//! posted RX buffers (`rq`: one page per descriptor, or mlx5's multi-packet WQEs), translating every page it touches through the IOMMU, fetches
-//! each descriptor it starts and writes a completion entry per frame (`desc_ring`). NAPI on the queue's
-//! CPU reaps TX completions, then processes RX completions up to its budget: frames go through GRO to the
-//! flow's socket, TCP sends ACKs (`tcp`), finished descriptors go back to the driver, and the ring is
-//! refilled (`pages`). Senders respect each flow's receive window (rcvbuf), so overload idles the wire
-//! instead of dropping at the socket. The reader copies data out, dropping the stack's page references.
+//! posted RX buffers (`rq`: one page per descriptor, or mlx5's multi-packet WQEs), translating every page
+//! it touches through the IOMMU, fetches each descriptor it starts and writes a completion entry per frame
+//! (`desc_ring`). NAPI on the queue's CPU reaps TX completions, then processes RX completions up to its
+//! budget: frames go through GRO to the flow's socket, TCP sends ACKs (`tcp`), finished descriptors go back
+//! to the driver, and the ring is refilled (`pages`). Senders send only inside the window each flow's
+//! receiver advertised (`tcp`), so overload idles the wire instead of dropping at the socket. The reader
+//! copies data out, dropping the stack's page references.
 
 mod pages;
 mod rq;
