@@ -142,6 +142,8 @@ def test_bad_scenario_gets_one_line_naming_file_line_and_expectation(write, edit
     (("run", "--set", "workload.nic_rx.readers=own", "--set", "platform.cpu.cores=8"),
      "more cores than queues (8 cores, 8 queues)"),
     (("run", "--set", "workload.nic_rx.readers=elsewhere"), "expected `queue` or `own`"),
+    (("run", "--set", "workload.nic_rx.sender=reno"), "expected `window` or `dctcp`"),
+    (("run", "--set", "workload.nic_rx.rtt_us=-1"), "workload.nic_rx.rtt_us"),
 ])
 def test_bad_flags_get_one_line(args, what):
     err = one_line_error(cli(*args))

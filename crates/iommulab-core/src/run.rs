@@ -374,6 +374,33 @@ mod tests {
         }
     }
 
+    /// C3 strict, whose DMA translation cannot keep up with the line rate: senders that only keep to the
+    /// receive window overrun the NIC's buffer all the time; DCTCP senders halve their window on each loss
+    /// they hear of, so the device drops a small fraction as much, and the gaps they leave are ACKed at once.
+    #[test]
+    fn dctcp_senders_back_off_on_loss_and_the_device_drops_far_less() {
+        let run = |sender: &str| {
+            let ov = [
+                ("os.policy", "strict"),
+                ("workload.nic_rx.sender", sender),
+                ("run.duration_ms", "30"),
+            ];
+            run_variant(&builtin_with("c3", &ov)[0])
+        };
+        let (window, dctcp) = (run("window"), run("dctcp"));
+        let drop_rate = |r: &RunResult| r.drops.device as f64 / (r.packets_per_sec * r.sim_seconds);
+        assert_eq!(window.loss_recoveries, 0);
+        assert!(dctcp.loss_recoveries > 0, "{dctcp:?}");
+        assert!(drop_rate(&window) > 0.1, "{}", drop_rate(&window));
+        assert!(
+            drop_rate(&dctcp) * 20.0 < drop_rate(&window),
+            "{} vs {}",
+            drop_rate(&dctcp),
+            drop_rate(&window)
+        );
+        assert!(dctcp.throughput_gbps > window.throughput_gbps);
+    }
+
     /// C2 at steady state: NAPI runs ahead of the readers (softirq first, `sim::sched`), so sockets fill to
     /// the receive window and hold their pages longer than mlx5's 256-page cache reaches back. Under lazy
     /// and xSMMU most RX pages then leave the cache and are unmapped; FANDS, which never recycles, unmaps

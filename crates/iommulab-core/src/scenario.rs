@@ -602,6 +602,25 @@ pub struct NicRx {
     /// a CPU of its own past the queues' (IRQs and applications kept apart; RSS hashes the flow).
     #[serde(default)]
     pub readers: Readers,
+    /// The peers' senders: `window` sends whenever the receive window allows, hears each ACK at once and
+    /// resends a dropped segment at once without backing off; `dctcp` keeps a congestion window (DCTCP
+    /// without ECN marks: slow start, additive increase, halving on loss), hears ACKs and losses `rtt_us`
+    /// late, and segments arriving before a loss's retransmission wait in the out-of-order queue.
+    #[serde(default)]
+    pub sender: SenderModel,
+    /// The round trip outside the receiving host (wire, switch, the senders' stack and NIC): with
+    /// `sender = "dctcp"`, ACKs and losses reach the senders this long after the receiver's device sent or
+    /// dropped them, µs.
+    #[serde(default = "default_rtt_us")]
+    pub rtt_us: f64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SenderModel {
+    #[default]
+    Window,
+    Dctcp,
 }
 fn default_irq_usecs() -> u32 {
     64
@@ -651,6 +670,14 @@ fn check(ok: bool, key: &str, msg: impl Into<String>) -> Result<(), (Vec<String>
     } else {
         Err((key.split('.').map(String::from).collect(), msg.into()))
     }
+}
+
+fn check_rtt(rtt_us: f64, key: &str) -> Result<(), (Vec<String>, String)> {
+    check(
+        (0.0..=1e6).contains(&rtt_us),
+        key,
+        "expected 0..=1000000 µs",
+    )
 }
 
 impl Scenario {
@@ -929,6 +956,7 @@ impl NicRx {
             "workload.nic_rx.rcvbuf_bytes",
             "expected at least one MTU",
         )?;
+        check_rtt(nic.rtt_us, "workload.nic_rx.rtt_us")?;
         check(
             nic.readers == Readers::Queue || cores > nic.queues,
             "workload.nic_rx.readers",
@@ -983,11 +1011,7 @@ impl NicTx {
             "workload.nic_tx.peer_ack_bytes",
             "expected at least 1 byte",
         )?;
-        check(
-            nic.rtt_us >= 0.0 && nic.rtt_us <= 1e6,
-            "workload.nic_tx.rtt_us",
-            "expected 0..=1000000 µs",
-        )?;
+        check_rtt(nic.rtt_us, "workload.nic_tx.rtt_us")?;
         check(
             (1..=65536).contains(&nic.rx_ring_size),
             "workload.nic_tx.rx_ring_size",
@@ -1039,11 +1063,7 @@ impl Rr {
             "workload.rr.service_ns",
             "expected 0..=1e9 ns",
         )?;
-        check(
-            self.rtt_us >= 0.0 && self.rtt_us <= 1e6,
-            "workload.rr.rtt_us",
-            "expected 0..=1000000 µs",
-        )?;
+        check_rtt(self.rtt_us, "workload.rr.rtt_us")?;
         check(
             (1..=65536).contains(&self.rx_ring_size),
             "workload.rr.rx_ring_size",

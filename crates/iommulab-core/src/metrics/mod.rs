@@ -162,8 +162,10 @@ pub struct RunResult {
     pub stale_translations: u64,
     pub dma_faults: u64,
     pub drops: Drops,
-    /// Share of wire time the senders were held back by closed receive windows.
+    /// Share of wire time the senders were held back by used-up receive or congestion windows.
     pub window_limited_share: f64,
+    /// TCP senders' loss-recovery episodes (each halves a congestion window).
+    pub loss_recoveries: u64,
     pub flush_queue_flushes: FlushQueueFlushes,
     pub iova_rcache_hit_rate: f64,
     pub safety: Safety,
@@ -291,6 +293,7 @@ impl RunResult {
                 wl(|w| w.window_closed),
                 wl(|w| w.window_closed) + wl(|w| w.packets_offered),
             )),
+            loss_recoveries: wl(|w| w.loss_recoveries),
             flush_queue_flushes: FlushQueueFlushes {
                 full: b.dma.fq_flush_full - a.dma.fq_flush_full,
                 timer: b.dma.fq_flush_timer - a.dma.fq_flush_timer,

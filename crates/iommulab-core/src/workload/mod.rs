@@ -72,8 +72,10 @@ pub struct WorkloadStats {
     pub bytes_received: u64,
     /// Dropped for lack of a posted RX descriptor (the CPU did not refill in time).
     pub drops_ring: u64,
-    /// Wire slots left idle because every flow's receive window was closed (readers fell behind).
+    /// Wire slots left idle because every flow's sender had used up its receive or congestion window.
     pub window_closed: u64,
+    /// Times a sender entered loss recovery (halving its congestion window).
+    pub loss_recoveries: u64,
     /// Dropped because the device's buffer overflowed waiting for DMA (translation or link bound).
     pub drops_device: u64,
     /// 4 KiB pages written by the device.

@@ -12,6 +12,7 @@
 
 mod pages;
 mod rq;
+mod sender;
 mod tcp;
 
 use super::desc_ring::DescRing;
@@ -20,10 +21,11 @@ use super::net::{self, ACK_FRAME, ETH_HLEN};
 use super::sq::{HeadSlab, SendQueue, CQE_BYTES, DS_BYTES};
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
-use crate::scenario::{NicRx, Readers, RqKind};
+use crate::scenario::{NicRx, Readers, RqKind, SenderModel};
 use crate::sim::{Ctx, Path, Time};
 use pages::{PageId, Pages, Source};
 use rq::{Layout, Rq};
+use sender::Senders;
 use std::collections::VecDeque;
 use tcp::RxTcp;
 
@@ -44,6 +46,8 @@ struct Completion {
     flow: u32,
     pages: u8,
     finished: u8,
+    /// Beyond a gap left by a lost segment (goes to the out-of-order queue).
+    ooo: bool,
 }
 
 /// One queue's TX side as ACKs use it: the send queue and the slab pages ACK heads come from.
@@ -66,9 +70,13 @@ struct RxQueue {
 
 struct Flow {
     queue: usize,
-    /// Packets in the socket (pages each), and their pages in order.
+    /// Packets in the socket (pages each), and their pages in order; the last `ooo` of them are beyond a
+    /// gap and cannot be read yet.
     sock: VecDeque<u8>,
     sock_pages: VecDeque<PageId>,
+    ooo: usize,
+    /// A segment was lost: from this time on the flow's next segment to arrive is its retransmission.
+    gap: Option<Time>,
     /// Bytes sent since the stream began.
     sent: u64,
     reader_scheduled: bool,
@@ -82,6 +90,8 @@ pub struct NicRxWorkload {
     flows: Vec<Flow>,
     pages: Pages,
     tcp: RxTcp,
+    /// The peers' DCTCP senders (`sender = "dctcp"`); None: senders held by the receive window alone.
+    senders: Option<Senders>,
     dev: Device,
     /// Picoseconds per packet on the wire, and the next arrival (ps).
     slot_ps: u64,
@@ -90,7 +100,8 @@ pub struct NicRxWorkload {
     payload: u64,
     buffer_ns: u64,
     pieces: Vec<(PageId, u64)>,
-    skbs: Vec<(u32, u64)>,
+    skbs: Vec<(u32, u64, bool)>,
+    rtt: Time,
     stats: WorkloadStats,
     /// The DMA policy gives each multi-packet WQE one IOVA block and forbids recycling (FANDS).
     wqe_blocks: bool,
@@ -128,6 +139,23 @@ impl NicRxWorkload {
                 ring: cfg.pool_size as usize,
             },
         };
+        let tcp = RxTcp::new(
+            cfg.flows as usize,
+            payload,
+            cfg.gro_max_bytes as u64,
+            cfg.rcvbuf_bytes,
+        );
+        let (rtt, senders) = match cfg.sender {
+            SenderModel::Window => (0, None),
+            SenderModel::Dctcp => {
+                let rtt = (cfg.rtt_us * 1000.0).round() as Time;
+                let edge = tcp.right_edge(0);
+                (
+                    rtt,
+                    Some(Senders::new(cfg.flows as usize, payload, rtt, edge)),
+                )
+            }
+        };
         NicRxWorkload {
             cfg: cfg.clone(),
             queues: (0..queues)
@@ -155,18 +183,17 @@ impl NicRxWorkload {
                     queue: q,
                     sock: VecDeque::new(),
                     sock_pages: VecDeque::new(),
+                    ooo: 0,
+                    gap: None,
                     sent: 0,
                     reader_scheduled: false,
                     reader_cpu: reader_cpu(q, f),
                 })
                 .collect(),
             pages: Pages::new(source, queues),
-            tcp: RxTcp::new(
-                cfg.flows as usize,
-                payload,
-                cfg.gro_max_bytes as u64,
-                cfg.rcvbuf_bytes,
-            ),
+            tcp,
+            senders,
+            rtt,
             dev: Device::new(translation_slots, link_gbps),
             slot_ps: net::frame_wire_ps(cfg.mtu, cfg.line_rate_gbps),
             next_arrival_ps: 0,
@@ -234,26 +261,38 @@ impl NicRxWorkload {
         t
     }
 
-    /// tcp_send_ack() on `cpu` through queue `q`'s send queue (a reader's CPU without a queue of its own
-    /// picks one by the flow's hash): map the ACK's skb head, post a send WQE; the device fetches it, reads
-    /// the frame and writes a TX completion, after which NAPI unmaps the head.
-    fn send_ack(&mut self, host: &mut Host, q: usize, cpu: usize, t: Time) -> Time {
+    /// tcp_send_ack() of flow `f` on `cpu` through queue `q`'s send queue (a reader's CPU without a queue of
+    /// its own picks one by the flow's hash): map the ACK's skb head, post a send WQE; the device fetches
+    /// it, reads the frame and writes a TX completion, after which NAPI unmaps the head. The ACK leaves
+    /// for the sender when the device has read it (at once when ACKs are not modelled as sent).
+    fn send_ack(&mut self, host: &mut Host, f: usize, cpu: usize, t: Time) -> Time {
+        let q = self.flows[f].queue;
         let Some(mut tx) = self.queues[q].tx.take() else {
+            self.heard(f, t);
             return t;
         };
         let t = t + host.platform.cpu.tx_packet_ns;
         let Some((seg, t)) = tx.heads.map(host, cpu, t, ACK_FRAME) else {
             self.queues[q].tx = Some(tx);
+            self.heard(f, t);
             return t;
         };
         self.stats.tx_packets += 1;
         self.queues[q].napi.count(TX_CQ, 1, ACK_FRAME);
         let seg = [seg];
         let read = tx.sq.fetch_and_read(&mut self.dev, host, t, 1, &seg);
+        self.heard(f, read);
         let done = tx.sq.complete(&mut self.dev, host, read, &seg, 0);
         self.queues[q].tx = Some(tx);
         self.completion_event(host, q, done, TX_CQ);
         t
+    }
+
+    /// Flow `f`'s ACK left the host at `at`: its sender hears it a round trip later.
+    fn heard(&mut self, f: usize, at: Time) {
+        if let Some(s) = self.senders.as_mut() {
+            s.ack(f, at, self.tcp.acked(f), self.tcp.right_edge(f));
+        }
     }
 
     /// mlx5e_poll_tx_cq(): unmap the ACKs the device completed by `now`.
@@ -271,14 +310,17 @@ impl NicRxWorkload {
         while self.next_arrival_ps < chunk_end_ps {
             let t = self.next_arrival_ps / 1000;
             self.next_arrival_ps += self.slot_ps;
-            // Each slot goes to a random flow; TCP senders only send inside the receive window, so a flow that
-            // has sent up to the window's right edge passes the slot on, and the slot idles when every
-            // window is used up.
+            // Each slot goes to a random flow; a flow whose sender has used up its receive or congestion
+            // window passes the slot on, and the slot idles when every flow's is used up.
             let n = self.flows.len();
             let pick = host.rng.below(n as u64) as usize;
-            let open = (0..n)
-                .map(|i| (pick + i) % n)
-                .find(|&f| self.flows[f].sent + self.payload <= self.tcp.right_edge(f));
+            let open = (0..n).map(|i| (pick + i) % n).find(|&f| {
+                let sent = self.flows[f].sent;
+                match self.senders.as_mut() {
+                    None => sent + self.payload <= self.tcp.right_edge(f),
+                    Some(s) => s.may_send(f, t, sent).is_ok(),
+                }
+            });
             let Some(f) = open else {
                 self.stats.window_closed += 1;
                 continue;
@@ -287,6 +329,7 @@ impl NicRxWorkload {
             let q = self.flows[f].queue;
             if self.dev.engine.next_start(t) > t + self.buffer_ns {
                 self.stats.drops_device += 1;
+                self.lose(f, t);
                 continue;
             }
             let mut pieces = std::mem::take(&mut self.pieces);
@@ -294,9 +337,16 @@ impl NicRxWorkload {
             let Some(placed) = self.queues[q].rq.place(t, self.frame_bytes, &mut pieces) else {
                 self.pieces = pieces;
                 self.stats.drops_ring += 1;
+                self.lose(f, t);
                 continue;
             };
-            self.flows[f].sent += self.payload;
+            let flow = &mut self.flows[f];
+            flow.sent += self.payload;
+            // Until the retransmission arrives, a round trip after the loss, segments land beyond the gap.
+            let ooo = flow.gap.is_some_and(|at| t < at);
+            if !ooo {
+                flow.gap = None;
+            }
             self.stats.bytes_received += self.payload;
             // The device fetches each descriptor it starts (translated like any access; NICs prefetch
             // descriptors ahead of need, so the fetch does not hold up the data).
@@ -327,11 +377,22 @@ impl NicRxWorkload {
                 flow: f as u32,
                 pages: pieces.len() as u8,
                 finished: placed.finished as u8,
+                ooo,
             });
             self.pieces = pieces;
             self.completion_event(host, q, done, RX_CQ);
         }
         host.schedule(self.next_arrival_ps / 1000, event(EV_WIRE, 0));
+    }
+
+    /// Flow `f`'s segment arriving at `t` was dropped: its sender learns of it a round trip later and
+    /// retransmits it as the flow's next segment then; what arrives before is out of order.
+    fn lose(&mut self, f: usize, t: Time) {
+        if let Some(s) = self.senders.as_mut() {
+            s.loss(f, t, self.flows[f].sent);
+        }
+        let flow = &mut self.flows[f];
+        flow.gap.get_or_insert(t + self.rtt);
     }
 
     fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {
@@ -362,7 +423,9 @@ impl NicRxWorkload {
                 flow.sock_pages.push_back(id);
             }
             flow.sock.push_back(c.pages);
-            if !flow.reader_scheduled {
+            // tcp_ofo_queue(): the gap filled, what lay beyond it becomes readable.
+            flow.ooo = if c.ooo { flow.ooo + 1 } else { 0 };
+            if !flow.reader_scheduled && flow.sock.len() > flow.ooo {
                 flow.reader_scheduled = true;
                 host.schedule(t + wakeup, event(EV_READ, f));
             }
@@ -373,8 +436,8 @@ impl NicRxWorkload {
                     .expect("finished descriptor");
                 t = self.release_wqe(host, q, wqe, t);
             }
-            if let Some(bytes) = self.tcp.segment(f) {
-                skbs.push((f as u32, bytes));
+            if let Some((bytes, ooo)) = self.tcp.segment(f, c.ooo) {
+                skbs.push((f as u32, bytes, ooo));
             }
         }
         self.tcp.flush(&mut skbs);
@@ -382,11 +445,11 @@ impl NicRxWorkload {
             .napi
             .count(RX_CQ, done as u64, done as u64 * self.frame_bytes);
         let skb_ns = host.platform.cpu.stack_ns_per_skb;
-        for &(f, bytes) in &skbs {
+        for &(f, bytes, ooo) in &skbs {
             t += skb_ns; // netif_receive_skb_list → tcp_v4_rcv → tcp_data_queue
             let queued = self.flows[f as usize].sock.len() as u64 * self.payload;
-            if self.tcp.deliver(f as usize, bytes, queued) && self.cfg.acks {
-                t = self.send_ack(host, q, cpu, t);
+            if self.tcp.deliver(f as usize, bytes, queued, ooo) {
+                t = self.send_ack(host, f as usize, cpu, t);
             }
         }
         skbs.clear();
@@ -415,10 +478,8 @@ impl NicRxWorkload {
         let copy_ns = (self.payload as f64 * host.platform.cpu.copy_ns_per_byte).round() as u64;
         let mut t = now;
         let mut read = 0u64;
-        while read < self.cfg.read_bytes as u64 {
-            let Some(k) = self.flows[f].sock.pop_front() else {
-                break;
-            };
+        while read < self.cfg.read_bytes as u64 && self.flows[f].sock.len() > self.flows[f].ooo {
+            let k = self.flows[f].sock.pop_front().expect("length checked");
             t += copy_ns;
             for _ in 0..k {
                 let id = self.flows[f]
@@ -432,11 +493,11 @@ impl NicRxWorkload {
             self.stats.packets_delivered += 1;
         }
         let queued = self.flows[f].sock.len() as u64 * self.payload;
-        if read > 0 && self.tcp.read(f, queued) && self.cfg.acks {
-            t = self.send_ack(host, q, cpu, t);
+        if read > 0 && self.tcp.read(f, queued) {
+            t = self.send_ack(host, f, cpu, t);
         }
         host.cpus[cpu].account(now, t);
-        if self.flows[f].sock.is_empty() {
+        if self.flows[f].sock.len() == self.flows[f].ooo {
             self.flows[f].reader_scheduled = false;
         } else {
             host.schedule(t, ev);
@@ -511,6 +572,7 @@ impl Workload for NicRxWorkload {
         WorkloadStats {
             pool_pages_mapped: c.mapped,
             pool_pages_unmapped: c.unmapped,
+            loss_recoveries: self.senders.as_ref().map_or(0, |s| s.recoveries),
             dma_faults: self.dev.faults,
             ..self.stats.clone()
         }

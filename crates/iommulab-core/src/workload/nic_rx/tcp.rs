@@ -8,6 +8,13 @@
 //! unacknowledged or the window grew to at least twice what the sender has left (net/ipv4/tcp.c
 //! tcp_cleanup_rbuf). The delayed-ACK timer is not modelled: in bulk receive a read always comes first.
 //!
+//! Segments that arrive while a lost one's retransmission is awaited go to the out-of-order queue
+//! (tcp_data_queue_ofo): GRO keeps them apart from in-order ones, and each such skb is acknowledged at once
+//! (a duplicate ACK with SACK) up to TCP_FASTRETRANS_THRESH of them, then through the compressed-SACK timer
+//! (__tcp_ack_snd_check, tcp_sack_compress): 5 % of the RTT, a microsecond or two, so taken as one ACK per
+//! NAPI poll. The retransmission fills the gap and is acknowledged at once (tcp_data_queue: ICSK_ACK_NOW).
+//! Out-of-order data is counted as acknowledged: SACK tells the sender it arrived.
+//!
 //! The window offered is Linux's (net/ipv4/tcp_output.c __tcp_select_window): the free receive space,
 //! capped by `rcv_ssthresh`, which grows only as data arrives into free space beyond it
 //! (tcp_input.c tcp_grow_window) and never beyond `window_clamp`, the full space less one segment
@@ -17,12 +24,14 @@
 //! truesize folded in); every skb is taken to have a good payload/truesize ratio (tcp_grow_window's
 //! check #2), as the page fragments of the modelled RX rings do.
 //!
-//! The sender sends only inside the window the last ACK offered: up to its right edge, rcv_wup + rcv_wnd
-//! (tcp_output.c tcp_snd_wnd_test on the sender; the ACK is taken to reach it at once).
+//! The sender sends only inside the window the last ACK it has heard offered: up to its right edge,
+//! rcv_wup + rcv_wnd (tcp_output.c tcp_snd_wnd_test on the sender; `sender`).
 
 /// Initial rcv_ssthresh: the SYN's window, at most 64 KiB (tcp_select_initial_window, 5.4 to 6.0:
 /// `min(space, U16_MAX)`), which tcp_grow_window then opens.
 const INITIAL_WINDOW: u64 = 65535;
+/// TCP_FASTRETRANS_THRESH (include/net/tcp.h): duplicate ACKs sent at once before SACK compression.
+const FASTRETRANS_THRESH: u32 = 3;
 
 pub struct RxTcp {
     gro_max: u64,
@@ -30,8 +39,10 @@ pub struct RxTcp {
     rcvbuf: u64,
     /// window_clamp: tcp_init_buffer_space() reserves one segment of the full space.
     clamp: u64,
-    /// Bytes of each flow's open GRO skb, and the flows with one open, in order.
+    /// Bytes of each flow's open GRO skb and whether it holds out-of-order segments, and the flows with
+    /// one open, in order.
     gro: Vec<u64>,
+    gro_ooo: Vec<bool>,
     open: Vec<u32>,
     /// Per flow: bytes acknowledged (rcv_wup), received since the last ACK (rcv_nxt - rcv_wup), the window
     /// that ACK advertised (rcv_wnd), rcv_ssthresh, and quick-ACK mode (icsk_ack.quick).
@@ -40,6 +51,12 @@ pub struct RxTcp {
     advertised: Vec<u64>,
     ssthresh: Vec<u64>,
     quick: Vec<bool>,
+    /// Per flow: the out-of-order queue is non-empty; duplicate ACKs sent for it (dup_ack_counter); the
+    /// poll its last compressed SACK went out in. `poll` counts NAPI polls.
+    ofo: Vec<bool>,
+    dupacks: Vec<u32>,
+    sack_poll: Vec<u64>,
+    poll: u64,
 }
 
 impl RxTcp {
@@ -52,12 +69,17 @@ impl RxTcp {
             rcvbuf,
             clamp,
             gro: vec![0; flows],
+            gro_ooo: vec![false; flows],
             open: Vec::new(),
             acked: vec![0; flows],
             unacked: vec![0; flows],
             advertised: vec![initial; flows],
             ssthresh: vec![initial; flows],
             quick: vec![false; flows],
+            ofo: vec![false; flows],
+            dupacks: vec![0; flows],
+            sack_poll: vec![u64::MAX; flows],
+            poll: 0,
         }
     }
 
@@ -96,39 +118,64 @@ impl RxTcp {
         true
     }
 
+    /// Bytes of flow `f` acknowledged (rcv_wup).
+    pub fn acked(&self, f: usize) -> u64 {
+        self.acked[f]
+    }
+
     /// The last byte flow `f`'s sender may send, plus one: the right edge of the window last advertised
     /// (rcv_wup + rcv_wnd), in bytes from the start of the stream.
     pub fn right_edge(&self, f: usize) -> u64 {
         self.acked[f] + self.advertised[f]
     }
 
-    /// One segment of flow `f` reaches GRO. Some(bytes) when it first closes the flow's open skb, which
-    /// must then be delivered (`deliver`).
-    pub fn segment(&mut self, f: usize) -> Option<u64> {
+    /// One segment of flow `f` reaches GRO, out of order (beyond a gap) or not. Some((bytes, ooo)) when it
+    /// first closes the flow's open skb, which must then be delivered (`deliver`): at GRO's size limit, or
+    /// where the segments stop being contiguous.
+    pub fn segment(&mut self, f: usize, ooo: bool) -> Option<(u64, bool)> {
         let mut closed = None;
-        if self.gro[f] > 0 && self.gro[f] + self.mss > self.gro_max {
-            closed = Some(std::mem::take(&mut self.gro[f]));
+        if self.gro[f] > 0 && (self.gro[f] + self.mss > self.gro_max || self.gro_ooo[f] != ooo) {
+            closed = Some((std::mem::take(&mut self.gro[f]), self.gro_ooo[f]));
             self.open.retain(|&o| o as usize != f);
         }
         if self.gro[f] == 0 {
             self.open.push(f as u32);
+            self.gro_ooo[f] = ooo;
         }
         self.gro[f] += self.mss;
         closed
     }
 
-    /// The poll ends: every open skb goes up the stack, (flow, bytes) in order.
-    pub fn flush(&mut self, out: &mut Vec<(u32, u64)>) {
+    /// The poll ends: every open skb goes up the stack, (flow, bytes, ooo) in order.
+    pub fn flush(&mut self, out: &mut Vec<(u32, u64, bool)>) {
         for f in self.open.drain(..) {
-            out.push((f, std::mem::take(&mut self.gro[f as usize])));
+            let f = f as usize;
+            out.push((f as u32, std::mem::take(&mut self.gro[f]), self.gro_ooo[f]));
         }
+        self.poll += 1;
     }
 
-    /// TCP queues an skb of `bytes` for flow `f`, whose socket now holds `queued` bytes (tcp_data_queue,
-    /// tcp_event_data_recv): true when __tcp_ack_snd_check() sends an ACK now.
-    pub fn deliver(&mut self, f: usize, bytes: u64, queued: u64) -> bool {
+    /// TCP queues an skb of `bytes` for flow `f`, in order or out of order, whose socket now holds `queued`
+    /// bytes (tcp_data_queue, tcp_event_data_recv): true when __tcp_ack_snd_check() sends an ACK now.
+    pub fn deliver(&mut self, f: usize, bytes: u64, queued: u64, ooo: bool) -> bool {
         self.unacked[f] += bytes;
         self.grow(f, bytes, queued);
+        if ooo {
+            self.ofo[f] = true;
+            if self.dupacks[f] < FASTRETRANS_THRESH {
+                self.dupacks[f] += 1;
+                return self.ack(f, queued);
+            }
+            if self.sack_poll[f] != self.poll {
+                self.sack_poll[f] = self.poll; // the compressed-SACK timer, once per poll
+                return self.ack(f, queued);
+            }
+            return false;
+        }
+        if std::mem::take(&mut self.ofo[f]) {
+            self.dupacks[f] = 0; // rcv_nxt moved: a new dup_ack_counter
+            return self.ack(f, queued);
+        }
         let more_than_one = self.unacked[f] > self.mss;
         if (more_than_one && self.select(f, queued) >= self.advertised[f]) || self.quick[f] {
             return self.ack(f, queued);
@@ -161,11 +208,14 @@ mod tests {
     fn gro_closes_skbs_at_its_limit_and_at_poll_end() {
         // 4000-byte segments, 64 KiB GRO: 16 per skb; 40 in a poll = 16 + 16 + 8.
         let mut t = RxTcp::new(1, 4000, 65536, 1 << 20);
-        let closed: Vec<u64> = (0..40).filter_map(|_| t.segment(0)).collect();
+        let closed: Vec<u64> = (0..40)
+            .filter_map(|_| t.segment(0, false))
+            .map(|c| c.0)
+            .collect();
         assert_eq!(closed, vec![64000, 64000]);
         let mut rest = vec![];
         t.flush(&mut rest);
-        assert_eq!(rest, vec![(0, 32000)]);
+        assert_eq!(rest, vec![(0, 32000, false)]);
     }
 
     /// Open flow 0's window: skbs of `skb` bytes into an empty socket, each read at once, until
@@ -173,7 +223,7 @@ mod tests {
     fn opened(t: &mut RxTcp, skb: u64) {
         loop {
             let before = t.ssthresh[0];
-            t.deliver(0, skb, skb);
+            t.deliver(0, skb, skb, false);
             t.read(0, 0);
             if t.ssthresh[0] == before {
                 return;
@@ -186,7 +236,7 @@ mod tests {
         let mut t = RxTcp::new(1, 1000, 65536, 100_000);
         assert_eq!(t.ssthresh[0], INITIAL_WINDOW);
         // An skb that finds free space beyond rcv_ssthresh is acknowledged at once, even a lone segment.
-        assert!(t.deliver(0, 1000, 1000));
+        assert!(t.deliver(0, 1000, 1000, false));
         t.read(0, 0);
         opened(&mut t, 1000);
         // rcv_ssthresh reached the free space after one segment; window_clamp is one segment short of full.
@@ -194,7 +244,7 @@ mod tests {
         assert_eq!(t.clamp, 99_000);
         // Once it is open, a lone segment waits (the last one `opened` delivered), and a second goes.
         assert_eq!(t.unacked[0], 1000);
-        assert!(t.deliver(0, 1000, 1000));
+        assert!(t.deliver(0, 1000, 1000, false));
     }
 
     #[test]
@@ -202,8 +252,8 @@ mod tests {
         let mut t = RxTcp::new(1, 1000, 65536, 100_000);
         opened(&mut t, 1000);
         // The socket fills (nothing read): the window shrinks, no immediate ACK.
-        assert!(!t.deliver(0, 5000, 5000));
-        assert!(!t.deliver(0, 5000, 10_000));
+        assert!(!t.deliver(0, 5000, 5000, false));
+        assert!(!t.deliver(0, 5000, 10_000, false));
         // The reader drains it: recvmsg acknowledges, once.
         assert!(t.read(0, 0));
         assert!(!t.read(0, 0));
@@ -216,16 +266,16 @@ mod tests {
         opened(&mut t, 10_000);
         assert_eq!(t.ssthresh[0], 90_000);
         // Two skbs before the reader runs: the second shrinks the window and waits; the read acknowledges.
-        assert!(t.deliver(0, 10_000, 10_000));
-        assert!(!t.deliver(0, 10_000, 20_000));
+        assert!(t.deliver(0, 10_000, 10_000, false));
+        assert!(!t.deliver(0, 10_000, 20_000, false));
         assert!(t.read(0, 0));
         // That ACK offered rcv_ssthresh, not the whole free space, so the next skb into the emptied
         // socket does not shrink the window and is acknowledged at once.
         assert_eq!(t.advertised[0], 90_000);
-        assert!(t.deliver(0, 10_000, 10_000));
+        assert!(t.deliver(0, 10_000, 10_000, false));
         // A larger one would shrink it: it waits for the read.
         t.read(0, 0);
-        assert!(!t.deliver(0, 20_000, 20_000));
+        assert!(!t.deliver(0, 20_000, 20_000, false));
         assert!(t.read(0, 0));
     }
 
@@ -235,7 +285,7 @@ mod tests {
         let mut acks = 0;
         while t.acked[0] + t.unacked[0] + skb <= t.right_edge(0) {
             queued += skb;
-            acks += t.deliver(0, skb, queued) as u32;
+            acks += t.deliver(0, skb, queued, false) as u32;
         }
         (queued, acks)
     }
@@ -263,15 +313,48 @@ mod tests {
     fn a_read_that_doubles_a_nearly_used_window_acks() {
         // 6000-byte segments in a 20000-byte space (window_clamp 14000).
         let mut t = RxTcp::new(1, 6000, 65536, 20_000);
-        assert!(!t.deliver(0, 5000, 5000));
-        assert!(!t.deliver(0, 5000, 10_000));
+        assert!(!t.deliver(0, 5000, 5000, false));
+        assert!(!t.deliver(0, 5000, 10_000, false));
         // A read of 1000 bytes acknowledges the 10000 and offers the 11000 then free.
         assert!(t.read(0, 9000));
         assert_eq!(t.advertised[0], 11_000);
         // One segment's worth arrives: not more than an MSS, no ACK; the sender has 6000 left.
-        assert!(!t.deliver(0, 5000, 14_000));
+        assert!(!t.deliver(0, 5000, 14_000, false));
         // A read that frees only up to 10000 does not double it; one that frees all does.
         assert!(!t.read(0, 10_000));
         assert!(t.read(0, 0));
+    }
+
+    #[test]
+    fn a_gap_gets_three_duplicate_acks_then_one_per_poll_and_its_filling_one_more() {
+        let mut t = RxTcp::new(1, 1000, 65536, 1 << 20);
+        opened(&mut t, 1000);
+        t.read(0, 0);
+        // GRO keeps out-of-order segments apart from in-order ones.
+        assert_eq!(t.segment(0, false), None);
+        assert_eq!(t.segment(0, true), Some((1000, false)));
+        let mut acks = vec![];
+        for _poll in 0..3 {
+            // Three out-of-order skbs per poll: three duplicate ACKs at once, then one per poll.
+            acks.push(
+                (0..3)
+                    .map(|_| t.deliver(0, 1000, 1000, true))
+                    .collect::<Vec<_>>(),
+            );
+            t.flush(&mut vec![]);
+        }
+        assert_eq!(
+            acks,
+            vec![
+                vec![true; 3],
+                vec![true, false, false],
+                vec![true, false, false]
+            ]
+        );
+        // The retransmission fills the gap: acknowledged at once, and the next gap gets three again.
+        assert!(t.deliver(0, 1000, 1000, false));
+        assert!(!t.deliver(0, 1000, 2000, false));
+        t.read(0, 0);
+        assert!((0..3).all(|_| t.deliver(0, 1000, 1000, true)));
     }
 }
