@@ -101,7 +101,6 @@ pub struct NicRxWorkload {
     buffer_ns: u64,
     pieces: Vec<(PageId, u64)>,
     skbs: Vec<(u32, u64, bool)>,
-    rtt: Time,
     stats: WorkloadStats,
     /// The DMA policy gives each multi-packet WQE one IOVA block and forbids recycling (FANDS).
     wqe_blocks: bool,
@@ -145,15 +144,12 @@ impl NicRxWorkload {
             cfg.gro_max_bytes as u64,
             cfg.rcvbuf_bytes,
         );
-        let (rtt, senders) = match cfg.sender {
-            SenderModel::Window => (0, None),
+        let senders = match cfg.sender {
+            SenderModel::Window => None,
             SenderModel::Dctcp => {
                 let rtt = (cfg.rtt_us * 1000.0).round() as Time;
                 let edge = tcp.right_edge(0);
-                (
-                    rtt,
-                    Some(Senders::new(cfg.flows as usize, payload, rtt, edge)),
-                )
+                Some(Senders::new(cfg.flows as usize, payload, rtt, edge))
             }
         };
         NicRxWorkload {
@@ -193,7 +189,6 @@ impl NicRxWorkload {
             pages: Pages::new(source, queues),
             tcp,
             senders,
-            rtt,
             dev: Device::new(translation_slots, link_gbps),
             slot_ps: net::frame_wire_ps(cfg.mtu, cfg.line_rate_gbps),
             next_arrival_ps: 0,
@@ -385,14 +380,14 @@ impl NicRxWorkload {
         host.schedule(self.next_arrival_ps / 1000, event(EV_WIRE, 0));
     }
 
-    /// Flow `f`'s segment arriving at `t` was dropped: its sender learns of it a round trip later and
-    /// retransmits it as the flow's next segment then; what arrives before is out of order.
+    /// Flow `f`'s segment arriving at `t` was dropped: a DCTCP sender learns of it a round trip later and
+    /// retransmits it as the flow's next segment then; what arrives before is out of order. (A window-only
+    /// sender resends it at once: no gap.)
     fn lose(&mut self, f: usize, t: Time) {
         if let Some(s) = self.senders.as_mut() {
             s.loss(f, t, self.flows[f].sent);
+            self.flows[f].gap.get_or_insert(t + s.rtt());
         }
-        let flow = &mut self.flows[f];
-        flow.gap.get_or_insert(t + self.rtt);
     }
 
     fn napi_poll(&mut self, host: &mut Host, now: Time, q: usize) {

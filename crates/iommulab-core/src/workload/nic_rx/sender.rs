@@ -85,6 +85,11 @@ impl Senders {
         }
     }
 
+    /// The round trip feedback takes to act.
+    pub fn rtt(&self) -> Time {
+        self.rtt
+    }
+
     /// The receiver's device sent an ACK of flow `f` at `at`: `acked` bytes in all, window to `edge`.
     pub fn ack(&mut self, f: usize, at: Time, acked: u64, edge: u64) {
         self.flows[f].acks.push_back((at, acked, edge));
@@ -112,15 +117,7 @@ impl Senders {
                 }
                 (_, Some(_)) => {
                     let (_, seq) = s.losses.pop_front().expect("front checked");
-                    if !s.in_recovery && seq >= s.high_seq {
-                        // tcp_enter_recovery → dctcp_react_to_loss; high_seq = snd_nxt.
-                        s.ssthresh = (s.cwnd / 2).max(MIN_SSTHRESH);
-                        s.cwnd = s.ssthresh;
-                        s.cnt = 0;
-                        s.in_recovery = true;
-                        s.high_seq = sent;
-                        self.recoveries += 1;
-                    }
+                    self.recoveries += s.on_loss(seq, sent) as u64;
                 }
                 _ => break,
             }
@@ -157,6 +154,21 @@ impl Sender {
         } else if limited {
             self.cong_avoid(segs);
         }
+    }
+
+    /// A loss of the segment at `seq` heard with `sent` bytes sent: true when it starts a recovery, which
+    /// halves the window (tcp_enter_recovery → dctcp_react_to_loss; high_seq = snd_nxt). A loss of a window
+    /// already reacted to does not.
+    fn on_loss(&mut self, seq: u64, sent: u64) -> bool {
+        if self.in_recovery || seq < self.high_seq {
+            return false;
+        }
+        self.ssthresh = (self.cwnd / 2).max(MIN_SSTHRESH);
+        self.cwnd = self.ssthresh;
+        self.cnt = 0;
+        self.in_recovery = true;
+        self.high_seq = sent;
+        true
     }
 
     /// tcp_reno_cong_avoid(): slow start below ssthresh, then additive increase.

@@ -51,9 +51,9 @@ pub struct RxTcp {
     advertised: Vec<u64>,
     ssthresh: Vec<u64>,
     quick: Vec<bool>,
-    /// Per flow: the out-of-order queue is non-empty; duplicate ACKs sent for it (dup_ack_counter); the
-    /// poll its last compressed SACK went out in. `poll` counts NAPI polls.
-    ofo: Vec<bool>,
+    /// Per flow: duplicate ACKs sent for the out-of-order queue (dup_ack_counter; non-zero exactly while
+    /// the queue holds data, as the first out-of-order skb always sends one); the poll its last compressed
+    /// SACK went out in. `poll` counts NAPI polls.
     dupacks: Vec<u32>,
     sack_poll: Vec<u64>,
     poll: u64,
@@ -76,7 +76,6 @@ impl RxTcp {
             advertised: vec![initial; flows],
             ssthresh: vec![initial; flows],
             quick: vec![false; flows],
-            ofo: vec![false; flows],
             dupacks: vec![0; flows],
             sack_poll: vec![u64::MAX; flows],
             poll: 0,
@@ -161,7 +160,6 @@ impl RxTcp {
         self.unacked[f] += bytes;
         self.grow(f, bytes, queued);
         if ooo {
-            self.ofo[f] = true;
             if self.dupacks[f] < FASTRETRANS_THRESH {
                 self.dupacks[f] += 1;
                 return self.ack(f, queued);
@@ -172,8 +170,8 @@ impl RxTcp {
             }
             return false;
         }
-        if std::mem::take(&mut self.ofo[f]) {
-            self.dupacks[f] = 0; // rcv_nxt moved: a new dup_ack_counter
+        if std::mem::take(&mut self.dupacks[f]) > 0 {
+            // The gap filled (ICSK_ACK_NOW); rcv_nxt moved, so a new dup_ack_counter.
             return self.ack(f, queued);
         }
         let more_than_one = self.unacked[f] > self.mss;
