@@ -31,6 +31,8 @@ pub struct Simulation {
     policy: PolicyName,
     policy_reason: String,
     seed: u64,
+    /// Entries of the platform's last walk cache (PTcache-L3), for the IOVA locality result.
+    walk_cache_entries: u64,
 }
 
 fn ms_to_ns(ms: f64) -> Time {
@@ -147,6 +149,7 @@ impl Simulation {
             policy,
             policy_reason,
             seed: sc.run.seed,
+            walk_cache_entries: p.iommu.pwc_entries.last().map_or(0, |&n| n as u64),
         }
     }
 
@@ -178,6 +181,8 @@ impl Simulation {
             safety: d.safety.stats.clone(),
             exposed_open: d.safety.exposed_open(at),
             attack: self.host.dma.attack.as_ref().map(|a| a.stats.clone()),
+            iova_reuse: d.locality.hist.clone(),
+            iova_first_use: d.locality.first_use,
         }
     }
 
@@ -248,6 +253,7 @@ impl Simulation {
             inv_kinds: self.host.dma.core.iommu.inv_kinds(),
             seed: self.seed,
             pwc_levels: self.host.dma.core.iommu.translator().format().levels - 1,
+            walk_cache_entries: self.walk_cache_entries,
             line_rate_gbps: self.workload.line_rate_gbps(),
             translated: self.host.dma.policy.translated(),
         };
@@ -419,6 +425,37 @@ mod tests {
             );
         }
         assert!(fands.inv_per_page < xsmmu.inv_per_page * 2.0 && fands.inv_per_page < 0.1);
+        // The cache's head is held by a socket at most refills (rx_cache_busy), so its puts find it full.
+        for r in [&lazy, &xsmmu] {
+            let c = &r.rx_page_cache;
+            assert!(c.busy > 4 * c.reuse && c.full > 4 * c.reuse, "{c:?}");
+        }
+        assert_eq!(fands.rx_page_cache.reuse + fands.rx_page_cache.busy, 0);
+    }
+
+    /// Every page mapped in the window is an RX refill that missed mlx5's cache or an ACK's head, and each
+    /// is one IOVA allocation the locality measure sees. Lazy holds freed IOVAs in the flush queue, so the
+    /// allocator hands out IOVAs from more PT-L3 pages than strict, which gets each back at once.
+    #[test]
+    fn c2_maps_tie_out_and_lazy_spreads_iovas_over_more_walk_cache_entries() {
+        let (strict, lazy) = (c2("strict", "20"), c2("lazy", "20"));
+        for r in [&strict, &lazy] {
+            let (c, l) = (&r.rx_page_cache, &r.iova_locality);
+            assert_eq!(
+                c.busy + c.empty + r.tx_packets,
+                r.iova_pages_mapped,
+                "{c:?}"
+            );
+            assert_eq!(l.allocations + l.first_use, r.iova_pages_mapped, "{l:?}");
+            assert!(l.reuse_distance_p50 <= l.reuse_distance_p99);
+            assert!(l.reuse_distance_p99 <= l.reuse_distance_max);
+        }
+        let (s, l) = (&strict.iova_locality, &lazy.iova_locality);
+        assert!(l.reuse_distance_p99 > s.reuse_distance_p99, "{s:?} {l:?}");
+        assert!(
+            l.beyond_walk_cache_share > 2.0 * s.beyond_walk_cache_share,
+            "{s:?} {l:?}"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod flush_queue;
 pub mod fns;
 pub mod iova;
 pub mod kernel;
+pub mod locality;
 pub mod passthrough;
 pub mod per_cpu;
 pub mod safety;
@@ -57,6 +58,8 @@ pub struct DmaCore {
     pub iova_from_trace: bool,
     /// When unmapped ranges went back to their owners and when invalidations covered them.
     pub safety: safety::SafetyLog,
+    /// Walk-cache locality of the IOVAs handed out.
+    pub locality: locality::ReuseDistance,
 }
 
 /// 4 GiB in 4 KiB pages: the first try for PCI devices (iommu_dma_alloc_iova, DMA_BIT_MASK(32)).
@@ -82,7 +85,15 @@ impl DmaCore {
             timer_request: None,
             iova_from_trace: false,
             safety: safety::SafetyLog::default(),
+            locality: locality::ReuseDistance::default(),
         }
+    }
+
+    /// An IOVA at `iova_pfn` was handed to a buffer: note its last-level walk-cache entry.
+    pub fn note_allocation(&mut self, iova_pfn: u64) {
+        let fmt = self.iommu.translator().format();
+        let entry = (iova_pfn / self.granule) >> fmt.span_shift(2);
+        self.locality.record(entry);
     }
 
     /// iova_offset / iova_align: [pfn, pfn + pages) as whole granules: (first 4 KiB pfn, offset, granules).
@@ -157,6 +168,7 @@ impl DmaCore {
         let t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, len);
         self.stats.maps += 1;
         self.stats.pages_mapped += len;
+        self.note_allocation(iova);
         Some((iova + off, t))
     }
 
@@ -181,6 +193,7 @@ impl DmaCore {
                 t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, n);
             }
             self.stats.maps += 1;
+            self.note_allocation(iova + i as u64);
         }
         self.stats.pages_mapped += n;
         Some((iova, t))

@@ -90,6 +90,11 @@ impl Histogram {
         unreachable!("rank <= count")
     }
 
+    /// Samples of `v` or more, to the bucket resolution (exact below 32): `v`'s whole bucket counts.
+    pub fn count_at_least(&self, v: u64) -> u64 {
+        self.counts.iter().skip(index(v)).sum()
+    }
+
     /// The largest recorded value, to the bucket's upper bound.
     pub fn max(&self) -> u64 {
         self.counts

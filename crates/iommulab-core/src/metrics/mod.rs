@@ -27,6 +27,9 @@ pub struct Snapshot {
     pub exposed_open: u64,
     /// The malicious device's counts, when one runs.
     pub attack: Option<AttackStats>,
+    /// Walk-cache reuse distances of the IOVAs handed out, and allocations from entries never used before.
+    pub iova_reuse: hist::Histogram,
+    pub iova_first_use: u64,
 }
 
 /// `{"total": n, "<type>": n, ...}` with the IOMMU's own invalidation types, in its order.
@@ -119,6 +122,35 @@ pub struct SubPage {
     pub mean_reachable_bytes: f64,
 }
 
+/// Locality of the IOVAs handed to buffers in the window, as F&S (SOSP'24 §2.2, Figures 2e/3e) measure it:
+/// per allocation, the distinct last-level walk-cache entries (PT-L3 pages) allocated from since its own
+/// entry last was (dma::locality).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct IovaLocality {
+    /// Allocations from an entry used before, and from one never used before.
+    pub allocations: u64,
+    pub first_use: u64,
+    /// Entries of the last walk cache (the platform's PTcache-L3) the distances compare with.
+    pub walk_cache_entries: u64,
+    pub reuse_distance_p50: u64,
+    pub reuse_distance_p99: u64,
+    pub reuse_distance_max: u64,
+    /// Share of allocations whose entry had more distinct entries in between than the walk cache holds.
+    pub beyond_walk_cache_share: f64,
+}
+
+/// mlx5's RX page cache in the window, as `ethtool -S` names them (rx_cache_reuse, rx_cache_busy,
+/// rx_cache_empty, rx_cache_full): refills served from the cache; refills that found its head still held
+/// by a socket, or found it empty, and mapped a new page; releases that found it full and unmapped the
+/// page. Zero without a driver page cache.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RxPageCache {
+    pub reuse: u64,
+    pub busy: u64,
+    pub empty: u64,
+    pub full: u64,
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct FlushQueueFlushes {
     pub full: u64,
@@ -167,7 +199,9 @@ pub struct RunResult {
     /// TCP senders' loss-recovery episodes (each halves a congestion window).
     pub loss_recoveries: u64,
     pub flush_queue_flushes: FlushQueueFlushes,
+    pub rx_page_cache: RxPageCache,
     pub iova_rcache_hit_rate: f64,
+    pub iova_locality: IovaLocality,
     pub safety: Safety,
     /// Request latency percentiles (request/response workloads only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -204,6 +238,8 @@ pub struct RunInfo<'a> {
     pub seed: u64,
     /// Walk caches (non-leaf levels) of the IOMMU's table format.
     pub pwc_levels: u32,
+    /// Entries of the last walk cache.
+    pub walk_cache_entries: u64,
     pub line_rate_gbps: f64,
     /// The device's DMA goes through translation (not an identity domain).
     pub translated: bool,
@@ -298,7 +334,29 @@ impl RunResult {
                 full: b.dma.fq_flush_full - a.dma.fq_flush_full,
                 timer: b.dma.fq_flush_timer - a.dma.fq_flush_timer,
             },
+            rx_page_cache: RxPageCache {
+                reuse: wl(|w| w.rx_cache_reuse),
+                busy: wl(|w| w.rx_cache_busy),
+                empty: wl(|w| w.rx_cache_empty),
+                full: wl(|w| w.rx_cache_full),
+            },
             iova_rcache_hit_rate: r6(ratio(rc_hits, rc_total)),
+            iova_locality: {
+                let h = b.iova_reuse.since(&a.iova_reuse);
+                let n = h.count();
+                IovaLocality {
+                    allocations: n,
+                    first_use: b.iova_first_use - a.iova_first_use,
+                    walk_cache_entries: info.walk_cache_entries,
+                    reuse_distance_p50: h.quantile(0.5),
+                    reuse_distance_p99: h.quantile(0.99),
+                    reuse_distance_max: h.max(),
+                    beyond_walk_cache_share: r6(ratio(
+                        h.count_at_least(info.walk_cache_entries),
+                        n,
+                    )),
+                }
+            },
             safety: {
                 let settled = b.safety.pages_settled - a.safety.pages_settled;
                 let exposed = b.safety.pages_exposed - a.safety.pages_exposed;

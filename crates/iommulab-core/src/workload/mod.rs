@@ -83,6 +83,12 @@ pub struct WorkloadStats {
     /// Pages that entered the page pool (allocated and DMA-mapped) and left it (DMA-unmapped and freed).
     pub pool_pages_mapped: u64,
     pub pool_pages_unmapped: u64,
+    /// mlx5's RX page cache (Linux 6.0 en_rx.c): rx_cache_reuse, rx_cache_busy, rx_cache_empty,
+    /// rx_cache_full.
+    pub rx_cache_reuse: u64,
+    pub rx_cache_busy: u64,
+    pub rx_cache_empty: u64,
+    pub rx_cache_full: u64,
     /// Packets the host sent (TCP segments on the wire, or ACKs).
     pub tx_packets: u64,
     /// DMA writes that hit no valid translation.

@@ -66,9 +66,10 @@ struct Pool {
 pub struct PageCounters {
     pub mapped: u64,
     pub unmapped: u64,
-    /// mlx5 rx_cache_reuse / rx_cache_busy / rx_cache_full.
+    /// mlx5 rx_cache_reuse / rx_cache_busy / rx_cache_empty / rx_cache_full.
     pub cache_reuse: u64,
     pub cache_busy: u64,
+    pub cache_empty: u64,
     pub cache_full: u64,
 }
 
@@ -150,14 +151,15 @@ impl Pages {
     ) -> Option<(PageId, Time)> {
         if let Source::DriverCache { .. } = self.source {
             // mlx5e_rx_cache_get(): only the head, only if no socket still holds it.
-            if let Some(&id) = self.pools[q].driver_cache.front() {
-                if self.pages[id as usize].stack_refs == 0 {
+            match self.pools[q].driver_cache.front() {
+                Some(&id) if self.pages[id as usize].stack_refs == 0 => {
                     self.pools[q].driver_cache.pop_front();
                     self.pages[id as usize].home = Home::Driver;
                     self.counters.cache_reuse += 1;
                     return Some((id, t));
                 }
-                self.counters.cache_busy += 1;
+                Some(_) => self.counters.cache_busy += 1,
+                None => self.counters.cache_empty += 1,
             }
         }
         let (id, t) = match self.pool_get(host, q, t) {
