@@ -151,6 +151,22 @@ pub struct RxPageCache {
     pub full: u64,
 }
 
+impl IovaLocality {
+    /// From the reuse distances `h` of allocations, those from unseen entries, and the walk cache's size.
+    pub fn new(h: &hist::Histogram, first_use: u64, walk_cache_entries: u64) -> Self {
+        let n = h.count();
+        IovaLocality {
+            allocations: n,
+            first_use,
+            walk_cache_entries,
+            reuse_distance_p50: h.quantile(0.5),
+            reuse_distance_p99: h.quantile(0.99),
+            reuse_distance_max: h.max(),
+            beyond_walk_cache_share: r6(ratio(h.count_at_least(walk_cache_entries), n)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct FlushQueueFlushes {
     pub full: u64,
@@ -341,22 +357,11 @@ impl RunResult {
                 full: wl(|w| w.rx_cache_full),
             },
             iova_rcache_hit_rate: r6(ratio(rc_hits, rc_total)),
-            iova_locality: {
-                let h = b.iova_reuse.since(&a.iova_reuse);
-                let n = h.count();
-                IovaLocality {
-                    allocations: n,
-                    first_use: b.iova_first_use - a.iova_first_use,
-                    walk_cache_entries: info.walk_cache_entries,
-                    reuse_distance_p50: h.quantile(0.5),
-                    reuse_distance_p99: h.quantile(0.99),
-                    reuse_distance_max: h.max(),
-                    beyond_walk_cache_share: r6(ratio(
-                        h.count_at_least(info.walk_cache_entries),
-                        n,
-                    )),
-                }
-            },
+            iova_locality: IovaLocality::new(
+                &b.iova_reuse.since(&a.iova_reuse),
+                b.iova_first_use - a.iova_first_use,
+                info.walk_cache_entries,
+            ),
             safety: {
                 let settled = b.safety.pages_settled - a.safety.pages_settled;
                 let exposed = b.safety.pages_exposed - a.safety.pages_exposed;

@@ -28,9 +28,11 @@
 pub mod ftrace;
 
 use crate::dma::flush_queue::{FlushQueue, FqOptions};
+use crate::dma::locality::ReuseDistance;
 use crate::dma::{default_domain, DmaCore, DmaLayer};
 use crate::hw::{self, InvKind, IommuCounters, PAGE_SHIFT};
 use crate::input::InputError;
+use crate::metrics::IovaLocality;
 use crate::scenario::{load, Arch, PolicyName, Source, Vendor};
 use crate::sim::Time;
 use ftrace::{Ctx, EventHead, Record};
@@ -214,6 +216,8 @@ pub struct ReplayResult {
     pub policy_reason: String,
     pub hz: u32,
     pub lines: Lines,
+    /// Walk-cache locality of the traced kernel's IOVA allocations, over the whole trace.
+    pub iova_locality: IovaLocality,
     pub phases: Phases,
 }
 
@@ -598,6 +602,11 @@ pub struct ReplaySession {
     policy: PolicyName,
     policy_reason: String,
     hz: u32,
+    /// The traced IOVAs' walk-cache locality (the same for every replayer: the trace chose the IOVAs), the
+    /// shift from a 4 KiB pfn to its last-level walk-cache entry, and that cache's size.
+    locality: ReuseDistance,
+    entry_shift: u32,
+    walk_cache_entries: u64,
     /// Bytes of a line not yet terminated (chunked input).
     partial: Vec<u8>,
 }
@@ -686,6 +695,8 @@ impl ReplaySession {
         };
         let rs: Vec<(u64, Replayer)> = phases.into_iter().map(make).collect();
         let iommu_name = rs[0].1.dma.core.iommu.name().to_string();
+        let fmt = *rs[0].1.dma.core.iommu.translator().format();
+        let entry_shift = fmt.granule_pages().trailing_zeros() + fmt.span_shift(2);
         Ok(ReplaySession {
             name: name.to_string(),
             rs,
@@ -695,6 +706,14 @@ impl ReplaySession {
             policy,
             policy_reason,
             hz: opts.hz,
+            locality: ReuseDistance::default(),
+            entry_shift,
+            walk_cache_entries: sc
+                .platform
+                .iommu
+                .pwc_entries
+                .last()
+                .map_or(0, |&n| n as u64),
             partial: Vec::new(),
         })
     }
@@ -715,6 +734,9 @@ impl ReplaySession {
             }
         };
         self.lines.events += 1;
+        if let Record::Map { iova, .. } = &rec {
+            self.locality.record(pfn(*iova) >> self.entry_shift);
+        }
         for (_, r) in &mut self.rs {
             r.serve_phase();
             r.fire_timers(ev.ts_ns);
@@ -801,6 +823,11 @@ impl ReplaySession {
             policy_reason: self.policy_reason,
             hz: self.hz,
             lines,
+            iova_locality: IovaLocality::new(
+                &self.locality.hist,
+                self.locality.first_use,
+                self.walk_cache_entries,
+            ),
             phases,
         })
     }
@@ -899,6 +926,23 @@ mod tests {
 
     fn run(text: &str, opts: &ReplayOptions) -> ReplayResult {
         replay(text.as_bytes(), "t", opts).unwrap()
+    }
+
+    #[test]
+    fn the_traced_iovas_walk_cache_locality_is_reported() {
+        // Three maps in the 2 MiB at 0xfff00000, one in the 2 MiB below, then back: distances 0, 0, 1.
+        let t = [
+            map(10, 0xfff0_0000, 0x10_0000, 4096),
+            map(11, 0xfff0_1000, 0x20_0000, 4096),
+            map(12, 0xfff0_2000, 0x30_0000, 4096),
+            map(13, 0xffd0_0000, 0x40_0000, 4096),
+            map(14, 0xfff0_3000, 0x50_0000, 4096),
+        ]
+        .concat();
+        let l = run(&t, &ReplayOptions::default()).iova_locality;
+        assert_eq!((l.allocations, l.first_use), (3, 2));
+        assert_eq!((l.reuse_distance_max, l.walk_cache_entries), (1, 16));
+        assert_eq!(l.beyond_walk_cache_share, 0.0);
     }
 
     #[test]
