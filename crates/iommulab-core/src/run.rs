@@ -149,7 +149,7 @@ impl Simulation {
             policy,
             policy_reason,
             seed: sc.run.seed,
-            walk_cache_entries: p.iommu.pwc_entries.last().map_or(0, |&n| n as u64),
+            walk_cache_entries: p.iommu.last_walk_cache_entries(),
         }
     }
 

@@ -139,6 +139,13 @@ pub struct IommuProfile {
     pub virtio: Option<VirtioProfile>,
 }
 
+impl IommuProfile {
+    /// Entries of the last walk cache (the one holding level-2 entries: F&S's PTcache-L3).
+    pub fn last_walk_cache_entries(&self) -> u64 {
+        self.pwc_entries.last().map_or(0, |&n| n as u64)
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct VirtioProfile {

@@ -6,8 +6,10 @@
 
 use crate::metrics::hist::Histogram;
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ReuseDistance {
+    /// log2 of the 4 KiB pages one entry spans (PtFormat::walk_entry_shift).
+    entry_shift: u32,
     /// Entries allocated from, least recently first.
     lru: Vec<u64>,
     /// Distances of allocations from an entry used before.
@@ -17,8 +19,23 @@ pub struct ReuseDistance {
 }
 
 impl ReuseDistance {
+    /// Entries of 2^`entry_shift` 4 KiB pages.
+    pub fn new(entry_shift: u32) -> Self {
+        ReuseDistance {
+            entry_shift,
+            lru: Vec::new(),
+            hist: Histogram::default(),
+            first_use: 0,
+        }
+    }
+
+    /// An IOVA at 4 KiB pfn `iova_pfn` was handed to a buffer.
+    pub fn allocated(&mut self, iova_pfn: u64) {
+        self.record(iova_pfn >> self.entry_shift);
+    }
+
     /// An IOVA was allocated from walk-cache entry `entry`.
-    pub fn record(&mut self, entry: u64) {
+    fn record(&mut self, entry: u64) {
         match self.lru.iter().rposition(|&e| e == entry) {
             Some(i) => {
                 self.hist.record((self.lru.len() - 1 - i) as u64);
@@ -40,7 +57,7 @@ mod tests {
         /// use and this one.
         #[test]
         fn distances_match_the_definition(seq in proptest::collection::vec(0u64..12, 1..200)) {
-            let mut r = ReuseDistance::default();
+            let mut r = ReuseDistance::new(0);
             let mut want = Histogram::default();
             let mut first = 0;
             for (i, &e) in seq.iter().enumerate() {
@@ -62,7 +79,7 @@ mod tests {
 
     #[test]
     fn distance_counts_distinct_entries_in_between() {
-        let mut r = ReuseDistance::default();
+        let mut r = ReuseDistance::new(0);
         for e in [1, 1, 2, 3, 2, 2, 1] {
             r.record(e);
         }
@@ -77,7 +94,7 @@ mod tests {
 
     #[test]
     fn a_cycle_over_more_entries_than_a_cache_holds_has_that_distance() {
-        let mut r = ReuseDistance::default();
+        let mut r = ReuseDistance::new(0);
         for _ in 0..3 {
             for e in 0..20 {
                 r.record(e);

@@ -85,15 +85,8 @@ impl DmaCore {
             timer_request: None,
             iova_from_trace: false,
             safety: safety::SafetyLog::default(),
-            locality: locality::ReuseDistance::default(),
+            locality: locality::ReuseDistance::new(fmt.walk_entry_shift()),
         }
-    }
-
-    /// An IOVA at `iova_pfn` was handed to a buffer: note its last-level walk-cache entry.
-    pub fn note_allocation(&mut self, iova_pfn: u64) {
-        let fmt = self.iommu.translator().format();
-        let entry = (iova_pfn / self.granule) >> fmt.span_shift(2);
-        self.locality.record(entry);
     }
 
     /// iova_offset / iova_align: [pfn, pfn + pages) as whole granules: (first 4 KiB pfn, offset, granules).
@@ -168,7 +161,7 @@ impl DmaCore {
         let t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, len);
         self.stats.maps += 1;
         self.stats.pages_mapped += len;
-        self.note_allocation(iova);
+        self.locality.allocated(iova);
         Some((iova + off, t))
     }
 
@@ -193,7 +186,7 @@ impl DmaCore {
                 t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, n);
             }
             self.stats.maps += 1;
-            self.note_allocation(iova + i as u64);
+            self.locality.allocated(iova + i as u64);
         }
         self.stats.pages_mapped += n;
         Some((iova, t))

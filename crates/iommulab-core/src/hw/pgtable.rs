@@ -99,6 +99,12 @@ impl PtFormat {
         self.bits * (level - 1)
     }
 
+    /// log2 of the 4 KiB pages one entry of the last walk cache spans: a level-2 entry, which points at a
+    /// leaf table (F&S's PT-L3 page; 2 MiB with 4 KiB pages).
+    pub fn walk_entry_shift(&self) -> u32 {
+        self.granule_shift - 12 + self.span_shift(2)
+    }
+
     /// Granule pfns the table can address.
     pub fn max_gpfn(&self) -> u64 {
         (1u64 << (self.bits * (self.levels - 1) + self.top_bits)) - 1

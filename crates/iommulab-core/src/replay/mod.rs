@@ -602,10 +602,9 @@ pub struct ReplaySession {
     policy: PolicyName,
     policy_reason: String,
     hz: u32,
-    /// The traced IOVAs' walk-cache locality (the same for every replayer: the trace chose the IOVAs), the
-    /// shift from a 4 KiB pfn to its last-level walk-cache entry, and that cache's size.
+    /// The traced IOVAs' walk-cache locality (the same for every replayer: the trace chose the IOVAs), and
+    /// that cache's size.
     locality: ReuseDistance,
-    entry_shift: u32,
     walk_cache_entries: u64,
     /// Bytes of a line not yet terminated (chunked input).
     partial: Vec<u8>,
@@ -695,8 +694,14 @@ impl ReplaySession {
         };
         let rs: Vec<(u64, Replayer)> = phases.into_iter().map(make).collect();
         let iommu_name = rs[0].1.dma.core.iommu.name().to_string();
-        let fmt = *rs[0].1.dma.core.iommu.translator().format();
-        let entry_shift = fmt.granule_pages().trailing_zeros() + fmt.span_shift(2);
+        let entry_shift = rs[0]
+            .1
+            .dma
+            .core
+            .iommu
+            .translator()
+            .format()
+            .walk_entry_shift();
         Ok(ReplaySession {
             name: name.to_string(),
             rs,
@@ -706,14 +711,8 @@ impl ReplaySession {
             policy,
             policy_reason,
             hz: opts.hz,
-            locality: ReuseDistance::default(),
-            entry_shift,
-            walk_cache_entries: sc
-                .platform
-                .iommu
-                .pwc_entries
-                .last()
-                .map_or(0, |&n| n as u64),
+            locality: ReuseDistance::new(entry_shift),
+            walk_cache_entries: sc.platform.iommu.last_walk_cache_entries(),
             partial: Vec::new(),
         })
     }
@@ -735,7 +734,7 @@ impl ReplaySession {
         };
         self.lines.events += 1;
         if let Record::Map { iova, .. } = &rec {
-            self.locality.record(pfn(*iova) >> self.entry_shift);
+            self.locality.allocated(pfn(*iova));
         }
         for (_, r) in &mut self.rs {
             r.serve_phase();

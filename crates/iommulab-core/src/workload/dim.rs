@@ -61,40 +61,30 @@ fn significant(val: u64, reference: u64) -> bool {
     reference != 0 && 100 * val.abs_diff(reference) / reference > 10
 }
 
-/// net_dim_stats_compare().
+/// net_dim_stats_compare(): bytes, then packets, then events per ms decide, the first that moved by more
+/// than 10 %. More bytes or packets is better, more events worse. From a zero reference, any bytes or
+/// packets are better; events from zero are the same.
 fn compare(curr: &Stats, prev: &Stats) -> Verdict {
-    let by = |c: u64, p: u64, more_is_better: bool| {
-        if (c > p) == more_is_better {
-            Verdict::Better
-        } else {
-            Verdict::Worse
+    // (current, previous, more is better)
+    for (c, p, more_is_better) in [
+        (curr.bpms, prev.bpms, true),
+        (curr.ppms, prev.ppms, true),
+        (curr.epms, prev.epms, false),
+    ] {
+        if p == 0 {
+            return if more_is_better && c != 0 {
+                Verdict::Better
+            } else {
+                Verdict::Same
+            };
         }
-    };
-    if prev.bpms == 0 {
-        return if curr.bpms != 0 {
-            Verdict::Better
-        } else {
-            Verdict::Same
-        };
-    }
-    if significant(curr.bpms, prev.bpms) {
-        return by(curr.bpms, prev.bpms, true);
-    }
-    if prev.ppms == 0 {
-        return if curr.ppms != 0 {
-            Verdict::Better
-        } else {
-            Verdict::Same
-        };
-    }
-    if significant(curr.ppms, prev.ppms) {
-        return by(curr.ppms, prev.ppms, true);
-    }
-    if prev.epms == 0 {
-        return Verdict::Same;
-    }
-    if significant(curr.epms, prev.epms) {
-        return by(curr.epms, prev.epms, false);
+        if significant(c, p) {
+            return if (c > p) == more_is_better {
+                Verdict::Better
+            } else {
+                Verdict::Worse
+            };
+        }
     }
     Verdict::Same
 }
