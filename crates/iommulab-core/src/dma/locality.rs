@@ -1,8 +1,7 @@
-//! IOVA allocation locality as F&S (SOSP'24 §2.2, Figures 2e and 3e) measure it: for each IOVA handed to a
-//! buffer, how many distinct last-level walk-cache entries (PT-L3 pages in F&S's naming: 2 MiB of IOVA
-//! with 4 KiB pages) were allocated from since its own entry last was. That is the entry's LRU stack
-//! distance in the allocation sequence: at or above the walk cache's size, the device's walk for the new
-//! IOVA likely misses.
+//! IOVA locality as F&S (SOSP'24 §2.2, Figures 2e and 3e) measure it: for each IOVA handed to a buffer, or
+//! each page the device accesses, how many distinct last-level walk-cache entries (PT-L3 pages in F&S's
+//! naming: 2 MiB of IOVA with 4 KiB pages) were used since its own entry last was. That is the entry's LRU
+//! stack distance in the sequence: at or above the walk cache's size, the device's walk likely misses.
 
 use crate::metrics::hist::Histogram;
 
@@ -16,6 +15,8 @@ pub struct ReuseDistance {
     pub hist: Histogram,
     /// Allocations from an entry never used before.
     pub first_use: u64,
+    /// The page of the last access (`accessed`).
+    last_access: Option<u64>,
 }
 
 impl ReuseDistance {
@@ -26,6 +27,7 @@ impl ReuseDistance {
             lru: Vec::new(),
             hist: Histogram::default(),
             first_use: 0,
+            last_access: None,
         }
     }
 
@@ -34,7 +36,15 @@ impl ReuseDistance {
         self.record(iova_pfn >> self.entry_shift);
     }
 
-    /// An IOVA was allocated from walk-cache entry `entry`.
+    /// The device accessed the page at 4 KiB pfn `iova_pfn`; an access to the page accessed last is the
+    /// same visit (a packet that continues a page another began) and is not counted again.
+    pub fn accessed(&mut self, iova_pfn: u64) {
+        if self.last_access.replace(iova_pfn) != Some(iova_pfn) {
+            self.record(iova_pfn >> self.entry_shift);
+        }
+    }
+
+    /// An IOVA was allocated from (or an access touched) walk-cache entry `entry`.
     fn record(&mut self, entry: u64) {
         match self.lru.iter().rposition(|&e| e == entry) {
             Some(i) => {
@@ -90,6 +100,17 @@ mod tests {
             (r.hist.quantile(0.25), r.hist.quantile(0.75), r.hist.max()),
             (0, 1, 2)
         );
+    }
+
+    #[test]
+    fn repeated_accesses_to_one_page_are_one_visit() {
+        // Entries of 2 pages: pages 0 and 1 share entry 0, page 2 is entry 1.
+        let mut r = ReuseDistance::new(1);
+        for pfn in [0, 0, 0, 1, 1, 2, 0, 0] {
+            r.accessed(pfn);
+        }
+        // Visits 0, 1, 2, 0: entry 0 (first), 0 → 0, 1 (first), 0 → 1.
+        assert_eq!((r.first_use, r.hist.count(), r.hist.max()), (2, 2, 1));
     }
 
     #[test]

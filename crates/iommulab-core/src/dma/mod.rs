@@ -60,6 +60,8 @@ pub struct DmaCore {
     pub safety: safety::SafetyLog,
     /// Walk-cache locality of the IOVAs handed out.
     pub locality: locality::ReuseDistance,
+    /// Walk-cache locality of the device's data-page accesses.
+    pub dma_locality: locality::ReuseDistance,
 }
 
 /// 4 GiB in 4 KiB pages: the first try for PCI devices (iommu_dma_alloc_iova, DMA_BIT_MASK(32)).
@@ -86,6 +88,7 @@ impl DmaCore {
             iova_from_trace: false,
             safety: safety::SafetyLog::default(),
             locality: locality::ReuseDistance::new(fmt.walk_entry_shift()),
+            dma_locality: locality::ReuseDistance::new(fmt.walk_entry_shift()),
         }
     }
 
@@ -417,6 +420,14 @@ impl DmaLayer {
         self.policy.timer(&mut self.core, now, cpu)
     }
     /// Device side: translate one page, or None when the domain is identity (no translation).
+    /// The device reads or writes the data page at `iova_pfn` (its translation follows): counted for
+    /// the walk-cache locality of accesses, when the IOMMU translates.
+    pub fn data_access(&mut self, iova_pfn: u64) {
+        if self.policy.translated() {
+            self.core.dma_locality.accessed(iova_pfn);
+        }
+    }
+
     pub fn translate(&mut self, iova_pfn: u64) -> Option<Translation> {
         if self.policy.translated() {
             Some(self.core.iommu.translate(self.core.dom, iova_pfn))

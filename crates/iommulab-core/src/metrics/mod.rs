@@ -30,6 +30,9 @@ pub struct Snapshot {
     /// Walk-cache reuse distances of the IOVAs handed out, and allocations from entries never used before.
     pub iova_reuse: hist::Histogram,
     pub iova_first_use: u64,
+    /// The same over the device's data-page accesses.
+    pub dma_reuse: hist::Histogram,
+    pub dma_first_use: u64,
 }
 
 /// `{"total": n, "<type>": n, ...}` with the IOMMU's own invalidation types, in its order.
@@ -122,21 +125,40 @@ pub struct SubPage {
     pub mean_reachable_bytes: f64,
 }
 
-/// Locality of the IOVAs handed to buffers in the window, as F&S (SOSP'24 §2.2, Figures 2e/3e) measure it:
-/// per allocation, the distinct last-level walk-cache entries (PT-L3 pages) allocated from since its own
-/// entry last was (dma::locality).
+/// Reuse distances over last-level walk-cache entries (PT-L3 pages: 2 MiB of IOVA with 4 KiB pages) in the
+/// window (dma::locality), against the size of the last walk cache.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct IovaLocality {
-    /// Allocations from an entry used before, and from one never used before.
-    pub allocations: u64,
+pub struct WalkLocality {
+    /// Events on an entry not seen before (no distance).
     pub first_use: u64,
     /// Entries of the last walk cache (the platform's PTcache-L3) the distances compare with.
     pub walk_cache_entries: u64,
     pub reuse_distance_p50: u64,
     pub reuse_distance_p99: u64,
     pub reuse_distance_max: u64,
-    /// Share of allocations whose entry had more distinct entries in between than the walk cache holds.
+    /// Share of events whose entry had more distinct entries in between than the walk cache holds.
     pub beyond_walk_cache_share: f64,
+}
+
+/// Locality of the IOVAs handed to buffers in the window, as F&S (SOSP'24 §2.2, Figures 2e/3e) measure it:
+/// per allocation, the distinct last-level walk-cache entries allocated from since its own entry last was.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct IovaLocality {
+    /// Allocations from an entry used before.
+    pub allocations: u64,
+    #[serde(flatten)]
+    pub walk: WalkLocality,
+}
+
+/// Locality of the data pages the device read or wrote in the window, in the order the IOMMU translated
+/// them (F&S Figure 2e's "IOVA accesses"): per page, the distinct last-level walk-cache entries the
+/// device's data touched since its own entry last was. Consecutive accesses to one page count once.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct DmaLocality {
+    /// Page accesses in an entry touched before.
+    pub accesses: u64,
+    #[serde(flatten)]
+    pub walk: WalkLocality,
 }
 
 /// mlx5's RX page cache in the window, as `ethtool -S` names them (rx_cache_reuse, rx_cache_busy,
@@ -151,18 +173,34 @@ pub struct RxPageCache {
     pub full: u64,
 }
 
-impl IovaLocality {
-    /// From the reuse distances `h` of allocations, those from unseen entries, and the walk cache's size.
+impl WalkLocality {
+    /// From the reuse distances `h`, the events on unseen entries, and the walk cache's size.
     pub fn new(h: &hist::Histogram, first_use: u64, walk_cache_entries: u64) -> Self {
-        let n = h.count();
-        IovaLocality {
-            allocations: n,
+        WalkLocality {
             first_use,
             walk_cache_entries,
             reuse_distance_p50: h.quantile(0.5),
             reuse_distance_p99: h.quantile(0.99),
             reuse_distance_max: h.max(),
-            beyond_walk_cache_share: r6(ratio(h.count_at_least(walk_cache_entries), n)),
+            beyond_walk_cache_share: r6(ratio(h.count_at_least(walk_cache_entries), h.count())),
+        }
+    }
+}
+
+impl IovaLocality {
+    pub fn new(h: &hist::Histogram, first_use: u64, walk_cache_entries: u64) -> Self {
+        IovaLocality {
+            allocations: h.count(),
+            walk: WalkLocality::new(h, first_use, walk_cache_entries),
+        }
+    }
+}
+
+impl DmaLocality {
+    pub fn new(h: &hist::Histogram, first_use: u64, walk_cache_entries: u64) -> Self {
+        DmaLocality {
+            accesses: h.count(),
+            walk: WalkLocality::new(h, first_use, walk_cache_entries),
         }
     }
 }
@@ -218,6 +256,7 @@ pub struct RunResult {
     pub rx_page_cache: RxPageCache,
     pub iova_rcache_hit_rate: f64,
     pub iova_locality: IovaLocality,
+    pub dma_locality: DmaLocality,
     pub safety: Safety,
     /// Request latency percentiles (request/response workloads only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -360,6 +399,11 @@ impl RunResult {
             iova_locality: IovaLocality::new(
                 &b.iova_reuse.since(&a.iova_reuse),
                 b.iova_first_use - a.iova_first_use,
+                info.walk_cache_entries,
+            ),
+            dma_locality: DmaLocality::new(
+                &b.dma_reuse.since(&a.dma_reuse),
+                b.dma_first_use - a.dma_first_use,
                 info.walk_cache_entries,
             ),
             safety: {

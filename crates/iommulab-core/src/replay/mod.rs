@@ -939,9 +939,12 @@ mod tests {
         ]
         .concat();
         let l = run(&t, &ReplayOptions::default()).iova_locality;
-        assert_eq!((l.allocations, l.first_use), (3, 2));
-        assert_eq!((l.reuse_distance_max, l.walk_cache_entries), (1, 16));
-        assert_eq!(l.beyond_walk_cache_share, 0.0);
+        assert_eq!((l.allocations, l.walk.first_use), (3, 2));
+        assert_eq!(
+            (l.walk.reuse_distance_max, l.walk.walk_cache_entries),
+            (1, 16)
+        );
+        assert_eq!(l.walk.beyond_walk_cache_share, 0.0);
     }
 
     #[test]

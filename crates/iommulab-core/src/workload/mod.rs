@@ -42,6 +42,7 @@ impl Device {
     /// The device writes or reads `bytes` of data at DMA page `dma` on `path` no earlier than `t`: its
     /// completion time.
     pub fn access(&mut self, host: &mut Host, path: Path, t: Time, dma: u64, bytes: u64) -> Time {
+        host.dma.data_access(dma);
         let (lat, fault) = host.dma_page(dma);
         self.faults += fault as u64;
         self.engine.issue_on(path, t, lat, bytes)
