@@ -181,10 +181,8 @@ impl Simulation {
             safety: d.safety.stats.clone(),
             exposed_open: d.safety.exposed_open(at),
             attack: self.host.dma.attack.as_ref().map(|a| a.stats.clone()),
-            iova_reuse: d.locality.hist.clone(),
-            iova_first_use: d.locality.first_use,
-            dma_reuse: d.dma_locality.hist.clone(),
-            dma_first_use: d.dma_locality.first_use,
+            iova_reuse: d.locality.counts.clone(),
+            dma_reuse: d.dma_locality.counts.clone(),
         }
     }
 
@@ -477,8 +475,9 @@ mod tests {
                 ("workload.nic_rx.acks", "false"),
                 ("workload.nic_rx.queues", queues),
                 ("workload.nic_rx.flows", queues),
+                ("workload.nic_rx.page_pool", "true"),
             ];
-            run_variant(&default_with(&ov)[1])
+            run_variant(&default_with(&ov)[0])
         };
         let (one, eight) = (run("strict", "1"), run("strict", "8"));
         for r in [&one, &eight] {

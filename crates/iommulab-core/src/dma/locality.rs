@@ -5,16 +5,32 @@
 
 use crate::metrics::hist::Histogram;
 
+/// What a `ReuseDistance` has counted. Cumulative: a window is the difference of two (`since`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReuseCounts {
+    /// Distances of events on an entry used before.
+    pub hist: Histogram,
+    /// Events on an entry never used before.
+    pub first_use: u64,
+}
+
+impl ReuseCounts {
+    /// What was counted after `earlier`.
+    pub fn since(&self, earlier: &ReuseCounts) -> ReuseCounts {
+        ReuseCounts {
+            hist: self.hist.since(&earlier.hist),
+            first_use: self.first_use - earlier.first_use,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct ReuseDistance {
     /// log2 of the 4 KiB pages one entry spans (PtFormat::walk_entry_shift).
     entry_shift: u32,
-    /// Entries allocated from, least recently first.
+    /// Entries used, least recently first.
     lru: Vec<u64>,
-    /// Distances of allocations from an entry used before.
-    pub hist: Histogram,
-    /// Allocations from an entry never used before.
-    pub first_use: u64,
+    pub counts: ReuseCounts,
     /// The page of the last access (`accessed`).
     last_access: Option<u64>,
 }
@@ -25,8 +41,7 @@ impl ReuseDistance {
         ReuseDistance {
             entry_shift,
             lru: Vec::new(),
-            hist: Histogram::default(),
-            first_use: 0,
+            counts: ReuseCounts::default(),
             last_access: None,
         }
     }
@@ -48,10 +63,10 @@ impl ReuseDistance {
     fn record(&mut self, entry: u64) {
         match self.lru.iter().rposition(|&e| e == entry) {
             Some(i) => {
-                self.hist.record((self.lru.len() - 1 - i) as u64);
+                self.counts.hist.record((self.lru.len() - 1 - i) as u64);
                 self.lru.remove(i);
             }
-            None => self.first_use += 1,
+            None => self.counts.first_use += 1,
         }
         self.lru.push(entry);
     }
@@ -82,8 +97,8 @@ mod tests {
                     None => first += 1,
                 }
             }
-            prop_assert_eq!(r.first_use, first);
-            prop_assert_eq!(&r.hist, &want);
+            prop_assert_eq!(r.counts.first_use, first);
+            prop_assert_eq!(&r.counts.hist, &want);
         }
     }
 
@@ -94,10 +109,14 @@ mod tests {
             r.record(e);
         }
         // 1 (first), 1 → 0, 2 (first), 3 (first), 2 → 1 (3 in between), 2 → 0, 1 → 2 (3 and 2).
-        assert_eq!(r.first_use, 3);
-        assert_eq!(r.hist.count(), 4);
+        assert_eq!(r.counts.first_use, 3);
+        assert_eq!(r.counts.hist.count(), 4);
         assert_eq!(
-            (r.hist.quantile(0.25), r.hist.quantile(0.75), r.hist.max()),
+            (
+                r.counts.hist.quantile(0.25),
+                r.counts.hist.quantile(0.75),
+                r.counts.hist.max()
+            ),
             (0, 1, 2)
         );
     }
@@ -110,7 +129,14 @@ mod tests {
             r.accessed(pfn);
         }
         // Visits 0, 1, 2, 0: entry 0 (first), 0 → 0, 1 (first), 0 → 1.
-        assert_eq!((r.first_use, r.hist.count(), r.hist.max()), (2, 2, 1));
+        assert_eq!(
+            (
+                r.counts.first_use,
+                r.counts.hist.count(),
+                r.counts.hist.max()
+            ),
+            (2, 2, 1)
+        );
     }
 
     #[test]
@@ -121,10 +147,13 @@ mod tests {
                 r.record(e);
             }
         }
-        assert_eq!(r.first_use, 20);
-        assert_eq!((r.hist.quantile(0.0), r.hist.max()), (19, 19));
+        assert_eq!(r.counts.first_use, 20);
+        assert_eq!((r.counts.hist.quantile(0.0), r.counts.hist.max()), (19, 19));
         assert_eq!(
-            (r.hist.count_at_least(16), r.hist.count_at_least(20)),
+            (
+                r.counts.hist.count_at_least(16),
+                r.counts.hist.count_at_least(20)
+            ),
             (40, 0)
         );
     }

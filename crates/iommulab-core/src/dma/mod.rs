@@ -419,7 +419,6 @@ impl DmaLayer {
     pub fn timer(&mut self, now: Time, cpu: usize) -> Time {
         self.policy.timer(&mut self.core, now, cpu)
     }
-    /// Device side: translate one page, or None when the domain is identity (no translation).
     /// The device reads or writes the data page at `iova_pfn` (its translation follows): counted for
     /// the walk-cache locality of accesses, when the IOMMU translates.
     pub fn data_access(&mut self, iova_pfn: u64) {
@@ -428,6 +427,7 @@ impl DmaLayer {
         }
     }
 
+    /// Device side: translate one page, or None when the domain is identity (no translation).
     pub fn translate(&mut self, iova_pfn: u64) -> Option<Translation> {
         if self.policy.translated() {
             Some(self.core.iommu.translate(self.core.dom, iova_pfn))

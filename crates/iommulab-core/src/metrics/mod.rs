@@ -4,6 +4,7 @@ pub mod hist;
 
 use crate::dma::attack::AttackStats;
 use crate::dma::iova::IovaStats;
+use crate::dma::locality::ReuseCounts;
 use crate::dma::safety::SafetyStats;
 use crate::dma::DmaStats;
 use crate::hw::{InvKind, IommuCounters};
@@ -27,12 +28,9 @@ pub struct Snapshot {
     pub exposed_open: u64,
     /// The malicious device's counts, when one runs.
     pub attack: Option<AttackStats>,
-    /// Walk-cache reuse distances of the IOVAs handed out, and allocations from entries never used before.
-    pub iova_reuse: hist::Histogram,
-    pub iova_first_use: u64,
-    /// The same over the device's data-page accesses.
-    pub dma_reuse: hist::Histogram,
-    pub dma_first_use: u64,
+    /// Walk-cache reuse of the IOVAs handed out, and of the device's data-page accesses.
+    pub iova_reuse: ReuseCounts,
+    pub dma_reuse: ReuseCounts,
 }
 
 /// `{"total": n, "<type>": n, ...}` with the IOMMU's own invalidation types, in its order.
@@ -174,10 +172,11 @@ pub struct RxPageCache {
 }
 
 impl WalkLocality {
-    /// From the reuse distances `h`, the events on unseen entries, and the walk cache's size.
-    pub fn new(h: &hist::Histogram, first_use: u64, walk_cache_entries: u64) -> Self {
+    /// From what was counted and the walk cache's size.
+    pub fn new(c: &ReuseCounts, walk_cache_entries: u64) -> Self {
+        let h = &c.hist;
         WalkLocality {
-            first_use,
+            first_use: c.first_use,
             walk_cache_entries,
             reuse_distance_p50: h.quantile(0.5),
             reuse_distance_p99: h.quantile(0.99),
@@ -188,19 +187,19 @@ impl WalkLocality {
 }
 
 impl IovaLocality {
-    pub fn new(h: &hist::Histogram, first_use: u64, walk_cache_entries: u64) -> Self {
+    pub fn new(c: &ReuseCounts, walk_cache_entries: u64) -> Self {
         IovaLocality {
-            allocations: h.count(),
-            walk: WalkLocality::new(h, first_use, walk_cache_entries),
+            allocations: c.hist.count(),
+            walk: WalkLocality::new(c, walk_cache_entries),
         }
     }
 }
 
 impl DmaLocality {
-    pub fn new(h: &hist::Histogram, first_use: u64, walk_cache_entries: u64) -> Self {
+    pub fn new(c: &ReuseCounts, walk_cache_entries: u64) -> Self {
         DmaLocality {
-            accesses: h.count(),
-            walk: WalkLocality::new(h, first_use, walk_cache_entries),
+            accesses: c.hist.count(),
+            walk: WalkLocality::new(c, walk_cache_entries),
         }
     }
 }
@@ -398,12 +397,10 @@ impl RunResult {
             iova_rcache_hit_rate: r6(ratio(rc_hits, rc_total)),
             iova_locality: IovaLocality::new(
                 &b.iova_reuse.since(&a.iova_reuse),
-                b.iova_first_use - a.iova_first_use,
                 info.walk_cache_entries,
             ),
             dma_locality: DmaLocality::new(
                 &b.dma_reuse.since(&a.dma_reuse),
-                b.dma_first_use - a.dma_first_use,
                 info.walk_cache_entries,
             ),
             safety: {

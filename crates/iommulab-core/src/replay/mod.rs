@@ -822,11 +822,7 @@ impl ReplaySession {
             policy_reason: self.policy_reason,
             hz: self.hz,
             lines,
-            iova_locality: IovaLocality::new(
-                &self.locality.hist,
-                self.locality.first_use,
-                self.walk_cache_entries,
-            ),
+            iova_locality: IovaLocality::new(&self.locality.counts, self.walk_cache_entries),
             phases,
         })
     }
