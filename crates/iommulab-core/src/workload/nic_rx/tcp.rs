@@ -44,6 +44,8 @@ pub struct RxTcp {
     gro: Vec<u64>,
     gro_ooo: Vec<bool>,
     open: Vec<u32>,
+    /// Per flow: bytes of segments through GRO (already in the socket) that TCP has not queued yet.
+    later: Vec<u64>,
     /// Per flow: bytes acknowledged (rcv_wup), received since the last ACK (rcv_nxt - rcv_wup), the window
     /// that ACK advertised (rcv_wnd), rcv_ssthresh, and quick-ACK mode (icsk_ack.quick).
     acked: Vec<u64>,
@@ -71,6 +73,7 @@ impl RxTcp {
             gro: vec![0; flows],
             gro_ooo: vec![false; flows],
             open: Vec::new(),
+            later: vec![0; flows],
             acked: vec![0; flows],
             unacked: vec![0; flows],
             advertised: vec![initial; flows],
@@ -142,6 +145,7 @@ impl RxTcp {
             self.gro_ooo[f] = ooo;
         }
         self.gro[f] += self.mss;
+        self.later[f] += self.mss;
         closed
     }
 
@@ -154,9 +158,13 @@ impl RxTcp {
         self.poll += 1;
     }
 
-    /// TCP queues an skb of `bytes` for flow `f`, in order or out of order, whose socket now holds `queued`
+    /// TCP queues an skb of `bytes` for flow `f`, in order or out of order, whose socket now holds `held`
     /// bytes (tcp_data_queue, tcp_event_data_recv): true when __tcp_ack_snd_check() sends an ACK now.
-    pub fn deliver(&mut self, f: usize, bytes: u64, queued: u64, ooo: bool) -> bool {
+    /// `held` counts the poll's segments still in GRO's list: the stack takes a poll's skbs one by one
+    /// (netif_receive_skb_list), so each is checked against the socket up to itself only.
+    pub fn deliver(&mut self, f: usize, bytes: u64, held: u64, ooo: bool) -> bool {
+        self.later[f] = self.later[f].saturating_sub(bytes);
+        let queued = held.saturating_sub(self.later[f]);
         self.unacked[f] += bytes;
         self.grow(f, bytes, queued);
         if ooo {
@@ -275,6 +283,27 @@ mod tests {
         t.read(0, 0);
         assert!(!t.deliver(0, 20_000, 20_000, false));
         assert!(t.read(0, 0));
+    }
+
+    #[test]
+    fn each_skb_of_a_poll_is_checked_against_the_socket_up_to_itself() {
+        // 10000-byte skbs, each into an emptied socket, open the window (as above).
+        let mut t = RxTcp::new(1, 1000, 10_000, 100_000);
+        opened(&mut t, 10_000);
+        t.read(0, 0);
+        // One poll brings 20 segments: two skbs, all in the socket before TCP takes the first.
+        let mut skbs = vec![];
+        for _ in 0..20 {
+            if let Some((bytes, ooo)) = t.segment(0, false) {
+                skbs.push((0, bytes, ooo));
+            }
+        }
+        t.flush(&mut skbs);
+        assert_eq!(skbs, vec![(0, 10_000, false); 2]);
+        // The first meets the emptied socket and is acknowledged at once; the second shrinks the window.
+        assert!(t.deliver(0, 10_000, 20_000, false));
+        assert!(!t.deliver(0, 10_000, 20_000, false));
+        assert_eq!(t.later[0], 0);
     }
 
     /// What the receiver holds once a sender held to the right edge has sent all it may, in skbs of `skb`
