@@ -442,8 +442,8 @@ impl NicRxWorkload {
         let skb_ns = host.platform.cpu.stack_ns_per_skb;
         for &(f, bytes, ooo) in &skbs {
             t += skb_ns; // netif_receive_skb_list → tcp_v4_rcv → tcp_data_queue
-            let queued = self.flows[f as usize].sock.len() as u64 * self.payload;
-            if self.tcp.deliver(f as usize, bytes, queued, ooo) {
+            let held = self.flows[f as usize].sock.len() as u64 * self.payload;
+            if self.tcp.deliver(f as usize, bytes, held, ooo) {
                 t = self.send_ack(host, f as usize, cpu, t);
             }
         }

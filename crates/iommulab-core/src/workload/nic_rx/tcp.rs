@@ -158,10 +158,10 @@ impl RxTcp {
         self.poll += 1;
     }
 
-    /// TCP queues an skb of `bytes` for flow `f`, in order or out of order, whose socket now holds `held`
-    /// bytes (tcp_data_queue, tcp_event_data_recv): true when __tcp_ack_snd_check() sends an ACK now.
-    /// `held` counts the poll's segments still in GRO's list: the stack takes a poll's skbs one by one
-    /// (netif_receive_skb_list), so each is checked against the socket up to itself only.
+    /// TCP queues an skb of `bytes` for flow `f`, in order or out of order (tcp_data_queue,
+    /// tcp_event_data_recv): true when __tcp_ack_snd_check() sends an ACK now. `held` is what the flow's
+    /// socket holds counting the poll's segments GRO has not handed up yet; the stack takes a poll's skbs
+    /// one by one (netif_receive_skb_list), so the skb is checked against the socket up to itself only.
     pub fn deliver(&mut self, f: usize, bytes: u64, held: u64, ooo: bool) -> bool {
         self.later[f] = self.later[f].saturating_sub(bytes);
         let queued = held.saturating_sub(self.later[f]);
