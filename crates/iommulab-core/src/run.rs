@@ -415,10 +415,11 @@ mod tests {
     fn c2_sockets_fill_and_rx_pages_leave_the_mlx5_cache() {
         let run = |p: &str| run_variant(&builtin_with("c2", &[("os.policy", p)])[0]);
         let (lazy, fands, xsmmu) = (run("lazy"), run("fands"), run("xsmmu"));
-        assert!(fands.iova_pages_unmapped >= xsmmu.iova_pages_unmapped);
+        // FANDS unmaps every page; the others only those that miss the cache, which is most of them here.
+        assert!(fands.iova_pages_unmapped > xsmmu.iova_pages_unmapped);
         for r in [&lazy, &xsmmu] {
             assert!(
-                4 * r.iova_pages_unmapped > 3 * fands.iova_pages_unmapped,
+                2 * r.iova_pages_unmapped > fands.iova_pages_unmapped,
                 "{} vs {}",
                 r.iova_pages_unmapped,
                 fands.iova_pages_unmapped
@@ -428,7 +429,7 @@ mod tests {
         // The cache's head is held by a socket at most refills (rx_cache_busy), so its puts find it full.
         for r in [&lazy, &xsmmu] {
             let c = &r.rx_page_cache;
-            assert!(c.busy > 4 * c.reuse && c.full > 4 * c.reuse, "{c:?}");
+            assert!(c.busy > 2 * c.reuse && c.full > 2 * c.reuse, "{c:?}");
         }
         assert_eq!(fands.rx_page_cache.reuse + fands.rx_page_cache.busy, 0);
     }
