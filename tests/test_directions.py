@@ -57,14 +57,15 @@ def test_more_flows_per_queue_send_more_acks_and_miss_more():
     # ACKs come from its reader (one per drain, tcp_cleanup_rbuf) and from skbs landing in an emptied socket,
     # so at 10 flows (2 per core) ACKs per page rise by half, and misses rise and throughput falls with them
     # (for seeds 1-4). At 20 flows the CPUs saturate, readers fall behind and RX pages leave the mlx5 cache:
-    # throughput falls further, by another mechanism.
+    # throughput falls further, by another mechanism. Walk-cache misses per page are not asserted here: with
+    # the NIC buffer always full (35-40 % dropped) PTcache-L1 misses at 10 flows move either way with the
+    # seed (0.080 against 0.092 at seed 1, 0.110 against 0.094 at seed 2); the dctcp test asserts them.
     few = run("c3", **{"os.policy": "strict"})
     more = run("c3", **{"os.policy": "strict", "workload.nic_rx.flows": 10})
     many = run("c3", **{"os.policy": "strict", "workload.nic_rx.flows": 20})
     per_page = lambda r: r.tx_packets * 4096 / (r.throughput_gbps * 1e9 / 8 * r.sim_seconds)
     assert per_page(more) > 1.3 * per_page(few)
     assert more.iotlb_misses_per_page > few.iotlb_misses_per_page
-    assert more.pwc_misses_per_page[0] > few.pwc_misses_per_page[0]
     assert more.throughput_gbps < few.throughput_gbps
     assert many.throughput_gbps < more.throughput_gbps
 
@@ -85,6 +86,7 @@ def test_with_dctcp_senders_more_flows_drop_more_and_ack_more():
     assert drops(few) < drops(more) < drops(many)
     assert acks(few) < acks(more) < acks(many)
     assert few.iotlb_misses_per_page < more.iotlb_misses_per_page < many.iotlb_misses_per_page
+    assert few.pwc_misses_per_page[0] < more.pwc_misses_per_page[0]
     assert few.pwc_misses_per_page[2] < more.pwc_misses_per_page[2] < many.pwc_misses_per_page[2]
     assert few.throughput_gbps > more.throughput_gbps > many.throughput_gbps
     assert all(r.loss_recoveries > 0 for r in (few, more, many))

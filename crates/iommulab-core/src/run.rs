@@ -277,6 +277,20 @@ mod tests {
         builtin_with("default", ov)
     }
 
+    /// The NIC opens every queue's coherent rings before it posts any RX buffer (mlx5e_open_channels, then
+    /// mlx5e_activate_channels triggering each NAPI), so with the top-down allocator all five queues' RX
+    /// buffers lie below the lowest multi-page ring; set up queue by queue, only the last queue's would.
+    #[test]
+    fn every_queues_rings_are_mapped_before_any_rx_buffer() {
+        let s = Simulation::new(&builtin_with("c3", &[("os.policy", "strict")])[0]);
+        let ranges: Vec<(u64, u64)> = s.host.dma.core.iovad.allocated().collect();
+        let below_rings = ranges.iter().take_while(|(lo, hi)| hi == lo).count();
+        let rings = ranges.iter().filter(|(lo, hi)| hi > lo).count();
+        // c3: 5 queues of 8 WQEs of 64 pages.
+        assert!(rings >= 5, "{rings} multi-page rings");
+        assert_eq!(below_rings, 5 * 8 * 64, "pages below the lowest ring");
+    }
+
     /// Readers on CPUs of their own take the copy off the queues' CPUs, which keep NAPI's work; aRFS keeps
     /// every reader on its queue's CPU.
     #[test]

@@ -543,8 +543,13 @@ impl Workload for NicRxWorkload {
             self.wqe_blocks = true;
             self.pages = Pages::new(Source::Unpooled, self.queues.len());
         }
-        for q in 0..self.queues.len() {
-            let t = self.setup_rings(host, q, now);
+        // Every queue's coherent rings first, then the RX buffers: mlx5e_open_channels() creates all channels'
+        // queues and mlx5e_activate_channels() then triggers each NAPI (mlx5e_trigger_napi_icosq), whose
+        // first poll posts the RQ; ena_up() creates all IO queues before ena_up_complete() refills them.
+        let ready: Vec<Time> = (0..self.queues.len())
+            .map(|q| self.setup_rings(host, q, now))
+            .collect();
+        for (q, t) in ready.into_iter().enumerate() {
             let t = self.refill(host, q, t);
             let cpu = self.queues[q].cpu;
             host.cpus[cpu].account(now, t);
