@@ -162,13 +162,26 @@ pub struct DmaLocality {
 /// mlx5's RX page cache in the window, as `ethtool -S` names them (rx_cache_reuse, rx_cache_busy,
 /// rx_cache_empty, rx_cache_full): refills served from the cache; refills that found its head still held
 /// by a socket, or found it empty, and mapped a new page; releases that found it full and unmapped the
-/// page. Zero without a driver page cache.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+/// page. Zero without a driver page cache. Cumulative in the workload's counters; a window is the
+/// difference of two (`since`).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct RxPageCache {
     pub reuse: u64,
     pub busy: u64,
     pub empty: u64,
     pub full: u64,
+}
+
+impl RxPageCache {
+    /// What was counted after `earlier`.
+    pub fn since(&self, earlier: &RxPageCache) -> RxPageCache {
+        RxPageCache {
+            reuse: self.reuse - earlier.reuse,
+            busy: self.busy - earlier.busy,
+            empty: self.empty - earlier.empty,
+            full: self.full - earlier.full,
+        }
+    }
 }
 
 impl WalkLocality {
@@ -388,12 +401,7 @@ impl RunResult {
                 full: b.dma.fq_flush_full - a.dma.fq_flush_full,
                 timer: b.dma.fq_flush_timer - a.dma.fq_flush_timer,
             },
-            rx_page_cache: RxPageCache {
-                reuse: wl(|w| w.rx_cache_reuse),
-                busy: wl(|w| w.rx_cache_busy),
-                empty: wl(|w| w.rx_cache_empty),
-                full: wl(|w| w.rx_cache_full),
-            },
+            rx_page_cache: b.wl.rx_cache.since(&a.wl.rx_cache),
             iova_rcache_hit_rate: r6(ratio(rc_hits, rc_total)),
             iova_locality: IovaLocality::new(
                 &b.iova_reuse.since(&a.iova_reuse),

@@ -13,6 +13,7 @@ pub mod sq;
 
 use crate::host::{Event, Host};
 use crate::metrics::hist::Histogram;
+use crate::metrics::RxPageCache;
 use crate::sim::{DmaEngine, Path, Time};
 use desc_ring::DescRing;
 use serde::Serialize;
@@ -86,10 +87,7 @@ pub struct WorkloadStats {
     pub pool_pages_unmapped: u64,
     /// mlx5's RX page cache (Linux 6.0 en_rx.c): rx_cache_reuse, rx_cache_busy, rx_cache_empty,
     /// rx_cache_full.
-    pub rx_cache_reuse: u64,
-    pub rx_cache_busy: u64,
-    pub rx_cache_empty: u64,
-    pub rx_cache_full: u64,
+    pub rx_cache: RxPageCache,
     /// Packets the host sent (TCP segments on the wire, or ACKs).
     pub tx_packets: u64,
     /// DMA writes that hit no valid translation.

@@ -572,10 +572,7 @@ impl Workload for NicRxWorkload {
         WorkloadStats {
             pool_pages_mapped: c.mapped,
             pool_pages_unmapped: c.unmapped,
-            rx_cache_reuse: c.cache_reuse,
-            rx_cache_busy: c.cache_busy,
-            rx_cache_empty: c.cache_empty,
-            rx_cache_full: c.cache_full,
+            rx_cache: c.cache,
             loss_recoveries: self.senders.as_ref().map_or(0, |s| s.recoveries),
             dma_faults: self.dev.faults,
             ..self.stats.clone()

@@ -15,6 +15,7 @@
 //!   no longer holds it.
 
 use crate::host::Host;
+use crate::metrics::RxPageCache;
 use crate::sim::Time;
 use std::collections::VecDeque;
 
@@ -67,10 +68,7 @@ pub struct PageCounters {
     pub mapped: u64,
     pub unmapped: u64,
     /// mlx5 rx_cache_reuse / rx_cache_busy / rx_cache_empty / rx_cache_full.
-    pub cache_reuse: u64,
-    pub cache_busy: u64,
-    pub cache_empty: u64,
-    pub cache_full: u64,
+    pub cache: RxPageCache,
 }
 
 pub struct Pages {
@@ -155,11 +153,11 @@ impl Pages {
                 Some(&id) if self.pages[id as usize].stack_refs == 0 => {
                     self.pools[q].driver_cache.pop_front();
                     self.pages[id as usize].home = Home::Driver;
-                    self.counters.cache_reuse += 1;
+                    self.counters.cache.reuse += 1;
                     return Some((id, t));
                 }
-                Some(_) => self.counters.cache_busy += 1,
-                None => self.counters.cache_empty += 1,
+                Some(_) => self.counters.cache.busy += 1,
+                None => self.counters.cache.empty += 1,
             }
         }
         let (id, t) = match self.pool_get(host, q, t) {
@@ -314,7 +312,7 @@ impl Pages {
                 self.pages[id as usize].home = Home::DriverCache;
                 return t;
             }
-            self.counters.cache_full += 1;
+            self.counters.cache.full += 1;
             // mlx5e_page_dma_unmap + page_pool_recycle_direct: the pool keeps it only if nobody holds it.
             let t = self.unmap(host, cpu, id, t);
             if self.pages[id as usize].stack_refs > 0 {
@@ -397,16 +395,16 @@ mod tests {
         for &id in &ids {
             t = p.driver_release(&mut h, 0, 0, id, t);
         }
-        assert_eq!(p.counters.cache_full, 1);
+        assert_eq!(p.counters.cache.full, 1);
         assert_eq!(p.counters.unmapped, 1);
         // The head is still held by a socket: busy, a fresh page is mapped.
         let (fresh, t2) = p.alloc(&mut h, 0, 0, t).unwrap();
         assert!(!ids.contains(&fresh));
-        assert_eq!((p.counters.cache_busy, p.counters.mapped), (1, 5));
+        assert_eq!((p.counters.cache.busy, p.counters.mapped), (1, 5));
         t = p.stack_put(&mut h, 0, 0, ids[0], t2);
         let (again, _) = p.alloc(&mut h, 0, 0, t).unwrap();
         assert_eq!(again, ids[0]);
-        assert_eq!(p.counters.cache_reuse, 1);
+        assert_eq!(p.counters.cache.reuse, 1);
         // The orphan is freed when the stack lets go; nothing is unmapped twice.
         p.stack_put(&mut h, 0, 0, ids[3], t);
         assert_eq!(p.counters.unmapped, 1);
