@@ -34,7 +34,7 @@ fn translations(c: &mut Criterion) {
         g.bench_function("iotlb_hit", |b| {
             b.iter(|| {
                 for i in 0..N {
-                    black_box(v.translate(1, 0x1000 + (i & 15)));
+                    black_box(v.translate(0, 1, 0x1000 + (i & 15)));
                 }
             })
         });
@@ -46,7 +46,7 @@ fn translations(c: &mut Criterion) {
         g.bench_function("full_walk", |b| {
             b.iter(|| {
                 for i in 0..N {
-                    black_box(v.translate(1, i << 18));
+                    black_box(v.translate(0, 1, i << 18));
                 }
             })
         });

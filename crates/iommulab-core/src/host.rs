@@ -207,10 +207,10 @@ impl Host {
     /// Device side of one DMA page: the latency its translation adds to the write (the PCIe base; with
     /// ATS, nothing more on an ATC hit and a translation-request round trip on a miss; one memory read per
     /// page-walk level the walk caches did not cover) and whether it faulted.
-    pub fn dma_page(&mut self, iova_pfn: u64) -> (u64, bool) {
+    pub fn dma_page(&mut self, now: Time, iova_pfn: u64) -> (u64, bool) {
         let pcie = &self.platform.pcie;
         let base = pcie.dma_base_ns;
-        match self.dma.translate(iova_pfn) {
+        match self.dma.translate(now, iova_pfn) {
             None => (base, false),
             Some(tr) => {
                 let ats = if tr.ats_request {
@@ -226,8 +226,8 @@ impl Host {
 
     /// Device side of a descriptor or completion-entry access: only what its translation adds (ATS round
     /// trip, page-walk reads), not the per-packet DMA base; and whether it faulted.
-    pub fn dma_translation(&mut self, iova_pfn: u64) -> (u64, bool) {
-        let (lat, fault) = self.dma_page(iova_pfn);
+    pub fn dma_translation(&mut self, now: Time, iova_pfn: u64) -> (u64, bool) {
+        let (lat, fault) = self.dma_page(now, iova_pfn);
         (lat - self.platform.pcie.dma_base_ns, fault)
     }
 

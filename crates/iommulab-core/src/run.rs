@@ -546,8 +546,14 @@ mod tests {
         for p in ["strict", "xsmmu", "fands", "fns", "blocks"] {
             assert_eq!(by(p).reached_released, 0, "{p}");
         }
+        // Until the IOMMU has processed the invalidation the device may still use a cached translation,
+        // but these schemes hold the page until then: a few probes land in that gap, none on a released page.
         for p in ["strict", "fns", "blocks"] {
-            assert_eq!(by(p).reached_unmapped, 0, "{p}");
+            let a = by(p);
+            assert!(
+                a.reached_unmapped * 10 < lazy.reached_unmapped,
+                "{p}: {a:?}"
+            );
         }
     }
 

@@ -85,7 +85,7 @@ impl Replay {
         let iova = self.seen[self.cursor];
         self.cursor += 1;
         self.stats.probes += 1;
-        match dma.translate(iova) {
+        match dma.translate(now, iova) {
             None if self.live.contains_key(&iova) => self.stats.reached_mapped += 1,
             None => {
                 self.stats.reached_unmapped += 1;

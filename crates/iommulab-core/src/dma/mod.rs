@@ -427,10 +427,10 @@ impl DmaLayer {
         }
     }
 
-    /// Device side: translate one page, or None when the domain is identity (no translation).
-    pub fn translate(&mut self, iova_pfn: u64) -> Option<Translation> {
+    /// Device side: translate one page at `now`, or None when the domain is identity (no translation).
+    pub fn translate(&mut self, now: Time, iova_pfn: u64) -> Option<Translation> {
         if self.policy.translated() {
-            Some(self.core.iommu.translate(self.core.dom, iova_pfn))
+            Some(self.core.iommu.translate(now, self.core.dom, iova_pfn))
         } else {
             None
         }
@@ -499,6 +499,7 @@ pub(crate) mod tests {
     mod props {
         use super::super::*;
         use crate::hw::InvKind;
+        use crate::hw::LATER;
         use proptest::prelude::*;
         use std::collections::BTreeMap;
 
@@ -601,7 +602,7 @@ pub(crate) mod tests {
                             // frees the IOVA before its DSI).
                             if live.is_empty() { continue; }
                             let (iova, pages) = live[i % live.len()];
-                            let tr = d.translate(iova + (i as u64) % pages).unwrap();
+                            let tr = d.translate(LATER, iova + (i as u64) % pages).unwrap();
                             if policy != PolicyName::Xsmmu {
                                 prop_assert!(!tr.stale, "stale translation of a live buffer under {:?}", policy);
                             }
@@ -663,7 +664,7 @@ pub(crate) mod tests {
                                 queued.insert(iova, (pages, d.core.iommu.counters().get(InvKind::Dsi)));
                             } else {
                                 for p in iova..iova + pages {
-                                    prop_assert!(!d.translate(p).unwrap().stale, "stale after strict unmap");
+                                    prop_assert!(!d.translate(LATER, p).unwrap().stale, "stale after strict unmap");
                                 }
                             }
                         }
@@ -679,7 +680,7 @@ pub(crate) mod tests {
                         }
                         Op::Translate(i) => {
                             if let Some(&(iova, pages)) = live.get(i % live.len().max(1)) {
-                                let t = d.translate(iova + (i as u64 % pages)).unwrap();
+                                let t = d.translate(LATER, iova + (i as u64 % pages)).unwrap();
                                 prop_assert!(!t.stale && t.phys.is_some());
                             }
                         }

@@ -79,6 +79,7 @@ mod tests {
     use super::*;
     use crate::dma::flush_queue::tests::core;
     use crate::hw::InvKind;
+    use crate::hw::LATER;
 
     #[test]
     fn one_dsi_per_batch_and_pages_held_until_it() {
@@ -116,11 +117,11 @@ mod tests {
         let mut x = Xsmmu::new(1);
         let dom = c.dom;
         let (iova, t) = c.iommu_map(0, 0, 1000, 1).unwrap();
-        assert_eq!(c.iommu.translate(dom, iova).phys, Some(1000));
+        assert_eq!(c.iommu.translate(LATER, dom, iova).phys, Some(1000));
         let t = x.unmap(&mut c, t, 0, iova, 1);
         let (again, t) = c.iommu_map(t, 0, 2000, 1).unwrap();
         assert_eq!(again, iova, "the rcache hands the freed IOVA straight back");
-        let tr = c.iommu.translate(dom, again);
+        let tr = c.iommu.translate(LATER, dom, again);
         assert!(tr.stale);
         assert_eq!(
             tr.phys,
@@ -131,7 +132,7 @@ mod tests {
         assert_eq!(c.safety.stats.pages_exposed, 0);
         // The poll's DSI ends it.
         x.batch_end(&mut c, t, 0);
-        let tr = c.iommu.translate(dom, again);
+        let tr = c.iommu.translate(LATER, dom, again);
         assert_eq!((tr.stale, tr.phys), (false, Some(2000)));
     }
 

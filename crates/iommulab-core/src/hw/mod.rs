@@ -383,9 +383,11 @@ pub trait Iommu: Send + Sync {
     fn granule_pages(&self) -> u64 {
         self.translator().format().granule_pages()
     }
-    /// Device side: translate one 4 KiB page of IOVA.
-    fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
-        self.translator_mut().translate(dom, iova_pfn)
+    /// Device side: translate one 4 KiB page of IOVA at `now`, after the invalidations processed by then.
+    fn translate(&mut self, now: Time, dom: DomainId, iova_pfn: u64) -> Translation {
+        let tr = self.translator_mut();
+        tr.settle(now);
+        tr.translate(dom, iova_pfn)
     }
     /// Physical pfn mapped at `iova_pfn`, if any (iova_to_phys).
     fn iova_to_phys(&self, dom: DomainId, iova_pfn: u64) -> Option<u64> {
@@ -395,6 +397,10 @@ pub trait Iommu: Send + Sync {
         &self.translator().c
     }
 }
+
+/// In tests: a time after every invalidation handed over has been processed.
+#[cfg(test)]
+pub(crate) const LATER: Time = Time::MAX;
 
 #[cfg(test)]
 mod tests {
@@ -494,7 +500,7 @@ mod tests {
                         unsynced.clear();
                     }
                     Op::Translate(p) => {
-                        let t = v.translate(1, p);
+                        let t = v.translate(LATER, 1, p);
                         if t.stale {
                             stale_seen += 1;
                             prop_assert!(unsynced.contains(&p), "stale hit on {} after its invalidation", p);

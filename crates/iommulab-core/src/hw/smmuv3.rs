@@ -5,7 +5,7 @@
 //! CFGI_CD on attach; one queue shared by all CPUs (the lock-free insertion still serialises on the
 //! producer index) or per-CPU ECMDQs.
 
-use super::translator::Translator;
+use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, Smmuv3Profile};
 use crate::sim::{SpinLock, Time};
@@ -152,10 +152,19 @@ impl Smmuv3 {
         }
     }
 
+    /// Time the SMMU takes to consume one command of `what`.
+    fn cmd_ns(&self, what: Cmd) -> u64 {
+        match what {
+            Cmd::Tlbi | Cmd::Cfgi => self.cfg.cmd_ns,
+            Cmd::AtcInv => self.cfg.cmd_ns + self.ats_inv_ns,
+        }
+    }
+
     /// arm_smmu_cmdq_issue_cmdlist() for `n` commands of one type, with a CMD_SYNC appended when `sync`.
-    /// Returns the time the CPU is released: after insertion, or after the SMMU has consumed up to its
-    /// CMD_SYNC (which completes only once the devices have answered outstanding ATC invalidations).
-    fn issue(&mut self, now: Time, cpu: usize, n: usize, what: Cmd, sync: bool) -> Time {
+    /// Returns the time the SMMU starts consuming them and the time the CPU is released: after insertion,
+    /// or after the SMMU has consumed up to its CMD_SYNC (which completes only once the devices have
+    /// answered outstanding ATC invalidations).
+    fn issue(&mut self, now: Time, cpu: usize, n: usize, what: Cmd, sync: bool) -> (Time, Time) {
         let cmds = n as u64 + sync as u64;
         let nq = self.ecmdq_prod.len();
         let prod = if self.cfg.ecmdq {
@@ -164,30 +173,38 @@ impl Smmuv3 {
             &mut self.cmdq_prod
         };
         let (_, written) = prod.acquire(now, cmds * self.cfg.submit_cmd_ns);
-        let per_cmd = match what {
-            Cmd::Tlbi | Cmd::Cfgi => self.cfg.cmd_ns,
-            Cmd::AtcInv => self.cfg.cmd_ns + self.ats_inv_ns,
-        };
-        let work = n as u64 * per_cmd + if sync { self.cfg.sync_ns } else { 0 };
-        let (_, done) = self.hw.acquire(written, work);
+        let work = n as u64 * self.cmd_ns(what) + if sync { self.cfg.sync_ns } else { 0 };
+        let (start, done) = self.hw.acquire(written, work);
         self.tr.c.submissions += 1;
         if !sync {
-            return written;
+            return (start, written);
         }
         self.tr.c.syncs += 1;
         self.tr.c.inv_wait_ns += done - now;
+        (start, done)
+    }
+
+    /// One command of `what` with its CMD_SYNC; `inv` acts when the SMMU has consumed the command.
+    fn issue_one(&mut self, now: Time, cpu: usize, what: Cmd, inv: Option<CacheInval>) -> Time {
+        let (start, done) = self.issue(now, cpu, 1, what, true);
+        if let Some(inv) = inv {
+            self.tr.invalidate(start + self.cmd_ns(what), inv);
+        }
         done
     }
 
-    /// arm_smmu_cmdq_batch_add/submit: `cmds` commands in batches of CMDQ_BATCH_ENTRIES, the last with a
-    /// CMD_SYNC.
-    fn issue_batched(&mut self, now: Time, cpu: usize, cmds: usize, what: Cmd) -> Time {
+    /// arm_smmu_cmdq_batch_add/submit: one TLBI per entry of `invs` in batches of CMDQ_BATCH_ENTRIES, the
+    /// last with a CMD_SYNC; each acts when the SMMU has consumed its command.
+    fn issue_batched(&mut self, now: Time, cpu: usize, invs: &[CacheInval]) -> Time {
         let mut t = now;
-        let mut left = cmds;
-        while left > 0 {
-            let n = left.min(CMDQ_BATCH_ENTRIES);
-            left -= n;
-            t = self.issue(t, cpu, n, what, left == 0);
+        let per_cmd = self.cmd_ns(Cmd::Tlbi);
+        let batches = invs.len().div_ceil(CMDQ_BATCH_ENTRIES);
+        for (b, batch) in invs.chunks(CMDQ_BATCH_ENTRIES).enumerate() {
+            let (start, rel) = self.issue(t, cpu, batch.len(), Cmd::Tlbi, b + 1 == batches);
+            for (k, &inv) in batch.iter().enumerate() {
+                self.tr.invalidate(start + (k as u64 + 1) * per_cmd, inv);
+            }
+            t = rel;
         }
         t
     }
@@ -201,9 +218,9 @@ impl Smmuv3 {
             let (base, log2) = atc_inv_span(pfn, n);
             (base, 1u64 << log2.min(63))
         });
-        self.tr.invalidate_atc(dom, span);
         self.tr.c.count(InvKind::AtcInv, 1);
-        self.issue(now, cpu, 1, Cmd::AtcInv, true)
+        let inv = CacheInval::Atc { dom, range: span };
+        self.issue_one(now, cpu, Cmd::AtcInv, Some(inv))
     }
 
     /// arm_smmu_tlb_inv_range_domain(): the range TLBIs in batches with a CMD_SYNC, then the ATC.
@@ -220,13 +237,19 @@ impl Smmuv3 {
         let tg = self.tr.format().granule_shift;
         let (pfn, pages) = range;
         let cmds = tlbi_range_cmds(pfn, pages, tg, granule.max(tg), leaf, self.cfg.ril);
-        for c in &cmds {
-            // Leaf=1 may keep walk-cache entries; a non-leaf TLBI removes them for the range.
-            self.tr.invalidate_range(dom, c.addr_pfn, c.pages, c.leaf);
-        }
+        // Leaf=1 may keep walk-cache entries; a non-leaf TLBI removes them for the range.
+        let invs: Vec<CacheInval> = cmds
+            .iter()
+            .map(|c| CacheInval::Range {
+                dom,
+                pfn: c.addr_pfn,
+                n: c.pages,
+                leaf_only: c.leaf,
+            })
+            .collect();
         let kind = self.by_va();
         self.tr.c.count(kind, cmds.len() as u64);
-        let t = self.issue_batched(now, cpu, cmds.len(), Cmd::Tlbi);
+        let t = self.issue_batched(now, cpu, &invs);
         // "Unfortunately, this can't be leaf-only since we may have zapped an entire table."
         self.atc_inv(t, cpu, dom, Some((pfn, pages)))
     }
@@ -315,8 +338,7 @@ impl Iommu for Smmuv3 {
             InvKind::TlbiNhAsid
         };
         self.tr.c.count(kind, 1);
-        self.tr.invalidate_domain(dom);
-        let t = self.issue(now, cpu, 1, Cmd::Tlbi, true);
+        let t = self.issue_one(now, cpu, Cmd::Tlbi, Some(CacheInval::Domain { dom }));
         self.atc_inv(t, cpu, dom, None)
     }
 
@@ -326,10 +348,10 @@ impl Iommu for Smmuv3 {
         let mut t = now;
         if self.cfg.stage == 1 {
             self.tr.c.count(InvKind::CfgiCd, 1);
-            t = self.issue(t, cpu, 1, Cmd::Cfgi, true);
+            t = self.issue_one(t, cpu, Cmd::Cfgi, None);
         }
         self.tr.c.count(InvKind::CfgiSte, 1);
-        t = self.issue(t, cpu, 1, Cmd::Cfgi, true);
+        t = self.issue_one(t, cpu, Cmd::Cfgi, None);
         self.atc_inv(t, cpu, dom, None)
     }
 }
@@ -337,6 +359,7 @@ impl Iommu for Smmuv3 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::hw::LATER;
 
     pub(crate) fn cfg(ril: bool, ecmdq: bool) -> IommuProfile {
         IommuProfile {
@@ -426,18 +449,18 @@ pub(crate) mod tests {
     fn flush_all_is_one_asid_command_and_drops_walk_caches() {
         let mut s = smmu(&cfg(true, false), 1);
         s.map_pages(1, 0x40000, 7, 2);
-        s.translate(1, 0x40000);
-        assert_eq!(s.translate(1, 0x40001).walk_reads, 1);
+        s.translate(LATER, 1, 0x40000);
+        assert_eq!(s.translate(LATER, 1, 0x40001).walk_reads, 1);
         s.flush_iotlb_all(0, 0, 1);
         assert_eq!(s.tr.c.get(InvKind::TlbiNhAsid), 1);
-        assert_eq!(s.translate(1, 0x40001).walk_reads, 4);
+        assert_eq!(s.translate(LATER, 1, 0x40001).walk_reads, 4);
     }
 
     #[test]
     fn freeing_a_table_issues_a_non_leaf_invalidation_at_once() {
         let mut s = smmu(&cfg(true, false), 1);
         s.map_pages(1, 512, 9000, 512); // exactly one leaf table
-        s.translate(1, 512);
+        s.translate(LATER, 1, 512);
         let mut g = IotlbGather::new();
         let (un, t) = s.unmap_pages(100, 0, 1, 512, 512, &mut g);
         assert_eq!((un, g.freed_tables), (512, 1));
@@ -496,7 +519,7 @@ pub(crate) mod tests {
     fn ats_adds_an_atc_inv_with_its_own_sync() {
         let mut s = smmu_with(&cfg(true, false), 1, Some(16));
         s.map_pages(1, 0x40, 3, 1);
-        s.translate(1, 0x40);
+        s.translate(LATER, 1, 0x40);
         let mut g = IotlbGather::new();
         s.unmap_pages(0, 0, 1, 0x40, 1, &mut g);
         let t = s.iotlb_sync(0, 0, 1, &g);
@@ -509,7 +532,7 @@ pub(crate) mod tests {
             (1, 1, 2)
         );
         assert_eq!(t, (2 * 10 + 50 + 500) + (2 * 10 + 50 + 2000 + 500));
-        assert!(!s.translate(1, 0x40).stale);
+        assert!(!s.translate(LATER, 1, 0x40).stale);
     }
 
     #[test]

@@ -2,11 +2,19 @@
 //! tagged by domain (VT-d domain id, SMMU ASID/VMID) and page size, one paging-structure (walk) cache per
 //! non-leaf level, and optionally the device's ATS translation cache. Vendors put their invalidation
 //! interfaces and costs on top. Addresses in this interface are 4 KiB pfns; the tables work in granules.
+//!
+//! An invalidation acts on the caches when the IOMMU processes it, not when the CPU writes it: vendors hand
+//! each one over with that time ([`Translator::invalidate`]) and a translation first applies those due by
+//! its own time ([`Translator::settle`]). A device access between the request and its processing still
+//! finds the entries, as on hardware; two invalidations a CPU sends back to back each cost the device's
+//! next walk its cached entries.
 
 use super::cache::TagCache;
 use super::pgtable::{PtFormat, RadixPgtable};
 use super::{DomainId, IommuCounters, IotlbGather, Translation};
 use crate::scenario::IommuProfile;
+use crate::sim::Time;
+use std::collections::VecDeque;
 
 /// Cache tags: domain in the top bits, then the level of the cached entry, then the index.
 const DOM_SHIFT: u32 = 52;
@@ -107,6 +115,34 @@ impl Tlb {
     }
 }
 
+/// What an invalidation does to the translation caches once the IOMMU (or, for the ATC, the device) has
+/// processed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheInval {
+    /// IOTLB entries of `dom` over [pfn, pfn + n) of 4 KiB pages; walk-cache entries for the range too
+    /// unless `leaf_only` (VT-d IH=1, SMMUv3 TLBI with Leaf=1).
+    Range {
+        dom: DomainId,
+        pfn: u64,
+        n: u64,
+        leaf_only: bool,
+    },
+    /// Every walk-cache (non-leaf) entry of `dom`, leaving the IOTLB.
+    WalkCaches {
+        dom: DomainId,
+    },
+    /// Every IOTLB and walk-cache entry of `dom`.
+    Domain {
+        dom: DomainId,
+    },
+    All,
+    /// The device's cached translations of `dom` over (pfn, n), or all of them.
+    Atc {
+        dom: DomainId,
+        range: Option<(u64, u64)>,
+    },
+}
+
 pub struct Translator {
     fmt: PtFormat,
     domains: Vec<Option<RadixPgtable>>,
@@ -122,6 +158,8 @@ pub struct Translator {
     /// Bumped whenever a leaf is cleared or replaced: a TLB entry filled at the current epoch cannot be
     /// stale, so its hit needs no table walk to check (a simulator shortcut, not hardware).
     epoch: u64,
+    /// Invalidations handed over but not yet processed, in the order (and at the time) they act.
+    pending: VecDeque<(Time, CacheInval)>,
     pub c: IommuCounters,
 }
 
@@ -143,6 +181,7 @@ impl Translator {
             atc: atc.map(|(n, w)| Tlb::new(n as usize, w as usize)),
             ats_active: true,
             epoch: 0,
+            pending: VecDeque::new(),
             c: IommuCounters::default(),
         }
     }
@@ -350,9 +389,53 @@ impl Translator {
         }
     }
 
-    /// Drop IOTLB entries of `dom` over [pfn, pfn + n) of 4 KiB pages; walk-cache entries for the range too
-    /// unless `leaf_only` (VT-d IH=1, SMMUv3 TLBI with Leaf=1).
-    pub fn invalidate_range(&mut self, dom: DomainId, pfn: u64, n: u64, leaf_only: bool) {
+    /// The IOMMU processes `inv` at `at`: it acts on the caches from then on.
+    pub fn invalidate(&mut self, at: Time, inv: CacheInval) {
+        // One queue per IOMMU processes in order; a later-simulated CPU may still hand over an earlier one.
+        let i = self.pending.partition_point(|&(t, _)| t <= at);
+        self.pending.insert(i, (at, inv));
+    }
+
+    /// Apply the invalidations processed by `now`.
+    pub fn settle(&mut self, now: Time) {
+        while let Some(&(at, inv)) = self.pending.front() {
+            if at > now {
+                break;
+            }
+            self.pending.pop_front();
+            self.apply(inv);
+        }
+    }
+
+    /// Invalidate at once (set-up, tests).
+    pub fn invalidate_now(&mut self, inv: CacheInval) {
+        self.apply(inv);
+    }
+
+    fn apply(&mut self, inv: CacheInval) {
+        match inv {
+            CacheInval::Range {
+                dom,
+                pfn,
+                n,
+                leaf_only,
+            } => self.invalidate_range(dom, pfn, n, leaf_only),
+            CacheInval::WalkCaches { dom } => self.invalidate_walk_caches(dom),
+            CacheInval::Domain { dom } => {
+                self.iotlb.invalidate_domain(dom);
+                self.invalidate_walk_caches(dom);
+            }
+            CacheInval::All => {
+                self.iotlb.invalidate_all();
+                for p in &mut self.pwc {
+                    p.invalidate_where(|_| true);
+                }
+            }
+            CacheInval::Atc { dom, range } => self.invalidate_atc(dom, range),
+        }
+    }
+
+    fn invalidate_range(&mut self, dom: DomainId, pfn: u64, n: u64, leaf_only: bool) {
         let fmt = self.fmt;
         let (lo, hi) = self.granules(pfn, n);
         self.iotlb.invalidate_range(&fmt, dom, lo, hi);
@@ -367,29 +450,13 @@ impl Translator {
         }
     }
 
-    /// Drop every walk-cache (non-leaf) entry of `dom`, leaving the IOTLB.
-    pub fn invalidate_walk_caches(&mut self, dom: DomainId) {
+    fn invalidate_walk_caches(&mut self, dom: DomainId) {
         for p in &mut self.pwc {
             p.invalidate_where(|t| tag_dom(t) == dom as u64);
         }
     }
 
-    /// Drop every IOTLB and walk-cache entry of `dom`.
-    pub fn invalidate_domain(&mut self, dom: DomainId) {
-        self.iotlb.invalidate_domain(dom);
-        self.invalidate_walk_caches(dom);
-    }
-
-    pub fn invalidate_all(&mut self) {
-        self.iotlb.invalidate_all();
-        for p in &mut self.pwc {
-            p.invalidate_where(|_| true);
-        }
-    }
-
-    /// Device side of an ATS invalidation (VT-d device-TLB descriptor, SMMUv3 CMD_ATC_INV): drop the
-    /// device's cached translations of `dom` over [pfn, pfn + n), or all of them when `n` is None.
-    pub fn invalidate_atc(&mut self, dom: DomainId, range: Option<(u64, u64)>) {
+    fn invalidate_atc(&mut self, dom: DomainId, range: Option<(u64, u64)>) {
         let fmt = self.fmt;
         let span = range.map(|(pfn, n)| self.granules(pfn, n));
         if let Some(atc) = self.atc.as_mut() {

@@ -5,7 +5,7 @@
 //! when the host processes it. From 6.8 MAPs are queued too and synced in `iotlb_sync_map`, `iotlb_sync` and
 //! `flush_iotlb_all` (deferred flush: lazy domains possible); before, each MAP was sent synchronously.
 
-use super::translator::Translator;
+use super::translator::{CacheInval, Translator};
 use super::{iommu_pgsize, DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, VirtioProfile};
 use crate::sim::{SpinLock, Time};
@@ -64,8 +64,15 @@ impl VirtioIommu {
         let n = std::mem::take(&mut self.queued);
         let (_, kicked) = self.request_lock.acquire(now, self.cfg.kick_ns);
         let (_, done) = self.host.acquire(kicked, n * self.cfg.req_ns);
-        for (dom, pfn, pages) in std::mem::take(&mut self.queued_unmaps) {
-            self.tr.invalidate_range(dom, pfn, pages, false);
+        // Simplification: the queued UNMAPs act when the host has done the whole batch.
+        for (dom, pfn, n) in std::mem::take(&mut self.queued_unmaps) {
+            let inv = CacheInval::Range {
+                dom,
+                pfn,
+                n,
+                leaf_only: false,
+            };
+            self.tr.invalidate(done, inv);
         }
         self.tr.c.syncs += 1;
         self.tr.c.submissions += 1;
@@ -237,6 +244,7 @@ impl Iommu for VirtioIommu {
 pub(crate) mod tests {
     use super::*;
     use crate::hw::PtFormat;
+    use crate::hw::LATER;
 
     pub(crate) fn cfg() -> IommuProfile {
         IommuProfile {
@@ -286,13 +294,13 @@ pub(crate) mod tests {
             50 + 5000 + 1000,
             "add the MAP, kick, the host processes it"
         );
-        v.translate(1, 10);
+        v.translate(LATER, 1, 10);
         let mut g = IotlbGather::new();
         v.unmap_pages(t, 0, 1, 10, 1, &mut g);
         // Queued, not kicked (lazy): the device still translates through its cached entry.
-        assert!(v.translate(1, 10).stale);
+        assert!(v.translate(LATER, 1, 10).stale);
         v.flush_iotlb_all(t, 0, 1);
-        assert!(v.translate(1, 10).fault());
+        assert!(v.translate(LATER, 1, 10).fault());
         assert_eq!(v.tr.c.invalidations(), 1, "the UNMAP is the invalidation");
     }
 

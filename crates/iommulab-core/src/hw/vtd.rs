@@ -3,7 +3,7 @@
 //! device-TLB descriptors gathered into batches of up to 16 (qi_batch) and submitted with a wait descriptor
 //! through one hardware queue, all under the domain's cache_lock; caching mode and RWBF after maps.
 
-use super::translator::Translator;
+use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::dma::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, PsiNonLeaf, VtdProfile};
@@ -104,9 +104,10 @@ impl Vtd {
         }
     }
 
-    /// Apply a descriptor's effect on the translation caches.
-    fn apply(&mut self, d: InvDesc) {
-        match d {
+    /// Count a descriptor and hand its effect on the translation caches over for `at`, when the hardware
+    /// processes it.
+    fn apply(&mut self, at: Time, d: InvDesc) {
+        let inv = match d {
             InvDesc::Psi {
                 dom,
                 addr_pfn,
@@ -117,27 +118,37 @@ impl Vtd {
                 // IH=0 on an IIO that drops the domain's non-leaf entries: the range's leaves, then every
                 // walk-cache entry of the domain.
                 let domain_wide = !ih && self.cfg.psi_nonleaf == PsiNonLeaf::Domain;
-                self.tr
-                    .invalidate_range(dom, addr_pfn, 1u64 << am.min(63), ih || domain_wide);
-                if domain_wide {
-                    self.tr.invalidate_walk_caches(dom);
+                let range = CacheInval::Range {
+                    dom,
+                    pfn: addr_pfn,
+                    n: 1u64 << am.min(63),
+                    leaf_only: ih || domain_wide,
+                };
+                self.tr.invalidate(at, range);
+                if !domain_wide {
+                    return;
                 }
+                CacheInval::WalkCaches { dom }
             }
             InvDesc::Dsi { dom } => {
                 self.tr.c.count(InvKind::Dsi, 1);
-                self.tr.invalidate_domain(dom);
+                CacheInval::Domain { dom }
             }
             InvDesc::Global => {
                 self.tr.c.count(InvKind::Global, 1);
-                self.tr.invalidate_all();
+                CacheInval::All
             }
             InvDesc::DevTlb { dom, addr_pfn, am } => {
                 self.tr.c.count(InvKind::DevTlb, 1);
                 let range = am.map(|am| (addr_pfn, 1u64 << am.min(63)));
-                self.tr.invalidate_atc(dom, range);
+                CacheInval::Atc { dom, range }
             }
-            InvDesc::ContextCache => self.tr.c.count(InvKind::ContextCache, 1),
-        }
+            InvDesc::ContextCache => {
+                self.tr.c.count(InvKind::ContextCache, 1);
+                return;
+            }
+        };
+        self.tr.invalidate(at, inv);
     }
 
     /// dmar.c qi_submit_sync(): write the descriptors and a wait descriptor under q_lock, ring the tail, then
@@ -148,8 +159,11 @@ impl Vtd {
         // The hardware drains the queue in order, one descriptor after another.
         let work: u64 = descs.iter().map(|d| self.desc_ns(d)).sum::<u64>() + self.cfg.inv_wait_ns;
         let (_, done) = self.hw.acquire(written, work);
+        // The hardware reaches each descriptor in turn; the wait descriptor completes after the last.
+        let mut at = done - work;
         for &d in descs {
-            self.apply(d);
+            at += self.desc_ns(&d);
+            self.apply(at, d);
         }
         self.tr.c.syncs += 1;
         self.tr.c.submissions += 1;
@@ -342,6 +356,7 @@ impl Iommu for Vtd {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::hw::LATER;
 
     /// A small VT-d configuration for unit tests across the crate.
     pub(crate) fn cfg() -> IommuProfile {
@@ -411,10 +426,10 @@ pub(crate) mod tests {
     fn walk_caches_cut_reads_and_psi_without_ih_drops_them() {
         let mut v = vtd(&cfg());
         v.map_pages(1, 0x40000, 7, 4);
-        let t = v.translate(1, 0x40000);
+        let t = v.translate(LATER, 1, 0x40000);
         assert_eq!((t.iotlb_hit, t.walk_reads), (false, 4));
-        assert!(v.translate(1, 0x40000).iotlb_hit);
-        let t = v.translate(1, 0x40001); // same leaf table: PDE cached
+        assert!(v.translate(LATER, 1, 0x40000).iotlb_hit);
+        let t = v.translate(LATER, 1, 0x40001); // same leaf table: PDE cached
         assert_eq!(
             (t.walk_reads, t.walk_levels),
             (1, 0b10),
@@ -430,7 +445,7 @@ pub(crate) mod tests {
                 ih: true,
             }],
         );
-        assert_eq!(v.translate(1, 0x40002).walk_reads, 1);
+        assert_eq!(v.translate(LATER, 1, 0x40002).walk_reads, 1);
         v.qi_submit_sync(
             0,
             &[InvDesc::Psi {
@@ -440,7 +455,35 @@ pub(crate) mod tests {
                 ih: false,
             }],
         );
-        assert_eq!(v.translate(1, 0x40003).walk_reads, 4);
+        assert_eq!(v.translate(LATER, 1, 0x40003).walk_reads, 4);
+    }
+
+    /// A descriptor acts on the caches when the hardware reaches it, not when the CPU writes it: a device
+    /// access in between still hits, and two PSIs sent back to back each drop the walk caches the device
+    /// refilled between them.
+    #[test]
+    fn invalidations_act_when_the_hardware_processes_them() {
+        let psi = |pfn| InvDesc::Psi {
+            dom: 1,
+            addr_pfn: pfn,
+            am: 0,
+            ih: false,
+        };
+        let mut v = vtd(&cfg());
+        v.map_pages(1, 0x40000, 7, 8);
+        v.translate(0, 1, 0x40000);
+        let done = v.qi_submit_sync(1_000, &[psi(0x40000)]);
+        let desc_ns = cfg().vtd.unwrap().inv_desc_ns;
+        let processed = done - cfg().vtd.unwrap().inv_wait_ns;
+        assert!(processed >= 1_000 + desc_ns);
+        assert!(v.translate(processed - 1, 1, 0x40000).iotlb_hit);
+        assert!(!v.translate(processed, 1, 0x40000).iotlb_hit);
+        // Back to back: the device walks between the two, so each PSI costs it a full walk.
+        let first = v.qi_submit_sync(done, &[psi(0x40004)]);
+        let second = v.qi_submit_sync(first, &[psi(0x40005)]);
+        assert_eq!(v.translate(first, 1, 0x40001).walk_reads, 4);
+        assert_eq!(v.translate(first + 1, 1, 0x40002).walk_reads, 1);
+        assert_eq!(v.translate(second, 1, 0x40003).walk_reads, 4);
     }
 
     #[test]
@@ -451,8 +494,8 @@ pub(crate) mod tests {
             p.vtd.as_mut().unwrap().psi_nonleaf = scope;
             let mut v = vtd(&p);
             v.map_pages(1, 0x40000, 7, 1024);
-            v.translate(1, 0x40000);
-            v.translate(1, 0x40200);
+            v.translate(LATER, 1, 0x40000);
+            v.translate(LATER, 1, 0x40200);
             let psi = InvDesc::Psi {
                 dom: 1,
                 addr_pfn: 0x40000,
@@ -461,8 +504,8 @@ pub(crate) mod tests {
             };
             v.qi_submit_sync(0, &[psi]);
             (
-                v.translate(1, 0x40201).walk_reads,
-                v.translate(1, 0x40200).iotlb_hit,
+                v.translate(LATER, 1, 0x40201).walk_reads,
+                v.translate(LATER, 1, 0x40200).iotlb_hit,
             )
         };
         // The spec's minimum keeps the other table's PDE: one read for its leaf PTE.
@@ -475,17 +518,17 @@ pub(crate) mod tests {
     fn stale_iotlb_entry_hits_until_invalidated() {
         let mut v = vtd(&cfg());
         v.map_pages(1, 10, 99, 1);
-        v.translate(1, 10);
+        v.translate(LATER, 1, 10);
         let mut g = IotlbGather::new();
         v.unmap_pages(0, 0, 1, 10, 1, &mut g);
-        let t = v.translate(1, 10);
+        let t = v.translate(LATER, 1, 10);
         assert!(
             t.iotlb_hit && t.stale && t.phys == Some(99),
             "unmapped, not invalidated: stale hit"
         );
         assert_eq!(v.tr.c.stale_hits, 1);
         v.iotlb_sync(0, 0, 1, &g);
-        let t = v.translate(1, 10);
+        let t = v.translate(LATER, 1, 10);
         assert!(!t.iotlb_hit && t.fault());
     }
 
@@ -536,7 +579,7 @@ pub(crate) mod tests {
     fn ats_device_gets_a_device_tlb_descriptor_in_the_same_batch() {
         let mut v = vtd_with(&cfg(), Some(16));
         v.map_pages(1, 0x40, 9, 1);
-        v.translate(1, 0x40);
+        v.translate(LATER, 1, 0x40);
         let mut g = IotlbGather::new();
         v.unmap_pages(0, 0, 1, 0x40, 1, &mut g);
         let t = v.iotlb_sync(0, 0, 1, &g);
@@ -550,7 +593,7 @@ pub(crate) mod tests {
             3 * 40 + 400 + (400 + 1000) + 200,
             "the wait completes after the device answers"
         );
-        assert!(!v.translate(1, 0x40).stale);
+        assert!(!v.translate(LATER, 1, 0x40).stale);
         // flush_iotlb_all clears the whole device TLB too.
         v.flush_iotlb_all(t, 0, 1);
         assert_eq!(v.tr.c.get(InvKind::DevTlb), 2);
@@ -619,11 +662,11 @@ pub(crate) mod tests {
         for (k, reads) in [(KernelVersion(6, 12), 4), (KernelVersion(6, 18), 1)] {
             let mut v = vtd_kernel(None, k);
             v.map_pages(1, 0x40000, 7, 4);
-            v.translate(1, 0x40000);
+            v.translate(LATER, 1, 0x40000);
             let mut g = IotlbGather::new();
             v.unmap_pages(0, 0, 1, 0x40000, 1, &mut g);
             v.iotlb_sync(0, 0, 1, &g);
-            assert_eq!(v.translate(1, 0x40001).walk_reads, reads, "{k:?}");
+            assert_eq!(v.translate(LATER, 1, 0x40001).walk_reads, reads, "{k:?}");
         }
         // flush_iotlb_all under caching mode: 6.10+ flush the device TLB too, 6.1 skipped it.
         for (k, devtlb) in [(KernelVersion(6, 12), 1), (KernelVersion(6, 1), 0)] {

@@ -44,7 +44,7 @@ impl Device {
     /// completion time.
     pub fn access(&mut self, host: &mut Host, path: Path, t: Time, dma: u64, bytes: u64) -> Time {
         host.dma.data_access(dma);
-        let (lat, fault) = host.dma_page(dma);
+        let (lat, fault) = host.dma_page(t, dma);
         self.faults += fault as u64;
         self.engine.issue_on(path, t, lat, bytes)
     }
@@ -57,7 +57,7 @@ impl Device {
         t: Time,
         ring: &mut DescRing,
     ) -> Time {
-        let (lat, fault) = host.dma_translation(ring.next_page());
+        let (lat, fault) = host.dma_translation(t, ring.next_page());
         self.faults += fault as u64;
         self.engine.issue_on(path, t, lat, ring.entry_bytes())
     }

@@ -82,7 +82,7 @@ impl NvmeWorkload {
         let engine = &mut self.drives[self.slots[s].drive];
         let mut done = now;
         for i in 0..self.pages {
-            let (lat, fault) = host.dma_page(dma + i);
+            let (lat, fault) = host.dma_page(now, dma + i);
             self.stats.dma_faults += fault as u64;
             done = engine.issue(now, lat, PAGE);
         }
