@@ -456,6 +456,21 @@ pub(crate) mod tests {
         assert_eq!(s.translate(LATER, 1, 0x40001).walk_reads, 4);
     }
 
+    /// The TLBI acts when the SMMU consumes it, before its CMD_SYNC completes: a device access before that
+    /// still hits.
+    #[test]
+    fn a_tlbi_acts_when_the_smmu_consumes_it() {
+        let p = cfg(true, false);
+        let mut s = smmu(&p, 1);
+        s.map_pages(1, 0x40000, 7, 2);
+        s.translate(0, 1, 0x40000);
+        let done = s.flush_iotlb_all(1_000, 0, 1);
+        let consumed = done - p.smmuv3.as_ref().unwrap().sync_ns;
+        assert!(consumed > 1_000);
+        assert!(s.translate(consumed - 1, 1, 0x40000).iotlb_hit);
+        assert!(!s.translate(consumed, 1, 0x40000).iotlb_hit);
+    }
+
     #[test]
     fn freeing_a_table_issues_a_non_leaf_invalidation_at_once() {
         let mut s = smmu(&cfg(true, false), 1);
