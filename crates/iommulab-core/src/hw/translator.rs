@@ -407,11 +407,6 @@ impl Translator {
         }
     }
 
-    /// Invalidate at once (set-up, tests).
-    pub fn invalidate_now(&mut self, inv: CacheInval) {
-        self.apply(inv);
-    }
-
     fn apply(&mut self, inv: CacheInval) {
         match inv {
             CacheInval::Range {
