@@ -396,6 +396,11 @@ impl Translator {
         self.pending.insert(i, (at, inv));
     }
 
+    /// Invalidations handed over and not yet applied.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
     /// Apply the invalidations processed by `now`.
     pub fn settle(&mut self, now: Time) {
         while let Some(&(at, inv)) = self.pending.front() {
