@@ -15,6 +15,14 @@ def test_one_io_in_flight_runs_at_the_latency_of_its_path():
     assert 82_500 < per_io_ns < 84_500, per_io_ns
 
 
+def test_the_drives_data_accesses_feed_dma_locality_when_translated():
+    # Each I/O's pages are read or written by the drive through the IOMMU: dma_locality measures them.
+    strict = iommulab.run("nvme", **{"os.policy": "strict"}).to_dict()["dma_locality"]
+    assert strict["accesses"] > 1000
+    off = iommulab.run("nvme", **{"os.policy": "passthrough"}).to_dict()["dma_locality"]
+    assert off["accesses"] == 0
+
+
 @pytest.mark.parametrize("bs_kb", [4, 16, 128])
 def test_strict_invalidates_each_io_once_over_its_whole_buffer(bs_kb):
     r = iommulab.run("nvme", **{"os.policy": "strict", "workload.nvme.bs_kb": bs_kb}).to_dict()

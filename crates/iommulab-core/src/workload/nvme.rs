@@ -8,11 +8,11 @@
 //! Simplification: each I/O buffer is physically contiguous (fio allocates them once, at start, and reuses
 //! them; the kernel maps a user buffer page by page, which only matters for superpage eligibility).
 
-use super::{event, Workload, WorkloadStats};
+use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::hw::PAGE_SIZE as PAGE;
 use crate::scenario::{Nvme, NvmeRw};
-use crate::sim::{Ctx, DmaEngine, Time};
+use crate::sim::{Ctx, Path, Time};
 
 const EV_SUBMIT: u16 = 0;
 const EV_DATA: u16 = 1;
@@ -34,7 +34,7 @@ pub struct NvmeWorkload {
     pages: u64,
     latency_ns: u64,
     slots: Vec<Slot>,
-    drives: Vec<DmaEngine>,
+    drives: Vec<Device>,
     stats: WorkloadStats,
 }
 
@@ -48,7 +48,7 @@ impl NvmeWorkload {
             latency_ns: (cfg.latency_us * 1000.0).round() as u64,
             slots: Vec::new(),
             drives: (0..cfg.drives)
-                .map(|_| DmaEngine::new(translation_slots, gbps))
+                .map(|_| Device::new(translation_slots, gbps))
                 .collect(),
             stats: WorkloadStats::default(),
         }
@@ -79,12 +79,11 @@ impl NvmeWorkload {
     /// The drive moves the I/O's pages through its DMA engine, each translated by the IOMMU.
     fn data(&mut self, host: &mut Host, now: Time, s: usize) {
         let dma = self.slots[s].dma.expect("data phase of a submitted I/O");
-        let engine = &mut self.drives[self.slots[s].drive];
+        let drive = &mut self.drives[self.slots[s].drive];
         let mut done = now;
         for i in 0..self.pages {
-            let (lat, fault) = host.dma_page(now, dma + i);
-            self.stats.dma_faults += fault as u64;
-            done = engine.issue(now, lat, PAGE);
+            // The drive's writes (reads) and its reads of host memory (writes) share one ordered engine.
+            done = drive.access(host, Path::Receive, now, dma + i, PAGE);
         }
         self.stats.dma_pages += self.pages;
         self.stats.bytes_received += self.pages * PAGE;
@@ -154,7 +153,10 @@ impl Workload for NvmeWorkload {
     }
 
     fn stats(&self) -> WorkloadStats {
-        self.stats.clone()
+        WorkloadStats {
+            dma_faults: self.drives.iter().map(|d| d.faults).sum(),
+            ..self.stats.clone()
+        }
     }
 
     fn cpus(&self) -> Vec<usize> {
