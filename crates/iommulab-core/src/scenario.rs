@@ -555,6 +555,11 @@ pub struct NicRx {
     pub line_rate_gbps: f64,
     /// RSS queues; queue q's interrupt and NAPI run on CPU q.
     pub queues: u32,
+    /// Channels the driver opens (`ethtool -L combined`); omitted: one per queue. Those past `queues`
+    /// carry no flows, but their rings are allocated and filled when the interface comes up, taking IOVAs
+    /// between the busy queues' (mlx5's default is one channel per CPU: en_main.c mlx5e_build_nic_params).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channels: Option<u32>,
     /// TCP flows, hashed onto queues by RSS (collisions happen, as on real NICs).
     pub flows: u32,
     /// Packet size on the wire; one RX buffer of 4 KiB pages per packet.
@@ -653,6 +658,8 @@ pub enum RqKind {
     Cyclic,
     Mlx5Striding,
 }
+/// mlx5's upper bound on channels (en.h MLX5E_MAX_NUM_CHANNELS, 6.12).
+pub const MAX_CHANNELS: u32 = 256;
 fn default_gro_max() -> u32 {
     65536
 }
@@ -921,6 +928,15 @@ impl NicRx {
             nic.napi_budget,
             nic.irq_usecs,
             nic.irq_frames,
+        )?;
+        check(
+            nic.channels
+                .is_none_or(|c| (nic.queues..=MAX_CHANNELS).contains(&c)),
+            "workload.nic_rx.channels",
+            format!(
+                "expected {}..={MAX_CHANNELS} channels (at least one per queue)",
+                nic.queues
+            ),
         )?;
         check(
             (1..=65536).contains(&nic.flows),

@@ -86,6 +86,7 @@ struct Flow {
 
 pub struct NicRxWorkload {
     cfg: NicRx,
+    /// The channels: the first `cfg.queues` carry the flows, the rest only hold filled rings.
     queues: Vec<RxQueue>,
     flows: Vec<Flow>,
     pages: Pages,
@@ -115,6 +116,7 @@ impl NicRxWorkload {
         cores: usize,
     ) -> Self {
         let queues = cfg.queues as usize;
+        let channels = cfg.channels.unwrap_or(cfg.queues) as usize;
         // Flow f is steered to queue f % queues, which runs on the CPU of its number. Its reader runs there,
         // or on the next of the CPUs past the queues' (the scheduler wakes a reader on an idle CPU,
         // select_idle_sibling()).
@@ -154,9 +156,11 @@ impl NicRxWorkload {
         };
         NicRxWorkload {
             cfg: cfg.clone(),
-            queues: (0..queues)
-                .map(|q| RxQueue {
-                    cpu: q,
+            // Channel c's NAPI runs on CPU c; those past the queues only fill their rings, on CPUs the
+            // model wraps onto its own.
+            queues: (0..channels)
+                .map(|c| RxQueue {
+                    cpu: c % cores,
                     rq: Rq::new(layout, descs),
                     desc: None,
                     rx_cq: None,
@@ -186,7 +190,7 @@ impl NicRxWorkload {
                     reader_cpu: reader_cpu(q, f),
                 })
                 .collect(),
-            pages: Pages::new(source, queues),
+            pages: Pages::new(source, channels),
             tcp,
             senders,
             dev: Device::new(translation_slots, link_gbps),
@@ -224,36 +228,44 @@ impl NicRxWorkload {
 
     /// Post descriptors until the ring is full (mlx5e_post_rx_wqes / mlx5e_post_rx_mpwqes).
     fn refill(&mut self, host: &mut Host, q: usize, mut t: Time) -> Time {
+        let mut got = Vec::new();
+        while self.refill_step(host, q, &mut got, &mut t) {}
+        t
+    }
+
+    /// One step of queue `q`'s refill: one page allocated and mapped into the WQE being built in `got`
+    /// (FANDS: one WQE's pages in one IOVA block), posting the WQE once it is complete. False when the
+    /// ring is full, or memory or IOVA space ran out (the pages of an unfinished WQE go back).
+    fn refill_step(
+        &mut self,
+        host: &mut Host,
+        q: usize,
+        got: &mut Vec<PageId>,
+        t: &mut Time,
+    ) -> bool {
+        if !self.queues[q].rq.wants_refill() {
+            return false;
+        }
         let cpu = self.queues[q].cpu;
         let n = self.queues[q].rq.pages_per_wqe();
-        while self.queues[q].rq.wants_refill() {
-            if self.wqe_blocks {
-                match self.pages.alloc_block(host, cpu, n, t) {
-                    Some((ids, t2)) => {
-                        t = t2;
-                        self.queues[q].rq.post(t, ids);
-                        continue;
-                    }
-                    None => break,
-                }
-            }
-            let mut got = Vec::with_capacity(n);
-            while got.len() < n {
-                match self.pages.alloc(host, q, cpu, t) {
-                    Some((id, t2)) => {
-                        got.push(id);
-                        t = t2;
-                    }
-                    None => break,
-                }
-            }
-            if got.len() < n {
-                t = self.release_wqe(host, q, got, t);
-                break;
-            }
-            self.queues[q].rq.post(t, got);
+        if self.wqe_blocks {
+            let Some((ids, t2)) = self.pages.alloc_block(host, cpu, n, *t) else {
+                return false;
+            };
+            *t = t2;
+            self.queues[q].rq.post(*t, ids);
+            return true;
         }
-        t
+        let Some((id, t2)) = self.pages.alloc(host, q, cpu, *t) else {
+            *t = self.release_wqe(host, q, std::mem::take(got), *t);
+            return false;
+        };
+        *t = t2;
+        got.push(id);
+        if got.len() == n {
+            self.queues[q].rq.post(*t, std::mem::take(got));
+        }
+        true
     }
 
     /// tcp_send_ack() of flow `f` on `cpu` through queue `q`'s send queue (a reader's CPU without a queue of
@@ -543,14 +555,24 @@ impl Workload for NicRxWorkload {
             self.wqe_blocks = true;
             self.pages = Pages::new(Source::Unpooled, self.queues.len());
         }
-        // Every queue's coherent rings first, then the RX buffers: mlx5e_open_channels() creates all channels'
-        // queues and mlx5e_activate_channels() then triggers each NAPI (mlx5e_trigger_napi_icosq), whose
-        // first poll posts the RQ; ena_up() creates all IO queues before ena_up_complete() refills them.
-        let ready: Vec<Time> = (0..self.queues.len())
-            .map(|q| self.setup_rings(host, q, now))
+        // mlx5e_open_channels() sets up each channel's rings in turn; mlx5e_activate_priv_channels() then
+        // kicks every channel's NAPI, and the channels fill their RQs at once, each on its own CPU, their
+        // dma_map calls taking IOVAs from the one allocator in the order they come: the channel furthest
+        // behind in time maps its next page first.
+        let channels = self.queues.len();
+        let mut ts: Vec<Time> = (0..channels)
+            .map(|c| self.setup_rings(host, c, now))
             .collect();
-        for (q, t) in ready.into_iter().enumerate() {
-            let t = self.refill(host, q, t);
+        let mut got: Vec<Vec<PageId>> = vec![Vec::new(); channels];
+        let mut filling: Vec<usize> = (0..channels).collect();
+        while let Some(i) = (0..filling.len()).min_by_key(|&i| (ts[filling[i]], filling[i])) {
+            let c = filling[i];
+            if !self.refill_step(host, c, &mut got[c], &mut ts[c]) {
+                filling.swap_remove(i);
+            }
+        }
+        // Channels past the queues run on CPUs the model leaves out: only the queues' time is accounted.
+        for (q, &t) in ts.iter().enumerate().take(self.cfg.queues as usize) {
             let cpu = self.queues[q].cpu;
             host.cpus[cpu].account(now, t);
         }
@@ -580,7 +602,8 @@ impl Workload for NicRxWorkload {
     }
 
     fn cpus(&self) -> Vec<usize> {
-        let mut cpus: Vec<usize> = self.queues.iter().map(|q| q.cpu).collect();
+        let active = &self.queues[..self.cfg.queues as usize];
+        let mut cpus: Vec<usize> = active.iter().map(|q| q.cpu).collect();
         cpus.extend(self.flows.iter().map(|f| f.reader_cpu));
         cpus.sort_unstable();
         cpus.dedup();
