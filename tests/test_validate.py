@@ -25,6 +25,19 @@ def test_validate_json_lists_every_target_with_model_and_error():
     assert "C1.strict_lazy_ratio" in text and "C3." not in text
 
 
+def test_validate_compares_the_mean_over_seeds():
+    def row(*args):
+        return json.loads(cli("validate", "C3.strict_pwc_l3_misses_per_page", "--json", *args,
+                              check_rc=0).stdout)["targets"][0]
+    one = [row("--seeds", "1", "--set", f"run.seed={s}")["model"] for s in (1, 2, 3)]
+    three = row("--seeds", "3")
+    # Seeds 1, 2, 3 (the scenario's and the next two), each a different sample, and their mean.
+    assert three["seeds"] == 3 and len(set(one)) == 3
+    assert three["spread"] == [min(one), max(one)]
+    assert three["model"] == pytest.approx(sum(one) / 3, rel=1e-6)
+    assert row("--seeds", "1")["model"] == one[0]
+
+
 def test_validate_overrides_move_the_model():
     base = json.loads(cli("validate", "C1.strict_lazy_ratio", "--json", check_rc=0).stdout)["targets"][0]
     slow = json.loads(cli("validate", "C1.strict_lazy_ratio", "--json",
@@ -35,6 +48,7 @@ def test_validate_overrides_move_the_model():
 @pytest.mark.parametrize("args, what", [
     (["validate", "C9.nothing"], "no such target"),
     (["validate", "--set", "platform.iommu.smmuv3.sync_ns=x"], "sync_ns"),
+    (["validate", "--seeds", "0"], "at least 1"),
     (["calibrate", "--param", "iommu.nope", "--target", "C1.strict_lazy_ratio", "--profile", "smmuv3-server",
       "--range", "1:2"], "iommu.nope"),
     (["calibrate", "--range", "5:1"], "LOW < HIGH"),

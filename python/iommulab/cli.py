@@ -15,7 +15,7 @@ from .compare import POLICIES, compare, format_compare, plot_svg
 from .invlog import inv_log
 from .replay import format_replay, replay
 from .report import format_table
-from .validate import Calibration, calibrate, format_validate, load_targets, validate
+from .validate import DEFAULT_SEEDS, Calibration, calibrate, format_validate, load_targets, validate
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,6 +38,16 @@ def _phase_list(text: str) -> list[str]:
     if not all(names):
         raise argparse.ArgumentTypeError(f"expected phase names separated by commas, e.g. net,blk, got {text!r}")
     return names
+
+
+def _seeds(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seeds, at least 1, got {text!r}")
+    return n
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -140,8 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("ids", nargs="*", metavar="TARGET", help="only these target ids (default: all)")
     v.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
                    help="override a scenario key in every target run (e.g. platform.memory.walk_read_ns=150)")
+    v.add_argument("--seeds", type=_seeds, default=DEFAULT_SEEDS, metavar="N",
+                   help=f"run each target at N seeds, the scenario's and the next ones, and compare their mean "
+                   f"(default {DEFAULT_SEEDS})")
     v.add_argument("--json", action="store_true",
-                   help='print {"targets": [{"id", "published", "model", "error", "ok", ...}, ...]}')
+                   help='print {"targets": [{"id", "published", "model", "error", "ok", "seeds", "spread", ...}, ...]}')
 
     c = sub.add_parser("calibrate", help="fit a profile parameter to a published target and write it with provenance",
                        description="Bisect one physical parameter of a platform profile until a published target's "
@@ -152,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--profile", help="built-in profile name or profile file (default: the declared one)")
     c.add_argument("--target", dest="target_id", metavar="ID", help="target id (default: the declared one)")
     c.add_argument("--range", dest="rng", type=_range, metavar="LOW:HIGH", help="search range (default: declared)")
+    c.add_argument("--seeds", type=_seeds, default=DEFAULT_SEEDS, metavar="N",
+                   help=f"fit the mean over N seeds, as validate compares it (default {DEFAULT_SEEDS})")
     c.add_argument("--out", metavar="FILE", help="write the calibrated profile here (one calibration only)")
     c.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     c.add_argument("--json", action="store_true", help="print the fitted values as JSON")
@@ -259,7 +274,7 @@ def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None) -> int:
 
 
 def _cmd_validate(a: argparse.Namespace) -> int:
-    rows = validate(a.ids or None, {k: _toml_or_str(v) for k, v in a.sets})
+    rows = validate(a.ids or None, {k: _toml_or_str(v) for k, v in a.sets}, seeds=a.seeds)
     if a.json:
         json.dump({"targets": rows}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -281,7 +296,7 @@ def _cmd_calibrate(a: argparse.Namespace) -> int:
         raise ScenarioError(f"--out: {len(cals)} calibrations selected; choose one with --param")
     if a.out and os.path.exists(a.out) and not a.force:
         raise ScenarioError(f"--out {a.out}: exists; pass --force to overwrite it")
-    done = [calibrate(c, ts) for c in cals]
+    done = [calibrate(c, ts, seeds=a.seeds) for c in cals]
     if a.out:
         with open(a.out, "w") as f:
             f.write(done[0]["profile_text"])

@@ -18,6 +18,10 @@ from ._core import ScenarioError
 from .api import RunResult, load, run_variants, toml_value
 
 TARGETS_FILE = "targets.toml"
+# Seeds each target's runs are repeated at (the scenario's seed and the next ones); the model value is their
+# mean. One seed is one sample of the arrivals and of RSS: C3's per-page figures move by 10-20 % between
+# seeds, more than some tolerances, while the published figures are averages of repeated runs.
+DEFAULT_SEEDS = 5
 _TERM = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_.]*)(?:\[(\d+)\])?$")
 
 
@@ -125,30 +129,49 @@ def _terms(t: Target) -> list[tuple[str, str, int | None, str]]:
 
 
 class Runner:
-    """Runs scenario variants once each (same scenario and keys, same result: runs are deterministic)."""
+    """Runs scenario variants once each (same scenario and keys, same result: runs are deterministic), at
+    `seeds` seeds: the scenario's own (or `run.seed` from `sets`) and the ones after it."""
 
-    def __init__(self, sets: dict[str, Any] | None = None):
+    def __init__(self, sets: dict[str, Any] | None = None, seeds: int = DEFAULT_SEEDS):
+        if not isinstance(seeds, int) or seeds < 1:
+            raise ScenarioError(f"seeds: expected a whole number of at least 1, got {seeds!r}")
         self.sets = dict(sets or {})
+        self.seeds = seeds
         self.cache: dict[str, dict[str, Any]] = {}
         self.runs = 0
 
-    def result(self, t: Target, run: str) -> dict[str, Any]:
+    def _variant(self, t: Target, run: str, keys: dict[str, Any]) -> Any:
+        variants = load(t.scenario, keys)
+        if len(variants) != 1:
+            raise ScenarioError(f"target {t.id}.runs.{run}: scenario {t.scenario!r} gives {len(variants)} runs; "
+                                "set its [compare] keys")
+        return variants[0]
+
+    def result(self, t: Target, run: str, i: int = 0) -> dict[str, Any]:
+        """Run `run` of target `t` at the i-th seed."""
         keys = {**t.runs[run], **self.sets}
+        if i:
+            base = json.loads(self._variant(t, run, keys).scenario_json())["run"]["seed"]
+            keys["run.seed"] = base + i
         ck = json.dumps([t.scenario, sorted(keys.items())], default=str)
         if ck not in self.cache:
-            variants = load(t.scenario, keys)
-            if len(variants) != 1:
-                raise ScenarioError(f"target {t.id}.runs.{run}: scenario {t.scenario!r} gives {len(variants)} runs; "
-                                    "set its [compare] keys")
-            res: RunResult = run_variants(variants)[0]
+            res: RunResult = run_variants([self._variant(t, run, keys)])[0]
             self.cache[ck] = res.to_dict()
             self.runs += 1
         return self.cache[ck]
 
+    def values(self, t: Target) -> list[float]:
+        """The target's value at each seed."""
+        return [self._value(t, i) for i in range(self.seeds)]
+
     def value(self, t: Target) -> float:
+        """The target's value: the mean over the seeds."""
+        return math.fsum(self.values(t)) / self.seeds
+
+    def _value(self, t: Target, i: int) -> float:
         v = 1.0
         for run, key, idx, op in _terms(t):
-            x: Any = self.result(t, run)
+            x: Any = self.result(t, run, i)
             for part in key.split("."):
                 if not isinstance(x, dict) or part not in x:
                     raise ScenarioError(f"target {t.id}.value: {run}.{key}: no such result key")
@@ -163,34 +186,40 @@ class Runner:
         return v
 
 
-def check(t: Target, model: float) -> dict[str, Any]:
+def check(t: Target, values: list[float]) -> dict[str, Any]:
+    """Model (the mean of `values`, one per seed) vs published."""
+    model = math.fsum(values) / len(values)
     err = (model - t.published) / t.published if t.published else math.inf
     return {"id": t.id, "published": t.published, "model": float(f"{model:.7g}"), "error": round(err, 6),
             "ok": bool(abs(err) <= t.tolerance), "tolerance": t.tolerance, "source": t.source,
-            "fitted": t.fitted}
+            "fitted": t.fitted, "seeds": len(values),
+            "spread": [float(f"{min(values):.7g}"), float(f"{max(values):.7g}")]}
 
 
 def validate(ids: list[str] | None = None, sets: dict[str, Any] | None = None,
-             targets: Targets | None = None) -> list[dict[str, Any]]:
-    """Every target (or those named), model vs published."""
+             targets: Targets | None = None, seeds: int = DEFAULT_SEEDS) -> list[dict[str, Any]]:
+    """Every target (or those named), model (mean over `seeds` seeds) vs published."""
     ts = targets or load_targets()
     chosen = [ts.get(i) for i in ids] if ids else ts.targets
-    r = Runner(sets)
-    return [check(t, r.value(t)) for t in chosen]
+    r = Runner(sets, seeds)
+    return [check(t, r.values(t)) for t in chosen]
 
 
 def format_validate(rows: list[dict[str, Any]]) -> str:
     w = max([len("target")] + [len(r["id"]) for r in rows])
-    out = [f"{'target':<{w}} {'published':>10} {'model':>10} {'error':>8} {'tol':>5}  ok",
-           "-" * (w + 42)]
+    out = [f"{'target':<{w}} {'published':>10} {'model':>10} {'seeds min-max':>21} {'error':>8} {'tol':>5}  ok",
+           "-" * (w + 64)]
     for r in rows:
         fit = "  (fitted: " + r["fitted"] + ")" if r.get("fitted") else ""
-        out.append(f"{r['id']:<{w}} {r['published']:>10.4g} {r['model']:>10.4g} {100 * r['error']:>+7.1f}% "
-                   f"{100 * r['tolerance']:>4.0f}%  {'ok' if r['ok'] else 'MISS'}{fit}")
+        lo, hi = r["spread"]
+        out.append(f"{r['id']:<{w}} {r['published']:>10.4g} {r['model']:>10.4g} {lo:>10.4g}-{hi:<10.4g} "
+                   f"{100 * r['error']:>+7.1f}% {100 * r['tolerance']:>4.0f}%  {'ok' if r['ok'] else 'MISS'}{fit}")
     n_ok = sum(r["ok"] for r in rows)
+    seeds = rows[0]["seeds"] if rows else DEFAULT_SEEDS
     out.append("")
-    out.append(f"{n_ok} of {len(rows)} within tolerance · error = (model - published) / published · "
-               "fitted: a parameter was calibrated on this target, so it is not an independent check")
+    out.append(f"{n_ok} of {len(rows)} within tolerance · model = mean over {seeds} seeds (min-max beside it) · "
+               "error = (model - published) / published · fitted: a parameter was calibrated on this target, so "
+               "it is not an independent check")
     return "\n".join(out) + "\n"
 
 
@@ -238,7 +267,8 @@ def _set_source(text: str, param: str, note: str) -> str:
     return "".join(lines)
 
 
-def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24) -> dict[str, Any]:
+def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24,
+              seeds: int = DEFAULT_SEEDS) -> dict[str, Any]:
     """Bisect `c.param` over `c.range` until the target's model value meets its published figure. Returns
     {"param", "value", "target", "published", "model", "error", "profile_text"}."""
     ts = targets or load_targets()
@@ -259,7 +289,7 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24) -
 
     def model_at(v: float) -> float:
         sets = {"platform.profile": c.profile, f"platform.{c.param}": v}
-        return Runner(sets).value(t)
+        return Runner(sets, seeds).value(t)
 
     lo, hi = snap(c.range[0]), snap(c.range[1])
     m_lo, m_hi = model_at(lo), model_at(hi)
