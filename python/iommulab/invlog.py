@@ -21,8 +21,8 @@ def _line(t_s: float, text: str) -> str:
 def inv_log(variant, window_ms: float) -> str:
     """Run `variant` and return its window lines."""
     sc = json.loads(variant.scenario_json())
-    warm = round(sc["run"]["warmup_ms"] * 1e6)
     sim = variant.simulate()
+    warm = sim.warmup_end_ns
     out = [f"# {variant.label}: policy {sc['os']['policy']}, window {window_ms:g} ms of simulated time\n"]
     step = max(1, round(window_ms * 1e6))
     prev, prev_t = dict.fromkeys(["total", "unmapped"] + [k for k, _ in NAMES], 0), warm

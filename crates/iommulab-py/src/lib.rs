@@ -63,6 +63,10 @@ impl Simulation {
         self.inner.end_ns()
     }
     #[getter]
+    fn warmup_end_ns(&self) -> u64 {
+        self.inner.warmup_end_ns()
+    }
+    #[getter]
     fn now_ns(&self) -> u64 {
         self.inner.now_ns()
     }

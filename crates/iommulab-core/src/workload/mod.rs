@@ -98,8 +98,9 @@ pub struct WorkloadStats {
 }
 
 pub trait Workload: Send + Sync {
-    /// Set up (fill rings, map buffers) and schedule the first events.
-    fn start(&mut self, host: &mut Host, now: Time);
+    /// Set up (fill rings, map buffers) and schedule the first events. Returns when traffic begins (the
+    /// warm-up counts from then).
+    fn start(&mut self, host: &mut Host, now: Time) -> Time;
     /// Handle one of this workload's events.
     fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32);
     fn stats(&self) -> WorkloadStats;

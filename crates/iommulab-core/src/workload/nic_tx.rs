@@ -263,7 +263,7 @@ impl NicTxWorkload {
 }
 
 impl Workload for NicTxWorkload {
-    fn start(&mut self, host: &mut Host, now: Time) {
+    fn start(&mut self, host: &mut Host, now: Time) -> Time {
         for q in 0..self.queues.len() {
             let t = self.setup(host, q, now);
             let cpu = self.queues[q].cpu;
@@ -272,6 +272,7 @@ impl Workload for NicTxWorkload {
         for f in 0..self.flows.len() {
             self.schedule_send(host, f, now);
         }
+        now
     }
 
     fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32) {

@@ -117,7 +117,7 @@ impl NvmeWorkload {
 }
 
 impl Workload for NvmeWorkload {
-    fn start(&mut self, host: &mut Host, now: Time) {
+    fn start(&mut self, host: &mut Host, now: Time) -> Time {
         for job in 0..self.cfg.jobs as usize {
             for _ in 0..self.cfg.iodepth {
                 // fio's buffers, allocated once: consecutive fresh pages.
@@ -134,6 +134,7 @@ impl Workload for NvmeWorkload {
                 host.schedule(now, event(EV_SUBMIT, self.slots.len() - 1));
             }
         }
+        now
     }
 
     fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32) {

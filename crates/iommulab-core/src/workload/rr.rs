@@ -288,7 +288,7 @@ impl RrWorkload {
 }
 
 impl Workload for RrWorkload {
-    fn start(&mut self, host: &mut Host, now: Time) {
+    fn start(&mut self, host: &mut Host, now: Time) -> Time {
         for q in 0..self.queues.len() {
             let t = self.setup(host, q, now);
             host.cpus[self.queues[q].cpu].account(now, t);
@@ -301,6 +301,7 @@ impl Workload for RrWorkload {
                 self.client_send(host, c, now);
             }
         }
+        now
     }
 
     fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32) {

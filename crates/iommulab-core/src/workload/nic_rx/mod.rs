@@ -549,7 +549,7 @@ impl NicRxWorkload {
 }
 
 impl Workload for NicRxWorkload {
-    fn start(&mut self, host: &mut Host, now: Time) {
+    fn start(&mut self, host: &mut Host, now: Time) -> Time {
         // FANDS applies to multi-packet WQEs only.
         if host.dma.policy.rx_wqe_iova_blocks() && self.cfg.rq == RqKind::Mlx5Striding {
             self.wqe_blocks = true;
@@ -576,8 +576,11 @@ impl Workload for NicRxWorkload {
             let cpu = self.queues[q].cpu;
             host.cpus[cpu].account(now, t);
         }
-        self.next_arrival_ps = now * 1000;
-        host.schedule(now, event(EV_WIRE, 0));
+        // The peers send once the interface is up: every channel's ring posted.
+        let up = ts.iter().copied().max().unwrap_or(now);
+        self.next_arrival_ps = up * 1000;
+        host.schedule(up, event(EV_WIRE, 0));
+        up
     }
 
     fn handle(&mut self, host: &mut Host, now: Time, kind: u16, id: u32) {
