@@ -560,6 +560,10 @@ pub struct NicRx {
     /// between the busy queues' (mlx5's default is one channel per CPU: en_main.c mlx5e_build_nic_params).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub channels: Option<u32>,
+    /// How the rings are filled when the interface comes up; omitted: `napi` with `rq = "mlx5_striding"`,
+    /// else `in_turn`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring_fill: Option<RingFill>,
     /// TCP flows, hashed onto queues by RSS (collisions happen, as on real NICs).
     pub flows: u32,
     /// Packet size on the wire; one RX buffer of 4 KiB pages per packet.
@@ -658,6 +662,27 @@ pub enum RqKind {
     Cyclic,
     Mlx5Striding,
 }
+/// How a NIC fills its RX rings when the interface comes up.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum RingFill {
+    /// Every channel's NAPI posts its own ring, all at once, each on its CPU (mlx5e_activate_channels
+    /// triggering each NAPI): the channels' dma_map calls take IOVAs in turn, so their rings interleave.
+    Napi,
+    /// The bring-up refills the rings one after another (ENA: ena_up_complete, ena_refill_all_rx_bufs).
+    InTurn,
+}
+
+impl NicRx {
+    /// The ring fill in force (`ring_fill`, or the driver's own).
+    pub fn ring_fill(&self) -> RingFill {
+        self.ring_fill.unwrap_or(match self.rq {
+            RqKind::Mlx5Striding => RingFill::Napi,
+            RqKind::Cyclic => RingFill::InTurn,
+        })
+    }
+}
+
 /// mlx5's upper bound on channels (en.h MLX5E_MAX_NUM_CHANNELS, 6.12).
 pub const MAX_CHANNELS: u32 = 256;
 fn default_gro_max() -> u32 {

@@ -21,7 +21,7 @@ use super::net::{self, ACK_FRAME, ETH_HLEN};
 use super::sq::{HeadSlab, SendQueue, CQE_BYTES, DS_BYTES};
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
-use crate::scenario::{NicRx, Readers, RqKind, SenderModel};
+use crate::scenario::{NicRx, Readers, RingFill, RqKind, SenderModel};
 use crate::sim::{Ctx, Path, Time};
 use pages::{PageId, Pages, Source};
 use rq::{Layout, Rq};
@@ -555,17 +555,22 @@ impl Workload for NicRxWorkload {
             self.wqe_blocks = true;
             self.pages = Pages::new(Source::Unpooled, self.queues.len());
         }
-        // mlx5e_open_channels() sets up each channel's rings in turn; mlx5e_activate_priv_channels() then
-        // kicks every channel's NAPI, and the channels fill their RQs at once, each on its own CPU, their
-        // dma_map calls taking IOVAs from the one allocator in the order they come: the channel furthest
-        // behind in time maps its next page first.
+        // Every channel's coherent rings first, then the RX buffers: mlx5e_open_channels() sets up each
+        // channel's rings in turn and mlx5e_activate_channels() then triggers every channel's NAPI, whose
+        // first poll posts its RQ, all at once on the channels' CPUs: their dma_map calls take IOVAs from
+        // the one allocator in the order they come (the channel furthest behind in time maps its next page
+        // first). ena_up() creates all IO queues before ena_up_complete() refills them one after another.
+        let in_turn = self.cfg.ring_fill() == RingFill::InTurn;
         let channels = self.queues.len();
         let mut ts: Vec<Time> = (0..channels)
             .map(|c| self.setup_rings(host, c, now))
             .collect();
         let mut got: Vec<Vec<PageId>> = vec![Vec::new(); channels];
         let mut filling: Vec<usize> = (0..channels).collect();
-        while let Some(i) = (0..filling.len()).min_by_key(|&i| (ts[filling[i]], filling[i])) {
+        while let Some(i) = (0..filling.len()).min_by_key(|&i| {
+            let c = filling[i];
+            (if in_turn { 0 } else { ts[c] }, c)
+        }) {
             let c = filling[i];
             if !self.refill_step(host, c, &mut got[c], &mut ts[c]) {
                 filling.swap_remove(i);
