@@ -26,7 +26,8 @@ use crate::sim::{Ctx, Path, Time};
 use pages::{PageId, Pages, Source};
 use rq::{Layout, Rq};
 use sender::Senders;
-use std::collections::VecDeque;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use tcp::RxTcp;
 
 /// Wire arrivals are generated in batches covering at most this much simulated time (a modelling batch).
@@ -560,20 +561,28 @@ impl Workload for NicRxWorkload {
         // first poll posts its RQ, all at once on the channels' CPUs: their dma_map calls take IOVAs from
         // the one allocator in the order they come (the channel furthest behind in time maps its next page
         // first). ena_up() creates all IO queues before ena_up_complete() refills them one after another.
-        let in_turn = self.cfg.ring_fill() == RingFill::InTurn;
         let channels = self.queues.len();
         let mut ts: Vec<Time> = (0..channels)
             .map(|c| self.setup_rings(host, c, now))
             .collect();
-        let mut got: Vec<Vec<PageId>> = vec![Vec::new(); channels];
-        let mut filling: Vec<usize> = (0..channels).collect();
-        while let Some(i) = (0..filling.len()).min_by_key(|&i| {
-            let c = filling[i];
-            (if in_turn { 0 } else { ts[c] }, c)
-        }) {
-            let c = filling[i];
-            if !self.refill_step(host, c, &mut got[c], &mut ts[c]) {
-                filling.swap_remove(i);
+        match self.cfg.ring_fill() {
+            RingFill::InTurn => {
+                for (c, t) in ts.iter_mut().enumerate() {
+                    *t = self.refill(host, c, *t);
+                }
+            }
+            RingFill::Napi => {
+                let mut got: Vec<Vec<PageId>> = vec![Vec::new(); channels];
+                let mut due: BinaryHeap<Reverse<(Time, usize)>> = ts
+                    .iter()
+                    .enumerate()
+                    .map(|(c, &t)| Reverse((t, c)))
+                    .collect();
+                while let Some(Reverse((_, c))) = due.pop() {
+                    if self.refill_step(host, c, &mut got[c], &mut ts[c]) {
+                        due.push(Reverse((ts[c], c)));
+                    }
+                }
             }
         }
         // Channels past the queues run on CPUs the model leaves out: only the queues' time is accounted.
