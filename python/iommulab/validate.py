@@ -138,6 +138,8 @@ class Runner:
         self.sets = dict(sets or {})
         self.seeds = seeds
         self.cache: dict[str, dict[str, Any]] = {}
+        # The scenario's own seed, per run's keys: seed i runs at it + i.
+        self.base_seed: dict[str, int] = {}
         self.runs = 0
 
     def _variant(self, t: Target, run: str, keys: dict[str, Any]) -> Any:
@@ -151,8 +153,10 @@ class Runner:
         """Run `run` of target `t` at the i-th seed."""
         keys = {**t.runs[run], **self.sets}
         if i:
-            base = json.loads(self._variant(t, run, keys).scenario_json())["run"]["seed"]
-            keys["run.seed"] = base + i
+            bk = json.dumps([t.scenario, sorted(keys.items())], default=str)
+            if bk not in self.base_seed:
+                self.base_seed[bk] = json.loads(self._variant(t, run, keys).scenario_json())["run"]["seed"]
+            keys["run.seed"] = self.base_seed[bk] + i
         ck = json.dumps([t.scenario, sorted(keys.items())], default=str)
         if ck not in self.cache:
             res: RunResult = run_variants([self._variant(t, run, keys)])[0]
