@@ -339,6 +339,57 @@ mod tests {
         assert!(all.reuse_distance_p99 >= 48, "{all:?}");
     }
 
+    /// mlx5's RX cache churn reorders the rings' IOVAs as traffic goes on: a busy head maps a fresh page
+    /// with whatever IOVA the CPU's rcache took back last, a full cache unmaps another. So the device's
+    /// walk-cache locality degrades with the layout's age. With C3's own 256-page cache the head is free at
+    /// nearly every refill (the reuse slack says by how much), and the layout stays as bring-up left it.
+    #[test]
+    fn driver_cache_churn_ages_the_rings_iova_layout() {
+        let run = |cache: &str, warmup: &str| {
+            let ov = [
+                ("os.policy", "strict"),
+                ("run.duration_ms", "10"),
+                ("run.warmup_ms", warmup),
+                ("workload.nic_rx.driver_page_cache", cache),
+            ];
+            run_variant(&builtin_with("c3", &ov)[0])
+        };
+        let (young, old) = (run("128", "10"), run("128", "150"));
+        let (y, o) = (&young.dma_locality.walk, &old.dma_locality.walk);
+        assert!(
+            old.rx_page_cache.busy > 0 && old.rx_page_cache.full > 0,
+            "{:?}",
+            old.rx_page_cache
+        );
+        assert!(o.reuse_distance_p50 > y.reuse_distance_p50, "{y:?} {o:?}");
+        assert!(
+            o.beyond_walk_cache_share > 1.5 * y.beyond_walk_cache_share,
+            "{y:?} {o:?}"
+        );
+        assert!(
+            old.pwc_misses_per_page[2] > 1.2 * young.pwc_misses_per_page[2],
+            "{:?} {:?}",
+            young.pwc_misses_per_page,
+            old.pwc_misses_per_page
+        );
+        let c3 = run("256", "150");
+        let c = &c3.rx_page_cache;
+        assert!(c.busy * 1000 < c.reuse, "{c:?}");
+        let slack = c3
+            .rx_cache_reuse_slack
+            .expect("the driver cache served refills");
+        assert_eq!(slack.reuses, c.reuse);
+        assert!(
+            0.0 < slack.min_us && slack.min_us <= slack.p1_us && slack.p1_us <= slack.p50_us,
+            "{slack:?}"
+        );
+        assert!(
+            c3.dma_locality.walk.reuse_distance_p50 <= 1,
+            "{:?}",
+            c3.dma_locality
+        );
+    }
+
     /// Readers on CPUs of their own take the copy off the queues' CPUs, which keep NAPI's work; aRFS keeps
     /// every reader on its queue's CPU.
     #[test]

@@ -88,6 +88,9 @@ pub struct WorkloadStats {
     /// mlx5's RX page cache (Linux 6.0 en_rx.c): rx_cache_reuse, rx_cache_busy, rx_cache_empty,
     /// rx_cache_full.
     pub rx_cache: RxPageCache,
+    /// For each rx_cache_reuse, how long before it the stack had let go of the cache's head page.
+    #[serde(skip)]
+    pub rx_cache_slack: Histogram,
     /// Packets the host sent (TCP segments on the wire, or ACKs).
     pub tx_packets: u64,
     /// DMA writes that hit no valid translation.

@@ -612,6 +612,7 @@ impl Workload for NicRxWorkload {
             pool_pages_mapped: c.mapped,
             pool_pages_unmapped: c.unmapped,
             rx_cache: c.cache,
+            rx_cache_slack: self.pages.reuse_slack.clone(),
             loss_recoveries: self.senders.as_ref().map_or(0, |s| s.recoveries),
             dma_faults: self.dev.faults,
             ..self.stats.clone()

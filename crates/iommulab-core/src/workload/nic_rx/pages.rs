@@ -15,6 +15,7 @@
 //!   no longer holds it.
 
 use crate::host::Host;
+use crate::metrics::hist::Histogram;
 use crate::metrics::RxPageCache;
 use crate::sim::Time;
 use std::collections::VecDeque;
@@ -45,6 +46,8 @@ struct Page {
     dma: Option<u64>,
     stack_refs: u32,
     home: Home,
+    /// When the stack last let go of it (its last fragment consumed).
+    stack_done: Time,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +80,9 @@ pub struct Pages {
     free_ids: Vec<PageId>,
     pools: Vec<Pool>,
     pub counters: PageCounters,
+    /// For every reuse from the driver cache: how long before it the stack had let go of the head page,
+    /// i.e. by how much a later release would still have missed a busy head (mlx5e_rx_cache_get).
+    pub reuse_slack: Histogram,
 }
 
 impl Pages {
@@ -87,6 +93,7 @@ impl Pages {
             free_ids: Vec::new(),
             pools: (0..queues).map(|_| Pool::default()).collect(),
             counters: PageCounters::default(),
+            reuse_slack: Histogram::default(),
         }
     }
 
@@ -100,6 +107,7 @@ impl Pages {
             dma: None,
             stack_refs: 0,
             home: Home::Driver,
+            stack_done: 0,
         };
         match self.free_ids.pop() {
             Some(id) => {
@@ -152,6 +160,8 @@ impl Pages {
             match self.pools[q].driver_cache.front() {
                 Some(&id) if self.pages[id as usize].stack_refs == 0 => {
                     self.pools[q].driver_cache.pop_front();
+                    let done = self.pages[id as usize].stack_done;
+                    self.reuse_slack.record(t.saturating_sub(done));
                     self.pages[id as usize].home = Home::Driver;
                     self.counters.cache.reuse += 1;
                     return Some((id, t));
@@ -342,6 +352,7 @@ impl Pages {
         if p.stack_refs > 0 {
             return t;
         }
+        p.stack_done = t;
         match p.home {
             Home::Stack => self.pool_put(host, q, cpu, id, false, t),
             Home::Orphan => self.free(host, id, t),
@@ -377,6 +388,22 @@ mod tests {
         let t = p.driver_release(&mut h, 0, 0, a, t);
         p.alloc(&mut h, 0, 0, t).unwrap();
         assert_eq!((p.counters.mapped, p.counters.unmapped), (2, 1));
+    }
+
+    #[test]
+    fn a_reuse_records_how_long_before_it_the_stack_let_go() {
+        let mut h = host("strict");
+        let mut p = Pages::new(Source::DriverCache { size: 4, ring: 16 }, 1);
+        let (a, _) = p.alloc(&mut h, 0, 0, 0).unwrap();
+        p.stack_get(a);
+        p.driver_release(&mut h, 0, 0, a, 1_000);
+        p.stack_put(&mut h, 0, 0, a, 5_000);
+        assert_eq!(p.reuse_slack.count(), 0);
+        let (again, _) = p.alloc(&mut h, 0, 0, 25_000).unwrap();
+        assert_eq!(again, a);
+        assert_eq!(p.reuse_slack.count(), 1);
+        let slack = p.reuse_slack.quantile(0.5);
+        assert!(slack.abs_diff(20_000) <= 20_000 / 32, "{slack}");
     }
 
     #[test]
