@@ -21,7 +21,8 @@ def documented_keys():
 
 
 DOCUMENTED_KEYS = documented_keys()
-# Keys only some runs report (the README says which): request/response latency, the malicious device's counts.
+# Keys only some runs report (the README says which): request/response latency, the malicious device's counts,
+# mlx5's RX cache reuse slack.
 WORKLOAD_KEYS = {"latency", "attack", "rx_cache_reuse_slack"}
 
 
