@@ -88,3 +88,23 @@ def test_targets_file_errors_name_the_key(tmp_path):
                    'value = "a.throughput_gbps / b.throughput_gbps"\nruns.a = {}\n')
     with pytest.raises(Exception, match=r"run 'b' is not in runs"):
         load_targets(bad)
+
+
+def test_the_locality_target_is_the_median_of_fs_figure_3e():
+    """C3.strict_dma_reuse_distance_p50 is computed from the bars of F&S Figure 3e kept in docs/data, and the
+    walk-cache figures docs/fs-figure-3e.md draws from them hold."""
+    from pathlib import Path
+
+    data = json.loads((Path(__file__).parents[1] / "docs/data/fs_figure_3e.json").read_text())
+    rings = {k: sorted(v - 1 for v in data[f"ring_{k}"]) for k in (256, 2048)}  # less the entry itself
+    assert all(len(d) == 502 and d[0] == 0 for d in rings.values())
+    target = next(t for t in load_targets().targets if t.id == "C3.strict_dma_reuse_distance_p50")
+    assert target.published == rings[256][len(rings[256]) // 2] == 14
+
+    def beyond(d, n):
+        return sum(x >= n for x in d) / len(d)
+    # LRU capacity misses of a 32-entry PDE cache plus the invalidations' ~0.05: Figure 3d's L3 0.36 / 0.86.
+    assert beyond(rings[256], 32) + 0.05 == pytest.approx(0.36, abs=0.01)
+    assert beyond(rings[2048], 32) + 0.05 == pytest.approx(0.86, abs=0.01)
+    # Emptied by each of one PSI per 23 accesses, the cache would miss every first use after it: 0.61 or more.
+    assert sum(beyond(rings[256], i) for i in range(23)) / 23 > 0.6
