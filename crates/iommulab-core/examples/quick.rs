@@ -8,14 +8,14 @@ use iommulab_core::{metrics::RunResult, run, scenario};
 
 fn line(r: &RunResult) -> String {
     format!(
-        "{:<34} {:>7.2} Gbps busy={:.3} invwait={:.3} unmapped/s={:>9.0} inv={:>7} inv/pg={:.4} miss/pg={:.3} pwc/pg={:.3?} walk/pg={:.3} tx={} drops r/d={}/{} win={:.3} fq={}/{} exp={:.3}/{:?}us stale={} reuse={}/{}/{} n={}+{} beyond={:.3} dma_reuse={}/{}/{}",
+        "{:<34} {:>7.2} Gbps busy={:.3} invwait={:.3} unmapped/s={:>9.0} inv={:>7} inv/pg={:.4} miss/pg={:.3} pwc/pg={:.3?} walk/pg={:.3} tx={} drops r/d={}/{} win={:.3} fq={}/{} exp={:.3}/{:?}us stale={} reuse={}/{}/{} n={}+{} beyond={:.3} dma_reuse={}/{}/{} cache={:?}",
         r.label, r.throughput_gbps, r.cpu_busy, r.cpu_inv_wait_share, r.iova_pages_unmapped as f64 / r.sim_seconds,
         r.invalidations.total, r.inv_per_page, r.iotlb_misses_per_page, r.pwc_misses_per_page, r.walk_reads_per_page, r.tx_packets,
         r.drops.ring, r.drops.device, r.window_limited_share, r.flush_queue_flushes.full, r.flush_queue_flushes.timer,
         r.safety.exposed_share, r.safety.window.as_ref().map(|w| (w.p50_us, w.max_us)), r.stale_translations,
         r.iova_locality.walk.reuse_distance_p50, r.iova_locality.walk.reuse_distance_p99, r.iova_locality.walk.reuse_distance_max,
         r.iova_locality.allocations, r.iova_locality.walk.first_use, r.iova_locality.walk.beyond_walk_cache_share,
-        r.dma_locality.walk.reuse_distance_p50, r.dma_locality.walk.reuse_distance_p99, r.dma_locality.walk.reuse_distance_max,
+        r.dma_locality.walk.reuse_distance_p50, r.dma_locality.walk.reuse_distance_p99, r.dma_locality.walk.reuse_distance_max, r.rx_page_cache,
     )
 }
 
