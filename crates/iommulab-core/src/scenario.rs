@@ -581,9 +581,9 @@ pub struct NicRx {
     /// The reader copies this much per recvmsg() (iperf3's default read length is 128 KiB).
     #[serde(default = "default_read_bytes")]
     pub read_bytes: u32,
-    /// Payload bytes a flow's socket may hold, the most it offers as window; packets beyond it are dropped.
-    /// Linux before 6.6 offers half of the buffer (tcp_win_from_space() at tcp_adv_win_scale = 1), so half
-    /// of tcp_rmem[2].
+    /// The most window a flow's socket offers: tcp_win_from_space(sk_rcvbuf), half of the buffer before Linux
+    /// 6.6 (tcp_adv_win_scale = 1), so half of tcp_rmem[2]. The socket holds up to the whole buffer in skb
+    /// truesize (tcp_space()), so the payload it holds depends on the RX layout (`nic_rx::tcp`).
     #[serde(default = "default_rcvbuf")]
     pub rcvbuf_bytes: u64,
     /// RX queue layout: `cyclic` (one page per descriptor, ring_size pages) or `mlx5_striding` (mlx5

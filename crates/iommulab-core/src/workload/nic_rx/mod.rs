@@ -146,6 +146,7 @@ impl NicRxWorkload {
             payload,
             cfg.gro_max_bytes as u64,
             cfg.rcvbuf_bytes,
+            rq::frame_truesize(layout, cfg.mtu, frame_bytes),
         );
         let senders = match cfg.sender {
             SenderModel::Window => None,

@@ -30,12 +30,18 @@ fn order_base_2(x: u32) -> u32 {
     x.max(1).next_power_of_two().trailing_zeros()
 }
 
+/// A linear striding RQ's fragment per frame: headroom, the largest frame and skb_shared_info, cache
+/// aligned (en/params.c mlx5e_rx_get_linear_frag_sz, MLX5_SKB_FRAG_SZ).
+fn mlx5_linear_frag(mtu: u32) -> u32 {
+    let align = |x: u32| x.div_ceil(SMP_CACHE_BYTES) * SMP_CACHE_BYTES;
+    align(MLX5_RX_HEADROOM + mtu + MLX5E_ETH_HARD_MTU) + SKB_SHARED_INFO
+}
+
 /// The striding RQ mlx5 builds for an `ethtool -G rx <ring_frames>` setting and an MTU: the layout and the
 /// number of WQEs (en/params.c mlx5e_rx_get_linear_frag_sz, mlx5e_rx_is_linear_skb,
 /// mlx5e_mpwqe_get_log_stride_size, mlx5e_mpwqe_log_pkts_per_wqe, mlx5e_mpwqe_get_log_rq_size).
 pub fn mlx5_striding(ring_frames: u32, mtu: u32) -> (Layout, u32) {
-    let align = |x: u32| x.div_ceil(SMP_CACHE_BYTES) * SMP_CACHE_BYTES;
-    let frag = align(MLX5_RX_HEADROOM + mtu + MLX5E_ETH_HARD_MTU) + SKB_SHARED_INFO;
+    let frag = mlx5_linear_frag(mtu);
     let linear = frag as u64 <= PAGE;
     let log_stride = if linear {
         order_base_2(frag)
@@ -54,6 +60,29 @@ pub fn mlx5_striding(ring_frames: u32, mtu: u32) -> (Layout, u32) {
         stride: 1 << log_stride,
     };
     (layout, 1 << log_wqes)
+}
+
+/// The truesize a full-sized frame of `frame_bytes` adds to the socket's receive memory once GRO has merged it
+/// into a flow's skb (skb_gro_receive adds each merged segment's fragment truesize; the merged skb's one head
+/// is left out, under 2 % of a 64 KiB skb):
+/// - cyclic: the whole pages it took (build_skb on a page, as ENA's ena_rx_skb and mlx5's legacy RQ do);
+/// - striding, linear: its fragment (mlx5e_skb_from_cqe_mpwrq_linear builds the skb on it);
+/// - striding, non-linear: what follows the MLX5E_RX_MAX_HEAD bytes copied into the skb head, stride-aligned
+///   (mlx5e_skb_from_cqe_mpwrq_nonlinear: ALIGN(pg_consumed_bytes, BIT(log_stride_sz)); a frame that
+///   crosses a page adds under one stride more, left out).
+pub fn frame_truesize(layout: Layout, mtu: u32, frame_bytes: u64) -> u64 {
+    match layout {
+        Layout::Cyclic => frame_bytes.div_ceil(PAGE) * PAGE,
+        Layout::Striding { stride, .. } => {
+            let frag = mlx5_linear_frag(mtu) as u64;
+            if frag <= PAGE {
+                frag
+            } else {
+                let rest = frame_bytes.saturating_sub(MLX5E_RX_MAX_HEAD as u64);
+                rest.div_ceil(stride as u64) * stride as u64
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +236,19 @@ impl Rq {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_adds_the_buffer_it_took_to_the_sockets_memory() {
+        // MTU 4000 (C3): non-linear, 256 bytes copied to the head, the other 3758 in 15 strides of 256.
+        let (c3, _) = mlx5_striding(256, 4000);
+        assert_eq!(frame_truesize(c3, 4000, 4014), 3840);
+        // MTU 1500 (C2): linear, the frame's 1920-byte fragment (headroom, frame, skb_shared_info).
+        let (c2, _) = mlx5_striding(1024, 1500);
+        assert_eq!(frame_truesize(c2, 1500, 1514), 1920);
+        // One page per descriptor: whole pages, three for a 9001-byte MTU (C1).
+        assert_eq!(frame_truesize(Layout::Cyclic, 1500, 1514), 4096);
+        assert_eq!(frame_truesize(Layout::Cyclic, 9001, 9015), 3 * 4096);
+    }
 
     #[test]
     fn mlx5_ring_sizes() {
