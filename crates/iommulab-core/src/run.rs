@@ -116,6 +116,9 @@ impl Simulation {
                 slots,
                 p.pcie.device_buffer_bytes,
                 p.cpu.cores as usize,
+                crate::scenario::parse_kernel(&sc.os.kernel)
+                    .expect("validated")
+                    .into(),
             ))
         } else if let Some(nic) = &w.nic_tx {
             Box::new(NicTxWorkload::new(nic, link, slots))

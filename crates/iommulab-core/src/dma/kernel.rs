@@ -1,4 +1,5 @@
-//! What changed between kernel versions in what reaches the IOMMU. Each predicate names the change.
+//! What changed between kernel versions in what reaches the IOMMU, and in the stack paths that decide it. Each
+//! predicate names the change.
 
 /// A kernel version, MAJOR.MINOR (upstream semantics; stable backports are not tracked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -30,6 +31,13 @@ impl KernelVersion {
     /// also dropped the paging-structure caches. The release that first carries it is taken as 6.18.
     pub fn vtd_psi_ih(self) -> bool {
         self >= KernelVersion(6, 18)
+    }
+
+    /// "tcp: get rid of sysctl_tcp_adv_win_scale" (commit dfa2f0483360, 6.6): tcp_win_from_space() scales
+    /// buffer space by the payload/truesize ratio measured on the flow's skbs (tp->scaling_ratio), not by
+    /// tcp_adv_win_scale's fixed half.
+    pub fn tcp_scaling_ratio(self) -> bool {
+        self >= KernelVersion(6, 6)
     }
 
     /// "iommu/virtio: Add ops->flush_iotlb_all and enable deferred flush" (6.8).

@@ -20,6 +20,7 @@ use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, ACK_FRAME, ETH_HLEN};
 use super::sq::{HeadSlab, SendQueue, CQE_BYTES, DS_BYTES};
 use super::{event, Device, Workload, WorkloadStats};
+use crate::dma::kernel::KernelVersion;
 use crate::host::Host;
 use crate::scenario::{NicRx, Readers, RingFill, RqKind, SenderModel};
 use crate::sim::{Ctx, Path, Time};
@@ -28,7 +29,7 @@ use rq::{Layout, Rq};
 use sender::Senders;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
-use tcp::RxTcp;
+use tcp::{RxTcp, WinFromSpace};
 
 /// Wire arrivals are generated in batches covering at most this much simulated time (a modelling batch).
 const WIRE_CHUNK_NS: u64 = 1000;
@@ -115,6 +116,7 @@ impl NicRxWorkload {
         translation_slots: u32,
         device_buffer_bytes: u64,
         cores: usize,
+        kernel: KernelVersion,
     ) -> Self {
         let queues = cfg.queues as usize;
         let channels = cfg.channels.unwrap_or(cfg.queues) as usize;
@@ -147,6 +149,11 @@ impl NicRxWorkload {
             cfg.gro_max_bytes as u64,
             cfg.rcvbuf_bytes,
             rq::frame_truesize(layout, cfg.mtu, frame_bytes),
+            if kernel.tcp_scaling_ratio() {
+                WinFromSpace::ScalingRatio
+            } else {
+                WinFromSpace::AdvWinScale
+            },
         );
         let senders = match cfg.sender {
             SenderModel::Window => None,

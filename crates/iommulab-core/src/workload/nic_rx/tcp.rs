@@ -21,12 +21,14 @@
 //! (tcp_init_buffer_space); a window once offered is never shrunk (tcp_select_window). The cap is what
 //! lets an skb that lands in an emptied socket be acknowledged at once.
 //! Windows are in payload bytes. `rcvbuf` is the window the whole receive buffer allows,
-//! tcp_win_from_space(sk_rcvbuf): half of sk_rcvbuf at tcp_adv_win_scale = 1 (Linux before 6.6). The free
-//! space is tcp_space(): tcp_win_from_space(sk_rcvbuf - sk_rmem_alloc), where sk_rmem_alloc counts the held
-//! skbs' truesize, the RX buffer each segment took (`rq::frame_truesize`), not their payload. A socket thus
-//! holds up to sk_rcvbuf of truesize: nearly twice `rcvbuf` of payload where segments fill their buffers
-//! (mlx5's striding RQ), less where they do not. tcp_grow_window() checks the same ratio before it opens
-//! rcv_ssthresh (check #2, __tcp_grow_window).
+//! tcp_win_from_space(sk_rcvbuf). The free space is tcp_space(): tcp_win_from_space(sk_rcvbuf -
+//! sk_rmem_alloc), where sk_rmem_alloc counts the held skbs' truesize, the RX buffer each segment took
+//! (`rq::frame_truesize`), not their payload. How space becomes window changed in Linux 6.6 (`WinFromSpace`):
+//! before, half of it (tcp_adv_win_scale = 1), so a socket holds up to twice `rcvbuf` in truesize, nearly
+//! twice `rcvbuf` of payload where segments fill their buffers (mlx5's striding RQ); from 6.6, the space
+//! scaled by the flow's measured payload/truesize, so it holds about `rcvbuf` of payload whatever the
+//! layout. tcp_grow_window() checks the same ratio before it opens rcv_ssthresh (check #2,
+//! __tcp_grow_window).
 //!
 //! The sender sends only inside the window the last ACK it has heard offered: up to its right edge,
 //! rcv_wup + rcv_wnd (tcp_output.c tcp_snd_wnd_test on the sender; `sender`).
@@ -36,15 +38,19 @@
 const INITIAL_WINDOW: u64 = 65535;
 /// TCP_FASTRETRANS_THRESH (include/net/tcp.h): duplicate ACKs sent at once before SACK compression.
 const FASTRETRANS_THRESH: u32 = 3;
-/// net.ipv4.tcp_adv_win_scale's default before Linux 6.6 (Documentation/networking/ip-sysctl.rst):
-/// tcp_win_from_space() offers space - (space >> 1). 6.6 replaced it with the measured payload/truesize
-/// ratio (tp->scaling_ratio).
-const TCP_ADV_WIN_SCALE: u32 = 1;
-
-/// tcp_win_from_space() at TCP_ADV_WIN_SCALE.
-fn win_from_space(space: u64) -> u64 {
-    space - (space >> TCP_ADV_WIN_SCALE)
+/// tcp_win_from_space(): how buffer space becomes window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WinFromSpace {
+    /// Before Linux 6.6: space - (space >> tcp_adv_win_scale), at the sysctl's default of 1
+    /// (Documentation/networking/ip-sysctl.rst): half of it.
+    AdvWinScale,
+    /// From 6.6 (`KernelVersion::tcp_scaling_ratio`): space * tp->scaling_ratio, the payload/truesize of the
+    /// flow's skbs (tcp_measure_rcv_mss()); the model's segments all have the same ratio.
+    ScalingRatio,
 }
+
+/// net.ipv4.tcp_adv_win_scale's default (`WinFromSpace::AdvWinScale`).
+const TCP_ADV_WIN_SCALE: u32 = 1;
 
 pub struct RxTcp {
     gro_max: u64,
@@ -54,6 +60,7 @@ pub struct RxTcp {
     sk_rcvbuf: u64,
     /// The truesize of one MSS-sized segment in the socket.
     truesize: u64,
+    rule: WinFromSpace,
     /// window_clamp: tcp_init_buffer_space() reserves one segment of the full space.
     clamp: u64,
     /// Bytes of each flow's open GRO skb and whether it holds out-of-order segments, and the flows with
@@ -79,16 +86,27 @@ pub struct RxTcp {
 }
 
 impl RxTcp {
-    /// `truesize`: what one MSS-sized segment adds to sk_rmem_alloc.
-    pub fn new(flows: usize, mss: u64, gro_max: u64, rcvbuf: u64, truesize: u64) -> Self {
+    /// `truesize`: what one MSS-sized segment adds to sk_rmem_alloc; `rule`: the kernel's tcp_win_from_space().
+    pub fn new(
+        flows: usize,
+        mss: u64,
+        gro_max: u64,
+        rcvbuf: u64,
+        truesize: u64,
+        rule: WinFromSpace,
+    ) -> Self {
         let clamp = rcvbuf.saturating_sub(mss).max(mss.min(rcvbuf));
         let initial = INITIAL_WINDOW.min(clamp);
         RxTcp {
             gro_max: gro_max.max(mss),
             mss,
             rcvbuf,
-            sk_rcvbuf: rcvbuf << TCP_ADV_WIN_SCALE,
+            sk_rcvbuf: match rule {
+                WinFromSpace::AdvWinScale => rcvbuf << TCP_ADV_WIN_SCALE,
+                WinFromSpace::ScalingRatio => (rcvbuf * truesize).div_ceil(mss),
+            },
             truesize,
+            rule,
             clamp,
             gro: vec![0; flows],
             gro_ooo: vec![false; flows],
@@ -105,6 +123,14 @@ impl RxTcp {
         }
     }
 
+    /// tcp_win_from_space().
+    fn win_from_space(&self, space: u64) -> u64 {
+        match self.rule {
+            WinFromSpace::AdvWinScale => space - (space >> TCP_ADV_WIN_SCALE),
+            WinFromSpace::ScalingRatio => space * self.mss / self.truesize,
+        }
+    }
+
     /// The truesize of `bytes` of full-sized segments.
     fn truesize_of(&self, bytes: u64) -> u64 {
         bytes * self.truesize / self.mss
@@ -112,7 +138,7 @@ impl RxTcp {
 
     /// tcp_space() with `queued` payload bytes held: the window the buffer's free part allows.
     fn space(&self, queued: u64) -> u64 {
-        win_from_space(self.sk_rcvbuf.saturating_sub(self.truesize_of(queued)))
+        self.win_from_space(self.sk_rcvbuf.saturating_sub(self.truesize_of(queued)))
     }
 
     /// __tcp_select_window(): the free space, capped by rcv_ssthresh; below half the full space quick-ACK
@@ -146,12 +172,12 @@ impl RxTcp {
     /// tcp_grow_window() check #2 and __tcp_grow_window(): whether an skb of `len` bytes opens rcv_ssthresh.
     fn grows(&self, f: usize, len: u64) -> bool {
         let truesize = self.truesize_of(len);
-        if win_from_space(truesize) <= len {
+        if self.win_from_space(truesize) <= len {
             return true;
         }
-        let mut truesize = win_from_space(truesize) >> 1;
+        let mut truesize = self.win_from_space(truesize) >> 1;
         // The kernel halves from tcp_rmem[2], which the modelled buffer is (no autotuning).
-        let mut window = win_from_space(self.sk_rcvbuf) >> 1;
+        let mut window = self.win_from_space(self.sk_rcvbuf) >> 1;
         while self.ssthresh[f] <= window {
             if truesize <= len {
                 return true;
@@ -264,7 +290,7 @@ mod tests {
     #[test]
     fn gro_closes_skbs_at_its_limit_and_at_poll_end() {
         // 4000-byte segments, 64 KiB GRO: 16 per skb; 40 in a poll = 16 + 16 + 8.
-        let mut t = RxTcp::new(1, 4000, 65536, 1 << 20, 8000);
+        let mut t = RxTcp::new(1, 4000, 65536, 1 << 20, 8000, WinFromSpace::AdvWinScale);
         let closed: Vec<u64> = (0..40)
             .filter_map(|_| t.segment(0, false))
             .map(|c| c.0)
@@ -290,7 +316,7 @@ mod tests {
 
     #[test]
     fn the_window_opens_with_quick_acks_up_to_the_clamp() {
-        let mut t = RxTcp::new(1, 1000, 65536, 100_000, 2000);
+        let mut t = RxTcp::new(1, 1000, 65536, 100_000, 2000, WinFromSpace::AdvWinScale);
         assert_eq!(t.ssthresh[0], INITIAL_WINDOW);
         // An skb that finds free space beyond rcv_ssthresh is acknowledged at once, even a lone segment.
         assert!(t.deliver(0, 1000, 1000, false));
@@ -306,7 +332,7 @@ mod tests {
 
     #[test]
     fn acks_wait_while_the_socket_fills_and_the_read_sends_them() {
-        let mut t = RxTcp::new(1, 1000, 65536, 100_000, 2000);
+        let mut t = RxTcp::new(1, 1000, 65536, 100_000, 2000, WinFromSpace::AdvWinScale);
         opened(&mut t, 1000);
         // The socket fills (nothing read): the window shrinks, no immediate ACK.
         assert!(!t.deliver(0, 5000, 5000, false));
@@ -319,7 +345,7 @@ mod tests {
     #[test]
     fn rcv_ssthresh_lets_an_skb_into_an_emptied_socket_be_acked_at_once() {
         // 10000-byte skbs, each into an empty socket: rcv_ssthresh stops at the free space with one queued.
-        let mut t = RxTcp::new(1, 1000, 65536, 100_000, 2000);
+        let mut t = RxTcp::new(1, 1000, 65536, 100_000, 2000, WinFromSpace::AdvWinScale);
         opened(&mut t, 10_000);
         assert_eq!(t.ssthresh[0], 90_000);
         // Two skbs before the reader runs: the second shrinks the window and waits; the read acknowledges.
@@ -339,7 +365,7 @@ mod tests {
     #[test]
     fn each_skb_of_a_poll_is_checked_against_the_socket_up_to_itself() {
         // 10000-byte skbs, each into an emptied socket, open the window (as above).
-        let mut t = RxTcp::new(1, 1000, 10_000, 100_000, 2000);
+        let mut t = RxTcp::new(1, 1000, 10_000, 100_000, 2000, WinFromSpace::AdvWinScale);
         opened(&mut t, 10_000);
         t.read(0, 0);
         // One poll brings 20 segments: two skbs, all in the socket before TCP takes the first.
@@ -370,7 +396,7 @@ mod tests {
 
     #[test]
     fn a_sender_held_to_the_right_edge_stops_at_a_closed_window_until_the_reader_opens_it() {
-        let mut t = RxTcp::new(1, 1000, 65536, 100_000, 2000);
+        let mut t = RxTcp::new(1, 1000, 65536, 100_000, 2000, WinFromSpace::AdvWinScale);
         opened(&mut t, 1000);
         // The window the last ACK offered fills without an ACK: each skb shrinks it.
         let (queued, acks) = fill(&mut t, 2000, 1000);
@@ -388,16 +414,13 @@ mod tests {
     }
 
     #[test]
-    fn the_buffer_counts_truesize_so_full_buffers_hold_nearly_twice_the_window() {
-        // Segments whose truesize is their payload (mlx5's striding RQ at a 4000-byte MTU, about): the
-        // sender held to the right edge fills the socket until the free half-space closes the window, at
-        // nearly the whole 200000-byte sk_rcvbuf, twice what a truesize of twice the payload allows.
-        let held = |truesize| {
-            let mut t = RxTcp::new(1, 1000, 65536, 100_000, truesize);
+    fn the_buffer_counts_truesize_and_the_kernel_decides_what_that_leaves_of_the_window() {
+        // The sender held to the right edge fills the socket until the window closes; each ACK offers what
+        // tcp_space() then allows, and the sender goes on until an ACK lets no further segment in.
+        let held = |truesize, rule| {
+            let mut t = RxTcp::new(1, 1000, 65536, 100_000, truesize, rule);
             opened(&mut t, 1000);
             let (mut queued, _) = fill(&mut t, 1000, 0);
-            // Each ACK of the filling socket offers what tcp_space() then allows; the sender goes on
-            // until an ACK lets no further segment in.
             loop {
                 t.ack(0, queued);
                 let more = fill(&mut t, 1000, queued).0;
@@ -407,29 +430,42 @@ mod tests {
                 queued = more;
             }
         };
-        let full = held(1000);
+        // Before 6.6 the window is half the free buffer: segments whose truesize is their payload (mlx5's
+        // striding RQ at a 4000-byte MTU, about) fill nearly the whole 200000-byte sk_rcvbuf, twice what a
+        // truesize of twice the payload allows.
+        let full = held(1000, WinFromSpace::AdvWinScale);
         assert!(full > 180_000 && full <= 200_000, "{full}");
-        assert!(held(2000) <= 100_000);
+        assert!(held(2000, WinFromSpace::AdvWinScale) <= 100_000);
+        // From 6.6 the window scales by the measured payload/truesize: about `rcvbuf` of payload either way.
+        for truesize in [1000, 2000, 4096] {
+            let h = held(truesize, WinFromSpace::ScalingRatio);
+            assert!(h > 90_000 && h <= 100_000, "{truesize}: {h}");
+        }
     }
 
     #[test]
     fn skbs_whose_truesize_outgrows_the_window_stop_opening_it_early() {
-        // Page-per-frame rings (truesize 4096 for 1448 bytes): check #2 fails, and __tcp_grow_window lets
-        // rcv_ssthresh grow only up to a quarter of sk_rcvbuf; a good ratio opens it to the clamp.
-        let opened_to = |truesize| {
-            let mut t = RxTcp::new(1, 1448, 65536, 1_000_000, truesize);
+        // Page-per-frame rings (truesize 4096 for 1448 bytes) before 6.6: check #2 fails, and
+        // __tcp_grow_window lets rcv_ssthresh grow only up to a quarter of sk_rcvbuf; a good ratio opens it
+        // to the clamp, as the measured ratio always does from 6.6.
+        let opened_to = |truesize, rule| {
+            let mut t = RxTcp::new(1, 1448, 65536, 1_000_000, truesize, rule);
             opened(&mut t, 1448);
             t.ssthresh[0]
         };
-        assert_eq!(opened_to(2048), 1_000_000 - 1448);
-        let capped = opened_to(4096);
+        assert_eq!(opened_to(2048, WinFromSpace::AdvWinScale), 1_000_000 - 1448);
+        let capped = opened_to(4096, WinFromSpace::AdvWinScale);
         assert!(capped > 500_000 && capped <= 500_000 + 2 * 1448, "{capped}");
+        assert_eq!(
+            opened_to(4096, WinFromSpace::ScalingRatio),
+            1_000_000 - 1448
+        );
     }
 
     #[test]
     fn a_read_that_doubles_a_nearly_used_window_acks() {
         // 6000-byte segments in a 20000-byte space (window_clamp 14000).
-        let mut t = RxTcp::new(1, 6000, 65536, 20_000, 12000);
+        let mut t = RxTcp::new(1, 6000, 65536, 20_000, 12000, WinFromSpace::AdvWinScale);
         assert!(!t.deliver(0, 5000, 5000, false));
         assert!(!t.deliver(0, 5000, 10_000, false));
         // A read of 1000 bytes acknowledges the 10000 and offers the 11000 then free.
@@ -444,7 +480,7 @@ mod tests {
 
     #[test]
     fn a_gap_gets_three_duplicate_acks_then_one_per_poll_and_its_filling_one_more() {
-        let mut t = RxTcp::new(1, 1000, 65536, 1 << 20, 2000);
+        let mut t = RxTcp::new(1, 1000, 65536, 1 << 20, 2000, WinFromSpace::AdvWinScale);
         opened(&mut t, 1000);
         t.read(0, 0);
         // GRO keeps out-of-order segments apart from in-order ones.
