@@ -38,6 +38,7 @@
 const INITIAL_WINDOW: u64 = 65535;
 /// TCP_FASTRETRANS_THRESH (include/net/tcp.h): duplicate ACKs sent at once before SACK compression.
 const FASTRETRANS_THRESH: u32 = 3;
+
 /// tcp_win_from_space(): how buffer space becomes window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WinFromSpace {
@@ -171,11 +172,11 @@ impl RxTcp {
 
     /// tcp_grow_window() check #2 and __tcp_grow_window(): whether an skb of `len` bytes opens rcv_ssthresh.
     fn grows(&self, f: usize, len: u64) -> bool {
-        let truesize = self.truesize_of(len);
-        if self.win_from_space(truesize) <= len {
+        let win = self.win_from_space(self.truesize_of(len));
+        if win <= len {
             return true;
         }
-        let mut truesize = self.win_from_space(truesize) >> 1;
+        let mut truesize = win >> 1;
         // The kernel halves from tcp_rmem[2], which the modelled buffer is (no autotuning).
         let mut window = self.win_from_space(self.sk_rcvbuf) >> 1;
         while self.ssthresh[f] <= window {
