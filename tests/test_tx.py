@@ -26,7 +26,9 @@ def test_more_queues_spread_the_per_skb_cost_until_the_link_binds():
     # Strict costs CPU per frag (map, unmap, PSI and its wait): one queue is CPU-bound, four reach more.
     one = iommulab.run("tx", **{"os.policy": "strict", "workload.nic_tx.queues": 1, "workload.nic_tx.flows": 1})
     four = iommulab.run("tx", **{"os.policy": "strict"})
-    assert one.cpu_busy > 0.9
+    # Mostly busy, not all: TCP small queues pace the one flow between completions (0.91 before the q_lock
+    # re-take after each wait, 0.86 with it).
+    assert one.cpu_busy > 0.8
     assert four.throughput_gbps > 1.5 * one.throughput_gbps
 
 

@@ -37,6 +37,22 @@ LATENCY_COLUMNS = [
 ]
 
 
+def _contention(results: list, lw: int) -> list[str]:
+    """The most contended shared lock or cache line of each run (by the CPU time its takers lost)."""
+    out = []
+    for r in results:
+        locks = [c for c in getattr(r, "contention", None) or [] if c["cpu_share"] > 0]
+        if not locks:
+            continue
+        c = max(locks, key=lambda c: c["cpu_share"])
+        out.append(
+            f"{r.label:<{lw}}  {c['name']}: {c['acquisitions']} taken, {c['contended_share'] * 100:.1f}% found held, "
+            f"wait mean {c['wait_mean_ns']:.0f} ns p99 {c['wait_p99_ns']} ns, {c['transfers']} line transfers, "
+            f"{c['cpu_share'] * 100:.1f}% of a CPU"
+        )
+    return ["", "most contended shared state (spin and cache-line transfers):"] + out if out else []
+
+
 def format_table(scenario: dict[str, Any], results: list) -> str:
     columns = COLUMNS
     if any(getattr(r, "latency", None) for r in results):
@@ -58,6 +74,7 @@ def format_table(scenario: dict[str, Any], results: list) -> str:
     for r in results:
         lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in columns[:-1])
                      + "  " + _by_type(r))
+    lines += _contention(results, lw)
     lines += [
         "",
         "Gbps: application goodput · CPU busy: mean over the workload's CPUs · inv wait: share of CPU busy time "

@@ -11,9 +11,10 @@ pub enum Event {
         kind: u16,
         id: u32,
     },
-    /// A timer the DMA policy armed (flush-queue timeout), run in softirq on `cpu`.
+    /// A timer the DMA policy of domain `dom` armed (flush-queue timeout), run in softirq on `cpu`.
     DmaTimer {
         cpu: u32,
+        dom: u16,
     },
     /// iova.c iova_depot_work_func(), a delayed work item.
     IovaDepotWork,
@@ -81,7 +82,14 @@ pub struct Host {
     free_pending: Vec<bool>,
     /// The CPU was just handed to waiting work: its next cpu_acquire succeeds.
     granted: Vec<bool>,
+    /// The DMA layer of the first device's domain.
     pub dma: DmaLayer,
+    /// The DMA layers of further domains (devices in IOMMU groups of their own): each its own IOVA
+    /// space, policy, flush queue and timer, all driving the one IOMMU. The IOMMU is lent to the domain
+    /// that uses it (`lend`); the others hold a stand-in that is never called.
+    others: Vec<DmaLayer>,
+    /// Which domain holds the IOMMU: 0 is `dma`, d is `others[d - 1]`.
+    iommu_at: usize,
     pub pages: PageAllocator,
     pub platform: Platform,
     pub rng: Rng,
@@ -96,6 +104,8 @@ impl Host {
             free_pending: vec![false; cpus],
             granted: vec![false; cpus],
             dma,
+            others: Vec::new(),
+            iommu_at: 0,
             pages: PageAllocator::new(platform.memory.pages),
             platform,
             rng,
@@ -147,10 +157,103 @@ impl Host {
         self.events.push(at, ev);
     }
 
-    fn take_timer_request(&mut self) {
-        if let Some((at, cpu)) = self.dma.core.timer_request.take() {
-            self.events.push(at, Event::DmaTimer { cpu: cpu as u32 });
+    /// Add the DMA layer of another domain (its IOMMU a stand-in until lent). Returns its index.
+    pub fn add_domain(&mut self, layer: DmaLayer) -> usize {
+        self.others.push(layer);
+        self.others.len()
+    }
+
+    /// DMA domains on this host.
+    pub fn domains(&self) -> usize {
+        1 + self.others.len()
+    }
+
+    fn layer(&mut self, d: usize) -> &mut DmaLayer {
+        if d == 0 {
+            &mut self.dma
+        } else {
+            &mut self.others[d - 1]
         }
+    }
+
+    /// Hand the IOMMU to domain `d`'s layer (the layer that had it takes `d`'s stand-in) and return it.
+    pub fn lend(&mut self, d: usize) -> &mut DmaLayer {
+        let from = self.iommu_at;
+        if from != d {
+            let (a, b) = (from.min(d), from.max(d));
+            let (lo, hi) = if a == 0 {
+                (&mut self.dma, &mut self.others[b - 1])
+            } else {
+                let (x, y) = self.others.split_at_mut(b - 1);
+                (&mut x[a - 1], &mut y[0])
+            };
+            std::mem::swap(&mut lo.core.iommu, &mut hi.core.iommu);
+            self.iommu_at = d;
+        }
+        self.layer(d)
+    }
+
+    /// Every domain's layer, the first one first (it holds the IOMMU once `lend(0)` ran).
+    pub fn layers(&self) -> impl Iterator<Item = &DmaLayer> {
+        std::iter::once(&self.dma).chain(self.others.iter())
+    }
+
+    /// Every domain's layer, mutably.
+    pub fn layers_mut(&mut self) -> impl Iterator<Item = &mut DmaLayer> {
+        std::iter::once(&mut self.dma).chain(self.others.iter_mut())
+    }
+
+    fn take_timer_request(&mut self) {
+        let d = self.iommu_at;
+        if let Some((at, cpu)) = self.layer(d).core.timer_request.take() {
+            self.events.push(
+                at,
+                Event::DmaTimer {
+                    cpu: cpu as u32,
+                    dom: d as u16,
+                },
+            );
+        }
+    }
+
+    /// dma_map_page() for a device of domain `d`.
+    pub fn dma_map_in(
+        &mut self,
+        d: usize,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        pages: u64,
+    ) -> Option<(u64, Time)> {
+        let r = self.lend(d).map(now, cpu, phys_pfn, pages);
+        self.take_timer_request();
+        r
+    }
+
+    /// dma_unmap_page() for a device of domain `d`.
+    pub fn dma_unmap_in(
+        &mut self,
+        d: usize,
+        now: Time,
+        cpu: usize,
+        dma_pfn: u64,
+        pages: u64,
+    ) -> Time {
+        let t = self.lend(d).unmap_desc(now, cpu, &[(dma_pfn, pages)]);
+        self.take_timer_request();
+        t
+    }
+
+    /// The driver of a device of domain `d` ended a batch of unmaps.
+    pub fn dma_batch_end_in(&mut self, d: usize, now: Time, cpu: usize) -> Time {
+        self.lend(d).batch_end(now, cpu)
+    }
+
+    /// A device of domain `d` reads or writes the data page at `iova_pfn`: (latency, fault), as
+    /// [`Host::dma_page`].
+    pub fn dma_access_in(&mut self, d: usize, now: Time, iova_pfn: u64) -> (u64, bool) {
+        self.lend(d).data_access(iova_pfn);
+        self.dma_page(now, iova_pfn)
     }
 
     /// dma_map_page() on `cpu` at `now`: (DMA address pfn, release time), None if IOVA space is exhausted.
@@ -161,19 +264,17 @@ impl Host {
         phys_pfn: u64,
         pages: u64,
     ) -> Option<(u64, Time)> {
-        let r = self.dma.map(now, cpu, phys_pfn, pages);
-        self.take_timer_request();
-        r
+        self.dma_map_in(0, now, cpu, phys_pfn, pages)
     }
 
     /// FANDS' block mapping of an RX WQE's pages: (IOVA pfn of the block, release time).
     pub fn dma_map_block(&mut self, now: Time, cpu: usize, phys: &[u64]) -> Option<(u64, Time)> {
-        self.dma.map_block(now, cpu, phys)
+        self.lend(0).map_block(now, cpu, phys)
     }
 
     /// The driver ended a batch of unmaps (a NAPI poll, a TX completion batch): the release time.
     pub fn dma_batch_end(&mut self, now: Time, cpu: usize) -> Time {
-        self.dma.batch_end(now, cpu)
+        self.lend(0).batch_end(now, cpu)
     }
 
     /// dma_unmap_page() on `cpu` at `now`: the release time.
@@ -191,26 +292,31 @@ impl Host {
         offset: u64,
         bytes: u64,
     ) -> Option<(u64, u64, Time)> {
-        let r = self.dma.map_buf(now, cpu, phys, offset, bytes);
+        let r = self.lend(0).map_buf(now, cpu, phys, offset, bytes);
         self.take_timer_request();
         r
     }
 
     /// Unmap the segments `(dma pfn, pages)` of one completed descriptor.
     pub fn dma_unmap_desc(&mut self, now: Time, cpu: usize, segs: &[(u64, u64)]) -> Time {
-        let t = self.dma.unmap_desc(now, cpu, segs);
+        let t = self.lend(0).unmap_desc(now, cpu, segs);
         self.take_timer_request();
         t
     }
 
-    /// Run a DMA-layer timer on its CPU; returns the release time.
     /// Device side of one DMA page: the latency its translation adds to the write (the PCIe base; with
     /// ATS, nothing more on an ATC hit and a translation-request round trip on a miss; one memory read per
     /// page-walk level the walk caches did not cover) and whether it faulted.
     pub fn dma_page(&mut self, now: Time, iova_pfn: u64) -> (u64, bool) {
         let pcie = &self.platform.pcie;
         let base = pcie.dma_base_ns;
-        match self.dma.translate(now, iova_pfn) {
+        let d = self.iommu_at;
+        let layer = if d == 0 {
+            &mut self.dma
+        } else {
+            &mut self.others[d - 1]
+        };
+        match layer.translate(now, iova_pfn) {
             None => (base, false),
             Some(tr) => {
                 let ats = if tr.ats_request {
@@ -231,11 +337,16 @@ impl Host {
         (lat - self.platform.pcie.dma_base_ns, fault)
     }
 
-    pub fn run_dma_timer(&mut self, now: Time, cpu: usize) {
-        if !self.cpu_acquire(cpu, now, Event::DmaTimer { cpu: cpu as u32 }, Ctx::Softirq) {
+    /// Run domain `dom`'s DMA-layer timer on its CPU.
+    pub fn run_dma_timer(&mut self, now: Time, cpu: usize, dom: usize) {
+        let ev = Event::DmaTimer {
+            cpu: cpu as u32,
+            dom: dom as u16,
+        };
+        if !self.cpu_acquire(cpu, now, ev, Ctx::Softirq) {
             return;
         }
-        let end = self.dma.timer(now, cpu);
+        let end = self.lend(dom).timer(now, cpu);
         self.cpus[cpu].account(now, end);
         self.take_timer_request();
     }

@@ -61,29 +61,43 @@ pub(crate) fn build_host(sc: &Scenario) -> (Host, PolicyName, String) {
     let mut iommu = crate::hw::build(p, cpus, kernel);
     // The device is attached to its DMA domain at probe, before any traffic.
     iommu.attach_dev(0, 0, 1);
-    let core = DmaCore::new(iommu, cpus, &p.cpu);
-    let mut rng = Rng::new(sc.run.seed);
-    let host_rng = rng.fork(1);
-    let host = Host::new(
-        cpus,
+    let layer = |iommu, dom| {
+        let mut core = DmaCore::new(iommu, cpus, &p.cpu);
+        core.dom = dom;
         DmaLayer::new(
             core,
             policy,
             cpus,
             sc.os.hz,
             FqOptions::for_device(p.iommu.shadow_on_flush),
-        ),
-        p.clone(),
-        host_rng,
-        {
-            let mut cfs = crate::sim::Cfs::for_cores(p.cpu.cores);
-            if let Some(us) = sc.os.sched_wakeup_granularity_us {
-                cfs.wakeup_granularity = us as u64 * 1000;
-            }
-            cfs
-        },
-    );
+        )
+    };
+    let mut rng = Rng::new(sc.run.seed);
+    let host_rng = rng.fork(1);
+    let mut host = Host::new(cpus, layer(iommu, 1), p.clone(), host_rng, {
+        let mut cfs = crate::sim::Cfs::for_cores(p.cpu.cores);
+        if let Some(us) = sc.os.sched_wakeup_granularity_us {
+            cfs.wakeup_granularity = us as u64 * 1000;
+        }
+        cfs
+    });
+    // Drives on root ports of their own: an IOMMU group, so a default domain, each (iommu_group_alloc_default_domain).
+    for d in 1..domains_of(sc) {
+        let dom = d as u16 + 1;
+        let i = host.add_domain(layer(crate::hw::stand_in(p, cpus, kernel), dom));
+        host.lend(i).core.iommu.attach_dev(0, 0, dom);
+    }
+    host.lend(0);
     (host, policy, policy_reason)
+}
+
+/// The DMA domains of a scenario's devices: one per IOMMU group. Drives behind one bridge without ACS share
+/// a group (pci_device_group); drives on separate root ports get one each.
+pub(crate) fn domains_of(sc: &Scenario) -> usize {
+    match &sc.workload.nvme {
+        Some(n) if !n.same_bridge => n.drives as usize,
+        _ => 1,
+    }
 }
 
 /// The variants of built-in scenario `name` with `key=value` overrides, for tests.
@@ -171,13 +185,13 @@ impl Simulation {
         self.now >= self.end
     }
 
+    /// Every counter at `at`, summed over the host's DMA domains (locality: the first domain's). The
+    /// IOMMU must be with the first domain (`Host::lend(0)`).
     fn snapshot(&self, at: Time) -> Snapshot {
         let d = &self.host.dma.core;
-        Snapshot {
+        let mut s = Snapshot {
             time: at,
             iommu: d.iommu.counters().clone(),
-            dma: d.stats.clone(),
-            iova: d.iovad.stats.clone(),
             wl: self.workload.stats(),
             cpu_busy_ns: self
                 .workload
@@ -185,22 +199,44 @@ impl Simulation {
                 .iter()
                 .map(|&c| self.host.cpus[c].busy_ns)
                 .collect(),
-            iova_lock_wait_ns: d.iovad.rbtree_lock.wait_ns,
-            safety: d.safety.stats.clone(),
-            exposed_open: d.safety.exposed_open(at),
             attack: self.host.dma.attack.as_ref().map(|a| a.stats.clone()),
             iova_reuse: d.locality.counts.clone(),
             dma_reuse: d.dma_locality.counts.clone(),
+            cpus: self.workload.cpus(),
+            locks: d.iommu.lock_stats(),
+            ..Default::default()
+        };
+        let mut iova_locks: Vec<(&'static str, crate::sim::LockStats)> = Vec::new();
+        for l in self.host.layers() {
+            let c = &l.core;
+            s.dma.add(&c.stats);
+            s.iova.add(&c.iovad.stats);
+            s.safety.add(&c.safety.stats);
+            s.exposed_open += c.safety.exposed_open(at);
+            s.iova_lock_wait_ns += c.iovad.rbtree_lock.stats.wait_ns;
+            for (name, st) in c.iovad.lock_stats() {
+                match iova_locks.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, acc)) => acc.add(&st),
+                    None => iova_locks.push((name, st)),
+                }
+            }
         }
+        iova_locks.append(&mut s.locks);
+        s.locks = iova_locks;
+        s
     }
 
     fn dispatch(&mut self, t: Time, ev: Event) {
         match ev {
             Event::Workload { kind, id } => self.workload.handle(&mut self.host, t, kind, id),
-            Event::DmaTimer { cpu } => self.host.run_dma_timer(t, cpu as usize),
+            Event::DmaTimer { cpu, dom } => self.host.run_dma_timer(t, cpu as usize, dom as usize),
             Event::IovaDepotWork => {
                 if self.host.cpu_acquire(0, t, ev, Ctx::Task) {
-                    let (end, _) = self.host.dma.core.iovad.depot_work(t);
+                    // Every domain's iova_domain has its own depot work.
+                    let end = self
+                        .host
+                        .layers_mut()
+                        .fold(t, |t, l| l.core.iovad.depot_work(t, 0).0);
                     self.host.cpus[0].account(t, end);
                     self.host
                         .schedule(t + IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);
@@ -229,6 +265,7 @@ impl Simulation {
                 break;
             }
             if self.start.is_none() && t >= self.warmup_end {
+                self.host.lend(0);
                 self.start = Some(self.snapshot(self.warmup_end));
             }
             let (t, ev) = self.host.events.pop().expect("peeked");
@@ -236,6 +273,7 @@ impl Simulation {
             self.dispatch(t, ev);
         }
         self.now = until;
+        self.host.lend(0);
         if self.start.is_none() && until >= self.warmup_end {
             self.start = Some(self.snapshot(self.warmup_end));
         }
@@ -283,6 +321,57 @@ mod tests {
 
     fn default_with(ov: &[(&str, &str)]) -> Vec<Variant> {
         builtin_with("default", ov)
+    }
+
+    /// Drives on root ports of their own get a domain each: their own IOVA space (both hand out the same
+    /// top-down addresses), their own flush queue flushed by their own timer, and their own cache_lock; drives
+    /// behind one bridge share all of it.
+    #[test]
+    fn drives_under_separate_bridges_get_a_domain_each() {
+        let run = |same: &str| {
+            let ov = [
+                ("os.policy", "lazy"),
+                ("workload.nvme.same_bridge", same),
+                ("run.duration_ms", "30"),
+                ("run.warmup_ms", "2"),
+            ];
+            let mut s = Simulation::new(&builtin_with("nvme", &ov)[0]);
+            s.run_to_end();
+            s
+        };
+        let apart = run("false");
+        assert_eq!(apart.host.domains(), 2);
+        let layers: Vec<_> = apart.host.layers().collect();
+        let firsts: Vec<u64> = layers
+            .iter()
+            .map(|l| l.core.iovad.allocated().map(|(_, hi)| hi).max().unwrap())
+            .collect();
+        assert_eq!(
+            firsts[0], firsts[1],
+            "each domain allocates from the top of its own space"
+        );
+        for l in &layers {
+            assert!(l.core.stats.maps > 0);
+            assert!(l.core.stats.fq_flush_timer + l.core.stats.fq_flush_full > 0);
+        }
+        let shared = run("true");
+        assert_eq!(shared.host.domains(), 1);
+        // One cache_lock for both drives' maps: found held more often than either of two locks.
+        let held = |s: &Simulation| {
+            let c = s.result().contention;
+            let l = c
+                .iter()
+                .find(|c| c.name == "vt-d domain cache_lock")
+                .unwrap();
+            (l.acquisitions, l.contended_share)
+        };
+        let (a_acq, a_held) = held(&apart);
+        let (s_acq, s_held) = held(&shared);
+        assert!(a_acq > 0 && s_acq > 0);
+        assert!(
+            s_held > a_held,
+            "one lock for both drives: {s_held} vs {a_held}"
+        );
     }
 
     /// The NIC opens every channel's coherent rings before it posts any RX buffer (mlx5e_open_channels, then

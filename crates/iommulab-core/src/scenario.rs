@@ -209,6 +209,9 @@ pub struct Smmuv3Profile {
     pub ril: bool,
     /// Per-CPU enhanced command queues (SMMUv3.3 ECMDQ) instead of one shared queue.
     pub ecmdq: bool,
+    /// The SMMU consumes its ECMDQs in parallel (one consumer per queue) rather than one after another.
+    #[serde(default)]
+    pub ecmdq_parallel: bool,
     /// Translation stage of DMA domains: 1 (TLBI_NH_*, by ASID) or 2 (TLBI_S2_IPA / S12_VMALL, by VMID).
     pub stage: u32,
 }
@@ -271,8 +274,17 @@ pub struct CpuProfile {
     pub iova_rcache_ns: u64,
     /// IOVA allocation or free on the rbtree (under the domain's iova_rbtree_lock).
     pub iova_rbtree_ns: u64,
-    /// Uncontended spinlock acquire + release.
+    /// Uncontended spinlock acquire + release on a line this core already holds.
     pub lock_ns: u64,
+    /// Cores sharing a cluster (an LLC slice group or mesh cluster) and cores per socket: CPU i sits in
+    /// cluster i / cluster_cores of socket i / socket_cores.
+    pub cluster_cores: u32,
+    pub socket_cores: u32,
+    /// One cache-line transfer (the stall of an atomic or a lock acquire on a line another core wrote last)
+    /// from a core of the same cluster, of another cluster of the socket, of another socket.
+    pub line_cluster_ns: u64,
+    pub line_socket_ns: u64,
+    pub line_remote_ns: u64,
     /// queue_iova(): append to this CPU's flush-queue ring.
     pub fq_entry_ns: u64,
     /// Sending one small packet (a TCP ACK) down the stack and driver, without its DMA mapping.
@@ -280,6 +292,16 @@ pub struct CpuProfile {
     pub tx_packet_ns: u64,
 }
 impl CpuProfile {
+    /// What moving a line between two of these cores costs.
+    pub fn coherence(&self) -> crate::sim::Coherence {
+        crate::sim::Coherence {
+            cluster_cores: self.cluster_cores,
+            socket_cores: self.socket_cores,
+            cluster_ns: self.line_cluster_ns,
+            socket_ns: self.line_socket_ns,
+            remote_ns: self.line_remote_ns,
+        }
+    }
     /// Receiving one packet that GRO does not merge (a pure ACK, a small request): one packet, one skb.
     pub fn rx_lone_packet_ns(&self) -> u64 {
         self.stack_ns_per_packet + self.stack_ns_per_skb
@@ -502,8 +524,12 @@ fn default_tx_rx_ring() -> u32 {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Nvme {
-    /// Drives, all in one DMA domain (functions behind one bridge share an IOMMU group).
+    /// Drives.
     pub drives: u32,
+    /// The drives sit behind one PCIe bridge without ACS (a dual-port drive): one IOMMU group, so one
+    /// default domain for all of them. False: each on its own root port, in a domain of its own.
+    #[serde(default = "default_true")]
+    pub same_bridge: bool,
     /// fio numjobs: one submitting thread per CPU; job j drives drive j % drives through its own queue pair.
     pub jobs: u32,
     /// fio iodepth: I/Os each job keeps in flight.
@@ -850,6 +876,20 @@ impl Scenario {
             (1..=MAX_CPUS).contains(&cpu.cores),
             "platform.cpu.cores",
             format!("expected 1..={MAX_CPUS} cores"),
+        )?;
+        check(
+            (1..=cpu.cores.max(1)).contains(&cpu.cluster_cores),
+            "platform.cpu.cluster_cores",
+            format!(
+                "expected 1..={} cores per cluster (platform.cpu.cores)",
+                cpu.cores
+            ),
+        )?;
+        check(
+            cpu.socket_cores >= cpu.cluster_cores
+                && cpu.socket_cores.is_multiple_of(cpu.cluster_cores),
+            "platform.cpu.socket_cores",
+            "expected a multiple of platform.cpu.cluster_cores",
         )?;
         check(
             cpu.copy_ns_per_byte >= 0.0 && cpu.copy_ns_per_byte.is_finite(),

@@ -2,7 +2,7 @@
 //! an ordered tree of allocated ranges with cached starting nodes, fronted by per-CPU range caches (rcache:
 //! `loaded` and `prev` magazines of 127 pfns per size class 1..32 pages) and a shared depot of full magazines.
 
-use crate::sim::{SpinLock, Time};
+use crate::sim::{Coherence, SpinLock, Time};
 use std::collections::BTreeMap;
 
 /// iova.c IOVA_MAG_SIZE.
@@ -20,6 +20,8 @@ pub struct IovaCosts {
     pub rcache_ns: u64,
     pub rbtree_ns: u64,
     pub lock_ns: u64,
+    /// The shared locks' line moves between CPUs at these costs.
+    pub coh: Coherence,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -32,6 +34,19 @@ pub struct IovaStats {
     pub alloc_failures: u64,
     /// Tree nodes passed by the top-down search (its cost grows with them).
     pub nodes_walked: u64,
+}
+
+impl IovaStats {
+    /// Add another domain's counts.
+    pub fn add(&mut self, o: &IovaStats) {
+        self.rcache_hits += o.rcache_hits;
+        self.rbtree_allocs += o.rbtree_allocs;
+        self.rbtree_frees += o.rbtree_frees;
+        self.depot_pushes += o.depot_pushes;
+        self.depot_pops += o.depot_pops;
+        self.alloc_failures += o.alloc_failures;
+        self.nodes_walked += o.nodes_walked;
+    }
 }
 
 #[derive(Default, Clone)]
@@ -89,10 +104,18 @@ impl IovaDomain {
                 })
                 .collect(),
             costs,
-            rbtree_lock: SpinLock::default(),
-            depot_lock: SpinLock::default(),
+            rbtree_lock: SpinLock::new(costs.coh),
+            depot_lock: SpinLock::new(costs.coh),
             stats: IovaStats::default(),
         }
+    }
+
+    /// The allocator's shared locks.
+    pub fn lock_stats(&self) -> Vec<(&'static str, crate::sim::LockStats)> {
+        vec![
+            ("iova_rbtree_lock", self.rbtree_lock.stats.clone()),
+            ("iova depot lock", self.depot_lock.stats.clone()),
+        ]
     }
 
     /// Allocated ranges (excluding the anchor), for checks.
@@ -220,7 +243,9 @@ impl IovaDomain {
         }
         let mut flush = flush_rcache;
         loop {
-            let (_, rel) = self.rbtree_lock.acquire(t, self.costs.rbtree_ns);
+            let (_, rel) = self
+                .rbtree_lock
+                .acquire_on(t, cpu as u32, self.costs.rbtree_ns);
             t = rel;
             if let Some(p) = self.alloc_range(size, limit_pfn) {
                 self.stats.rbtree_allocs += 1;
@@ -231,7 +256,7 @@ impl IovaDomain {
                 return (None, t);
             }
             flush = false;
-            t = self.flush_rcaches(t);
+            t = self.flush_rcaches(t, cpu);
         }
     }
 
@@ -241,7 +266,9 @@ impl IovaDomain {
         if ok {
             return t;
         }
-        let (_, rel) = self.rbtree_lock.acquire(t, self.costs.rbtree_ns);
+        let (_, rel) = self
+            .rbtree_lock
+            .acquire_on(t, cpu as u32, self.costs.rbtree_ns);
         self.stats.rbtree_frees += 1;
         self.free_range(pfn);
         rel
@@ -268,7 +295,9 @@ impl IovaDomain {
             std::mem::swap(&mut c.loaded, &mut c.prev);
             true
         } else {
-            let (_, rel) = self.depot_lock.acquire(t, self.costs.lock_ns);
+            let (_, rel) = self
+                .depot_lock
+                .acquire_on(t, cpu as u32, self.costs.lock_ns);
             t = rel;
             if let Some(m) = rc.depot.pop() {
                 self.stats.depot_pops += 1;
@@ -302,7 +331,9 @@ impl IovaDomain {
             if c.prev.len() < IOVA_MAG_SIZE {
                 std::mem::swap(&mut c.loaded, &mut c.prev);
             } else {
-                let (_, rel) = self.depot_lock.acquire(t, self.costs.lock_ns);
+                let (_, rel) = self
+                    .depot_lock
+                    .acquire_on(t, cpu as u32, self.costs.lock_ns);
                 t = rel;
                 rc.depot.push(std::mem::replace(
                     &mut c.loaded,
@@ -316,7 +347,7 @@ impl IovaDomain {
     }
 
     /// free_cpu_cached_iovas() for every CPU and free_global_cached_iovas().
-    fn flush_rcaches(&mut self, now: Time) -> Time {
+    fn flush_rcaches(&mut self, now: Time, cpu: usize) -> Time {
         let mut pfns = Vec::new();
         for rc in &mut self.rcaches {
             for c in &mut rc.cpu {
@@ -329,7 +360,9 @@ impl IovaDomain {
         }
         let mut t = now;
         for p in pfns {
-            let (_, rel) = self.rbtree_lock.acquire(t, self.costs.rbtree_ns);
+            let (_, rel) = self
+                .rbtree_lock
+                .acquire_on(t, cpu as u32, self.costs.rbtree_ns);
             t = rel;
             self.free_range(p);
         }
@@ -338,7 +371,8 @@ impl IovaDomain {
 
     /// iova_depot_work_func(): while the depot holds more magazines than CPUs, free one back to the tree.
     /// Returns the CPU time it took and whether more work remains.
-    pub fn depot_work(&mut self, now: Time) -> (Time, bool) {
+    /// It runs on `cpu` (a kworker).
+    pub fn depot_work(&mut self, now: Time, cpu: usize) -> (Time, bool) {
         let ncpu = self.rcaches[0].cpu.len();
         let mut t = now;
         let mut more = false;
@@ -346,7 +380,9 @@ impl IovaDomain {
             if self.rcaches[i].depot.len() > ncpu {
                 let m = self.rcaches[i].depot.remove(0);
                 for p in m {
-                    let (_, rel) = self.rbtree_lock.acquire(t, self.costs.rbtree_ns);
+                    let (_, rel) = self
+                        .rbtree_lock
+                        .acquire_on(t, cpu as u32, self.costs.rbtree_ns);
                     t = rel;
                     self.free_range(p);
                 }
@@ -367,6 +403,7 @@ mod tests {
             1,
             2,
             IovaCosts {
+                coh: Coherence::default(),
                 rcache_ns: 10,
                 rbtree_ns: 100,
                 lock_ns: 5,
@@ -425,6 +462,7 @@ mod tests {
             1,
             1,
             IovaCosts {
+                coh: Coherence::default(),
                 rcache_ns: 1,
                 rbtree_ns: 1,
                 lock_ns: 1,

@@ -38,6 +38,19 @@ pub struct DmaStats {
     pub fq_flush_timer: u64,
 }
 
+impl DmaStats {
+    /// Add another domain's counts.
+    pub fn add(&mut self, o: &DmaStats) {
+        self.maps += o.maps;
+        self.unmaps += o.unmaps;
+        self.pages_mapped += o.pages_mapped;
+        self.iova_pages_unmapped += o.iova_pages_unmapped;
+        self.map_failures += o.map_failures;
+        self.fq_flush_full += o.fq_flush_full;
+        self.fq_flush_timer += o.fq_flush_timer;
+    }
+}
+
 /// What all policies share.
 pub struct DmaCore {
     pub iommu: Box<dyn Iommu>,
@@ -73,6 +86,7 @@ impl DmaCore {
             rcache_ns: costs.iova_rcache_ns,
             rbtree_ns: costs.iova_rbtree_ns,
             lock_ns: costs.lock_ns,
+            coh: costs.coherence(),
         };
         let fmt = *iommu.translator().format();
         DmaCore {
@@ -456,6 +470,11 @@ pub(crate) mod tests {
             iova_rcache_ns: 20,
             iova_rbtree_ns: 100,
             lock_ns: 10,
+            cluster_cores: cpus as u32,
+            socket_cores: cpus as u32,
+            line_cluster_ns: 0,
+            line_socket_ns: 0,
+            line_remote_ns: 0,
             fq_entry_ns: 10,
             tx_packet_ns: 0,
         }

@@ -44,6 +44,18 @@ pub struct SafetyStats {
     pub subpage_byte_ns: u128,
 }
 
+impl SafetyStats {
+    /// Add another domain's counts.
+    pub fn add(&mut self, o: &SafetyStats) {
+        self.pages_settled += o.pages_settled;
+        self.pages_exposed += o.pages_exposed;
+        self.subpage_buffers += o.subpage_buffers;
+        self.subpage_byte_ns += o.subpage_byte_ns;
+        self.window.add(&o.window);
+        self.subpage_bytes.add(&o.subpage_bytes);
+    }
+}
+
 /// One logged unmap: (IOVA pfn, sequence). An IOVA freed before its invalidation (xSMMU) can be mapped and
 /// unmapped again meanwhile, so a policy that releases later names the unmap by its ticket.
 pub type Ticket = (u64, u64);

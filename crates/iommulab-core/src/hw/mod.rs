@@ -13,7 +13,7 @@ pub mod vtd;
 
 use crate::dma::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, Platform, Vendor};
-use crate::sim::Time;
+use crate::sim::{LockStats, Time};
 pub use pgtable::PtFormat;
 
 pub type DomainId = u16;
@@ -86,15 +86,35 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
     let fmt = pt_format(p.vendor, &p.iommu).expect("validated platform");
     let atc = p.pcie.ats.then_some((p.pcie.atc_entries, p.pcie.atc_ways));
     let tr = translator::Translator::new(&p.iommu, fmt, atc);
+    let coh = p.cpu.coherence();
     match p.vendor {
-        Vendor::Vtd => Box::new(vtd::Vtd::new(&p.iommu, tr, p.pcie.ats_inv_ns, kernel)),
-        Vendor::Smmuv3 => Box::new(smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns)),
+        Vendor::Vtd => Box::new(vtd::Vtd::new(
+            &p.iommu,
+            tr,
+            p.pcie.ats_inv_ns,
+            kernel,
+            coh,
+            p.cpu.lock_ns,
+        )),
+        Vendor::Smmuv3 => Box::new(smmuv3::Smmuv3::new(
+            &p.iommu,
+            tr,
+            cpus,
+            p.pcie.ats_inv_ns,
+            coh,
+        )),
         Vendor::Virtio => Box::new(virtio::VirtioIommu::new(
             &p.iommu,
             tr,
             kernel.virtio_deferred_flush(),
         )),
     }
+}
+
+/// What a DMA layer holds while another domain's layer has the host's IOMMU (`Host::lend`): an IOMMU of
+/// the same platform that is never driven.
+pub fn stand_in(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
+    build(p, cpus, kernel)
 }
 
 pub const PAGE_SHIFT: u32 = 12;
@@ -306,6 +326,9 @@ pub struct IommuCounters {
     pub faults: u64,
     /// Translations served from an entry the page table no longer holds.
     pub stale_hits: u64,
+    /// SMMUv3 shared command queue: cmpxchg attempts on llq, and the ones that reserved slots.
+    pub cas_attempts: u64,
+    pub cas_successes: u64,
     /// Leaf entries (pages or blocks) cleared by unmaps.
     pub ptes_cleared: u64,
     /// Page-table pages allocated and freed by map/unmap.
@@ -395,6 +418,10 @@ pub trait Iommu: Send + Sync {
     }
     fn counters(&self) -> &IommuCounters {
         &self.translator().c
+    }
+    /// The shared lines and locks of the invalidation path, by name, with what they cost their users.
+    fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
+        Vec::new()
     }
 }
 

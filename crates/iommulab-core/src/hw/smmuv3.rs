@@ -8,7 +8,7 @@
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, Smmuv3Profile};
-use crate::sim::{SpinLock, Time};
+use crate::sim::{Coherence, LockStats, SpinLock, Time};
 
 /// arm-smmu-v3.h CMDQ_BATCH_ENTRIES (BITS_PER_LONG): commands per batch before an unsynchronised issue.
 pub const CMDQ_BATCH_ENTRIES: usize = 64;
@@ -113,12 +113,18 @@ pub struct Smmuv3 {
     tr: Translator,
     /// The device's ATS invalidation completion time (a CMD_SYNC after ATC_INV waits for it).
     ats_inv_ns: u64,
-    /// The shared command queue's producer index (cmpxchg-reserved slots): one writer at a time.
-    cmdq_prod: SpinLock,
-    /// Per-CPU ECMDQs: each CPU inserts into its own queue.
-    ecmdq_prod: Vec<SpinLock>,
-    /// The SMMU consuming commands, one after another.
-    hw: SpinLock,
+    /// The shared queue's lines every CPU writes (arm_smmu_cmdq_issue_cmdlist): `llq` (prod/cons/owned,
+    /// cmpxchg'd to reserve slots, fetch_andnot'd by the owner), the line of `lock` and `owner_prod` (the
+    /// shared lock taken around a CMD_SYNC wait, the owner hand-off), and the valid bitmap word.
+    llq: SpinLock,
+    lock_owner: SpinLock,
+    valid_map: SpinLock,
+    /// Each command queue as the SMMU sees it (the shared one, or one ECMDQ per CPU): busy while it
+    /// consumes commands, and while a CMD_SYNC waits for completion (SMMUv3 §4.7.3: commands after a
+    /// CMD_SYNC do not begin processing until it completes).
+    queues: Vec<SpinLock>,
+    /// One consumer for every ECMDQ when the hardware executes them one after another.
+    consumer: SpinLock,
 }
 
 /// A command for [`Smmuv3::issue`]: what it costs the SMMU.
@@ -130,18 +136,43 @@ enum Cmd {
 }
 
 impl Smmuv3 {
-    pub fn new(p: &IommuProfile, tr: Translator, cpus: usize, ats_inv_ns: u64) -> Self {
+    pub fn new(
+        p: &IommuProfile,
+        tr: Translator,
+        cpus: usize,
+        ats_inv_ns: u64,
+        coh: Coherence,
+    ) -> Self {
+        let cfg = p
+            .smmuv3
+            .clone()
+            .expect("validated: vendor smmuv3 has [iommu.smmuv3]");
+        let queues = if cfg.ecmdq { cpus.max(1) } else { 1 };
         Smmuv3 {
-            cfg: p
-                .smmuv3
-                .clone()
-                .expect("validated: vendor smmuv3 has [iommu.smmuv3]"),
+            cfg,
             tr,
             ats_inv_ns,
-            cmdq_prod: SpinLock::default(),
-            ecmdq_prod: vec![SpinLock::default(); cpus.max(1)],
-            hw: SpinLock::default(),
+            llq: SpinLock::new(coh),
+            lock_owner: SpinLock::new(coh),
+            valid_map: SpinLock::new(coh),
+            // The SMMU's side moves no CPU cache lines.
+            queues: vec![SpinLock::default(); queues],
+            consumer: SpinLock::default(),
         }
+    }
+
+    /// The CPU-side lines of the shared command queue, the command queues and the cmpxchg's attempts.
+    fn locks(&self) -> Vec<(&'static str, LockStats)> {
+        let mut q = LockStats::default();
+        for l in &self.queues {
+            q.add(&l.stats);
+        }
+        vec![
+            ("smmu cmdq llq", self.llq.stats.clone()),
+            ("smmu cmdq lock/owner_prod", self.lock_owner.stats.clone()),
+            ("smmu cmdq valid_map", self.valid_map.stats.clone()),
+            ("smmu command queue", q),
+        ]
     }
 
     fn by_va(&self) -> InvKind {
@@ -166,22 +197,76 @@ impl Smmuv3 {
     /// answered outstanding ATC invalidations).
     fn issue(&mut self, now: Time, cpu: usize, n: usize, what: Cmd, sync: bool) -> (Time, Time) {
         let cmds = n as u64 + sync as u64;
-        let nq = self.ecmdq_prod.len();
-        let prod = if self.cfg.ecmdq {
-            &mut self.ecmdq_prod[cpu % nq]
+        let c = cpu as u32;
+        let nq = self.queues.len();
+        let q = if self.cfg.ecmdq { cpu % nq } else { 0 };
+        let written = if self.cfg.ecmdq {
+            // An ECMDQ is this CPU's own: write the commands, then its PROD register; nothing shared.
+            now + cmds * self.cfg.submit_cmd_ns
         } else {
-            &mut self.cmdq_prod
+            self.shared_insert(now, c, cmds, sync)
         };
-        let (_, written) = prod.acquire(now, cmds * self.cfg.submit_cmd_ns);
-        let work = n as u64 * self.cmd_ns(what) + if sync { self.cfg.sync_ns } else { 0 };
-        let (start, done) = self.hw.acquire(written, work);
+        let work = n as u64 * self.cmd_ns(what);
+        let sync_ns = if sync { self.cfg.sync_ns } else { 0 };
+        let (start, done) = if self.cfg.ecmdq && !self.cfg.ecmdq_parallel {
+            // One consumer takes every queue's commands in turn; a CMD_SYNC then holds only its own queue.
+            let (ready, _) = self.queues[q].acquire(written, 0);
+            let (start, consumed) = self.consumer.acquire(ready, work);
+            self.queues[q].extend(start, consumed + sync_ns);
+            (start, consumed + sync_ns)
+        } else {
+            self.queues[q].acquire(written, work + sync_ns)
+        };
         self.tr.c.submissions += 1;
         if !sync {
             return (start, written);
         }
         self.tr.c.syncs += 1;
-        self.tr.c.inv_wait_ns += done - now;
-        (start, done)
+        // arm_smmu_cmdq_shared_tryunlock() once the CMD_SYNC has completed.
+        let rel = if self.cfg.ecmdq {
+            done
+        } else {
+            self.lock_owner.rmw_on(done, c)
+        };
+        self.tr.c.inv_wait_ns += rel - now;
+        (start, rel)
+    }
+
+    /// The shared queue's insertion (arm_smmu_cmdq_issue_cmdlist steps 1-4) by `cpu`: cmpxchg on llq to
+    /// reserve the slots, the command copy, the shared lock for a CMD_SYNC, the valid bitmap, then as the
+    /// owner: wait for the previous owner, clear OWNED on llq, ring the PROD doorbell, publish owner_prod.
+    /// Returns when the SMMU can see the commands. Simplification: every issuer is an owner (no gathering
+    /// of other CPUs' commands into one doorbell).
+    fn shared_insert(&mut self, now: Time, cpu: u32, cmds: u64, sync: bool) -> Time {
+        let mut t = self.cmpxchg_llq(now, cpu);
+        t += cmds * self.cfg.submit_cmd_ns;
+        if sync {
+            t = self.lock_owner.rmw_on(t, cpu);
+        }
+        t = self.valid_map.rmw_on(t, cpu);
+        // Owner: owner_prod hand-off, fetch_andnot on llq, valid_map poll, writel(PROD), owner_prod set.
+        t = self.lock_owner.rmw_on(t, cpu);
+        t = self.llq.rmw_on(t, cpu);
+        t = self.valid_map.rmw_on(t, cpu);
+        self.lock_owner.rmw_on(t, cpu)
+    }
+
+    /// The cmpxchg loop on llq: a CPU that read llq and then found the line taken by another writer before
+    /// its cmpxchg landed fails and retries with the value it got back.
+    fn cmpxchg_llq(&mut self, now: Time, cpu: u32) -> Time {
+        let mut t = now;
+        for attempt in 1.. {
+            self.tr.c.cas_attempts += 1;
+            let before = self.llq.stats.contended;
+            let done = self.llq.rmw_on(t, cpu);
+            // A bound the kernel does not have: the model's clock only moves forward, so it always ends.
+            if self.llq.stats.contended == before || attempt >= 64 {
+                self.tr.c.cas_successes += 1;
+                return done;
+            }
+            t = done;
+        }
+        unreachable!("the loop returns")
     }
 
     /// One command of `what` with its CMD_SYNC; `inv` acts when the SMMU has consumed the command.
@@ -287,6 +372,10 @@ impl Iommu for Smmuv3 {
         &mut self.tr
     }
 
+    fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
+        self.locks()
+    }
+
     fn unmap_pages(
         &mut self,
         now: Time,
@@ -378,6 +467,7 @@ pub(crate) mod tests {
                 sync_ns: 500,
                 ril,
                 ecmdq,
+                ecmdq_parallel: false,
                 stage: 1,
             }),
             virtio: None,
@@ -388,7 +478,7 @@ pub(crate) mod tests {
     pub(crate) fn smmu_with(p: &IommuProfile, cpus: usize, atc: Option<u32>) -> Smmuv3 {
         let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, p).unwrap();
         let tr = Translator::new(p, fmt, atc.map(|n| (n, n)));
-        Smmuv3::new(p, tr, cpus, 2000)
+        Smmuv3::new(p, tr, cpus, 2000, Coherence::default())
     }
 
     pub(crate) fn smmu(p: &IommuProfile, cpus: usize) -> Smmuv3 {
@@ -493,17 +583,57 @@ pub(crate) mod tests {
         assert_eq!(t, 200);
     }
 
-    #[test]
-    fn ecmdq_removes_insertion_contention_between_cpus() {
-        let mut shared = smmu(&cfg(true, false), 2);
-        let mut per_cpu = smmu(&cfg(true, true), 2);
-        for s in [&mut shared, &mut per_cpu] {
-            s.flush_iotlb_all(0, 0, 1);
-            s.flush_iotlb_all(0, 1, 1);
+    fn coh() -> Coherence {
+        Coherence {
+            cluster_cores: 4,
+            socket_cores: 4,
+            cluster_ns: 40,
+            socket_ns: 40,
+            remote_ns: 140,
         }
-        assert!(
-            shared.cmdq_prod.contended == 1 && per_cpu.ecmdq_prod.iter().all(|l| l.contended == 0)
-        );
+    }
+
+    /// Two CPUs each issue one TLBI with its CMD_SYNC at time 0: when each is released.
+    fn two_syncs(ecmdq: bool, parallel: bool) -> (Smmuv3, Time, Time) {
+        let mut c = cfg(true, ecmdq);
+        c.smmuv3.as_mut().unwrap().ecmdq_parallel = parallel;
+        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, &c).unwrap();
+        let mut s = Smmuv3::new(&c, Translator::new(&c, fmt, None), 2, 2000, coh());
+        let a = s.issue(0, 0, 1, Cmd::Tlbi, true).1;
+        let b = s.issue(0, 1, 1, Cmd::Tlbi, true).1;
+        (s, a, b)
+    }
+
+    #[test]
+    fn the_shared_queue_moves_its_lines_between_cpus_and_ecmdqs_do_not() {
+        let (shared, _, _) = two_syncs(false, false);
+        let (per_cpu, _, _) = two_syncs(true, false);
+        let transfers = |s: &Smmuv3| -> u64 {
+            s.lock_stats()
+                .iter()
+                .filter(|(n, _)| n.contains("cmdq"))
+                .map(|(_, l)| l.transfers)
+                .sum()
+        };
+        assert!(transfers(&shared) >= 3, "{}", transfers(&shared));
+        assert_eq!(transfers(&per_cpu), 0);
+        assert_eq!(per_cpu.tr.c.cas_attempts, 0);
+    }
+
+    #[test]
+    fn an_ecmdq_cmd_sync_waits_only_for_its_own_queue() {
+        let (cmd, sync) = (50, 500);
+        // One shared queue: the second CMD_SYNC waits for the first to complete.
+        let (_, a, b) = two_syncs(false, false);
+        assert!(a >= cmd + sync && b >= 2 * (cmd + sync), "{a} {b}");
+        // ECMDQs consumed one after another: the second queue's TLBI waits for the first's, not for its
+        // CMD_SYNC.
+        let (_, a, b) = two_syncs(true, false);
+        let w = cfg(true, true).smmuv3.unwrap().submit_cmd_ns * 2;
+        assert_eq!((a, b), (w + cmd + sync, w + 2 * cmd + sync));
+        // In parallel: both complete together.
+        let (_, a, b) = two_syncs(true, true);
+        assert_eq!((a, b), (w + cmd + sync, w + cmd + sync));
     }
 
     #[test]

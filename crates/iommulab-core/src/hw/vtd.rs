@@ -7,7 +7,7 @@ use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::dma::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, PsiNonLeaf, VtdProfile};
-use crate::sim::{SpinLock, Time};
+use crate::sim::{Coherence, LockStats, SpinLock, Time};
 
 /// intel/iommu.h QI_MAX_BATCHED_DESC_COUNT: descriptors gathered before a qi_submit_sync().
 pub const QI_MAX_BATCHED_DESC_COUNT: usize = 16;
@@ -69,8 +69,16 @@ pub struct Vtd {
     ats_inv_ns: u64,
     /// dmar_domain->cache_lock per domain: held across a flush's submissions and their waits.
     cache_lock: Vec<SpinLock>,
-    /// The invalidation queue's tail (qi->q_lock): descriptors are written one CPU at a time.
+    /// qi->q_lock (one line with the queue's indices): descriptors are written one CPU at a time, and
+    /// every CPU waiting for its wait descriptor polls its status with the lock held, dropping it only
+    /// around cpu_relax() (dmar.c qi_submit_sync).
     q_lock: SpinLock,
+    /// Per CPU, its last wait-descriptor poll: (from, until its status is written). A CPU polls one at a
+    /// time (interrupts off).
+    pollers: Vec<(Time, Time)>,
+    coh: Coherence,
+    /// The uncontended lock cost (the pollers' turn on q_lock).
+    lock_ns: u64,
     /// The invalidation hardware as a server: busy while it processes descriptors.
     hw: SpinLock,
     /// qi_flush_iotlb() takes IH from bit 6 of the address (the F&S / FANDS dmar.c change), whatever the
@@ -79,7 +87,14 @@ pub struct Vtd {
 }
 
 impl Vtd {
-    pub fn new(p: &IommuProfile, tr: Translator, ats_inv_ns: u64, kernel: KernelVersion) -> Self {
+    pub fn new(
+        p: &IommuProfile,
+        tr: Translator,
+        ats_inv_ns: u64,
+        kernel: KernelVersion,
+        coh: Coherence,
+        lock_ns: u64,
+    ) -> Self {
         Vtd {
             cfg: p
                 .vtd
@@ -89,7 +104,10 @@ impl Vtd {
             kernel,
             ats_inv_ns,
             cache_lock: Vec::new(),
-            q_lock: SpinLock::default(),
+            q_lock: SpinLock::new(coh),
+            pollers: Vec::new(),
+            coh,
+            lock_ns,
             hw: SpinLock::default(),
             psi_ih_patched: false,
         }
@@ -151,11 +169,26 @@ impl Vtd {
         self.tr.invalidate(at, inv);
     }
 
-    /// dmar.c qi_submit_sync(): write the descriptors and a wait descriptor under q_lock, ring the tail, then
-    /// spin (q_lock dropped) until the hardware has processed the wait descriptor. Returns the release time.
-    pub fn qi_submit_sync(&mut self, now: Time, descs: &[InvDesc]) -> Time {
+    /// dmar.c qi_submit_sync() on `cpu`: write the descriptors and a wait descriptor under q_lock, ring
+    /// the tail, then poll the wait descriptor's status with q_lock held, dropping it around cpu_relax().
+    /// A submitter queues on q_lock behind one turn of every CPU still polling (qspinlock is FIFO and a
+    /// poller re-queues after each release); the poller that sees QI_DONE frees its slots under the lock.
+    /// Returns the release time.
+    pub fn qi_submit_sync(&mut self, now: Time, cpu: u32, descs: &[InvDesc]) -> Time {
         let n = descs.len() as u64 + 1;
-        let (_, written) = self.q_lock.acquire(now, n * self.cfg.submit_desc_ns);
+        let ahead = self
+            .pollers
+            .iter()
+            .enumerate()
+            .filter(|&(c, &(from, done))| from <= now && now < done && c as u32 != cpu)
+            .count() as u64;
+        let mut t = now;
+        if ahead > 0 {
+            // The pollers' turns ahead of this CPU: each pulls the line over and checks its status.
+            let turn = self.lock_ns + self.coh.socket_ns;
+            t = self.q_lock.acquire(t, ahead * turn).1;
+        }
+        let (_, written) = self.q_lock.acquire_on(t, cpu, n * self.cfg.submit_desc_ns);
         // The hardware drains the queue in order, one descriptor after another.
         let work: u64 = descs.iter().map(|d| self.desc_ns(d)).sum::<u64>() + self.cfg.inv_wait_ns;
         let (_, done) = self.hw.acquire(written, work);
@@ -165,9 +198,29 @@ impl Vtd {
             at += self.desc_ns(&d);
             self.apply(at, d);
         }
+        if cpu != crate::sim::NO_CPU {
+            let c = cpu as usize;
+            if self.pollers.len() <= c {
+                self.pollers.resize(c + 1, (0, 0));
+            }
+            self.pollers[c] = (written, done);
+        }
         self.tr.c.syncs += 1;
         self.tr.c.submissions += 1;
-        done
+        // The poll that sees QI_DONE holds q_lock; reclaim_free_desc() and the unlock follow.
+        self.q_lock.acquire_on(done, cpu, self.lock_ns).1
+    }
+
+    /// q_lock and every domain's cache_lock.
+    fn locks(&self) -> Vec<(&'static str, LockStats)> {
+        let mut cache = LockStats::default();
+        for l in &self.cache_lock {
+            cache.add(&l.stats);
+        }
+        vec![
+            ("vt-d qi q_lock", self.q_lock.stats.clone()),
+            ("vt-d domain cache_lock", cache),
+        ]
     }
 
     /// iommu.c iommu_flush_write_buffer(): GCMD.WBF and wait, on hardware with CAP.RWBF; a no-op elsewhere.
@@ -184,7 +237,8 @@ impl Vtd {
     fn cache_lock(&mut self, dom: DomainId) -> &mut SpinLock {
         let i = dom as usize;
         if self.cache_lock.len() <= i {
-            self.cache_lock.resize_with(i + 1, SpinLock::default);
+            let coh = self.coh;
+            self.cache_lock.resize_with(i + 1, || SpinLock::new(coh));
         }
         &mut self.cache_lock[i]
     }
@@ -193,7 +247,7 @@ impl Vtd {
     /// of QI_MAX_BATCHED_DESC_COUNT, each batch submitted and waited for. 6.10–6.11: under the cache_lock, one
     /// submission per descriptor. Before 6.10 (iommu_flush_iotlb_psi + iommu_flush_dev_iotlb): one submission
     /// per descriptor and no domain lock.
-    fn flush_descs(&mut self, now: Time, dom: DomainId, descs: &[InvDesc]) -> Time {
+    fn flush_descs(&mut self, now: Time, cpu: u32, dom: DomainId, descs: &[InvDesc]) -> Time {
         if descs.is_empty() {
             return now;
         }
@@ -204,13 +258,13 @@ impl Vtd {
         };
         let locked = self.kernel.vtd_cache_tags();
         let start = if locked {
-            self.cache_lock(dom).acquire(now, 0).0
+            self.cache_lock(dom).acquire_on(now, cpu, 0).0
         } else {
             now
         };
         let mut t = start;
         for batch in descs.chunks(per_submit) {
-            t = self.qi_submit_sync(t, batch);
+            t = self.qi_submit_sync(t, cpu, batch);
         }
         if locked {
             self.cache_lock(dom).extend(start, t);
@@ -221,15 +275,17 @@ impl Vtd {
 
     /// cache_tag_flush_range(): the IOTLB tag's PSI for the aligned block (DSI when the mask exceeds MAMV),
     /// then the device-TLB tag's descriptor for the same block.
+    /// `range`: (first pfn, pages).
     fn flush_range(
         &mut self,
         now: Time,
+        cpu: u32,
         dom: DomainId,
-        start_pfn: u64,
-        pages: u64,
+        range: (u64, u64),
         ih: bool,
         devtlb: bool,
     ) -> Time {
+        let (start_pfn, pages) = range;
         let (base, am) = psi_aligned(start_pfn, pages);
         let mut descs = Vec::with_capacity(2);
         descs.push(if am > self.cfg.mamv {
@@ -249,7 +305,7 @@ impl Vtd {
                 am: (am < 64).then_some(am),
             });
         }
-        self.flush_descs(now, dom, &descs)
+        self.flush_descs(now, cpu, dom, &descs)
     }
 }
 
@@ -277,6 +333,10 @@ impl Iommu for Vtd {
         &mut self.tr
     }
 
+    fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
+        self.locks()
+    }
+
     fn unmap_pages(
         &mut self,
         now: Time,
@@ -293,7 +353,7 @@ impl Iommu for Vtd {
     fn iotlb_sync_map(
         &mut self,
         now: Time,
-        _cpu: usize,
+        cpu: usize,
         dom: DomainId,
         iova_pfn: u64,
         n: u64,
@@ -304,30 +364,30 @@ impl Iommu for Vtd {
         if !self.cfg.caching_mode && !self.cfg.rwbf && self.kernel.vtd_sync_map_walk() {
             let tags = 1 + self.tr.has_atc() as u64;
             let hold = self.cfg.cache_tag_ns * tags;
-            return self.cache_lock(dom).acquire(now, hold).1;
+            return self.cache_lock(dom).acquire_on(now, cpu as u32, hold).1;
         }
         if self.cfg.caching_mode {
-            self.flush_range(now, dom, iova_pfn, n, false, false)
+            self.flush_range(now, cpu as u32, dom, (iova_pfn, n), false, false)
         } else {
             self.flush_write_buffer(now)
         }
     }
 
-    fn iotlb_sync(&mut self, now: Time, _cpu: usize, dom: DomainId, g: &IotlbGather) -> Time {
+    fn iotlb_sync(&mut self, now: Time, cpu: usize, dom: DomainId, g: &IotlbGather) -> Time {
         if g.is_empty() {
             return now;
         }
         // intel_iommu_tlb_sync(): IH only when no page-table pages were freed, and before 6.18 the hint never
         // reached the descriptor (qi_desc_iotlb() built it with IH = 0).
         let ih = g.freed_tables == 0 && (self.kernel.vtd_psi_ih() || self.psi_ih_patched);
-        self.flush_range(now, dom, g.start, g.pages(), ih, true)
+        self.flush_range(now, cpu as u32, dom, (g.start, g.pages()), ih, true)
     }
 
     fn honour_psi_ih(&mut self) {
         self.psi_ih_patched = true;
     }
 
-    fn flush_iotlb_all(&mut self, now: Time, _cpu: usize, dom: DomainId) -> Time {
+    fn flush_iotlb_all(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time {
         // cache_tag_flush_all(): DSI, and the whole device TLB. Before 6.10 intel_flush_iotlb_all() skipped
         // the device TLB under caching mode.
         let mut descs = vec![InvDesc::Dsi { dom }];
@@ -338,15 +398,15 @@ impl Iommu for Vtd {
                 am: None,
             });
         }
-        self.flush_descs(now, dom, &descs)
+        self.flush_descs(now, cpu as u32, dom, &descs)
     }
 
-    fn attach_dev(&mut self, now: Time, _cpu: usize, dom: DomainId) -> Time {
+    fn attach_dev(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time {
         // domain_context_mapping_one(): with caching mode the context entry change is invalidated
         // (device-selective context cache, then DSI); otherwise only the write buffer may need a flush.
         if self.cfg.caching_mode {
-            let t = self.qi_submit_sync(now, &[InvDesc::ContextCache]);
-            self.qi_submit_sync(t, &[InvDesc::Dsi { dom }])
+            let t = self.qi_submit_sync(now, cpu as u32, &[InvDesc::ContextCache]);
+            self.qi_submit_sync(t, cpu as u32, &[InvDesc::Dsi { dom }])
         } else {
             self.flush_write_buffer(now)
         }
@@ -389,7 +449,7 @@ pub(crate) mod tests {
     pub(crate) fn vtd_with(p: &IommuProfile, atc: Option<u32>) -> Vtd {
         let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, p).unwrap();
         let tr = Translator::new(p, fmt, atc.map(|n| (n, n)));
-        Vtd::new(p, tr, 1000, KernelVersion(6, 12))
+        Vtd::new(p, tr, 1000, KernelVersion(6, 12), Coherence::default(), 10)
     }
 
     pub(crate) fn vtd(p: &IommuProfile) -> Vtd {
@@ -438,6 +498,7 @@ pub(crate) mod tests {
         // IH=1 keeps the walk caches, IH=0 drops them.
         v.qi_submit_sync(
             0,
+            0,
             &[InvDesc::Psi {
                 dom: 1,
                 addr_pfn: 0x40002,
@@ -447,6 +508,7 @@ pub(crate) mod tests {
         );
         assert_eq!(v.translate(LATER, 1, 0x40002).walk_reads, 1);
         v.qi_submit_sync(
+            0,
             0,
             &[InvDesc::Psi {
                 dom: 1,
@@ -472,15 +534,16 @@ pub(crate) mod tests {
         let mut v = vtd(&cfg());
         v.map_pages(1, 0x40000, 7, 8);
         v.translate(0, 1, 0x40000);
-        let done = v.qi_submit_sync(1_000, &[psi(0x40000)]);
+        let done = v.qi_submit_sync(1_000, 0, &[psi(0x40000)]);
         let desc_ns = cfg().vtd.unwrap().inv_desc_ns;
-        let processed = done - cfg().vtd.unwrap().inv_wait_ns;
+        // The poll that sees the status takes q_lock (lock_ns 10) before it returns.
+        let processed = done - 10 - cfg().vtd.unwrap().inv_wait_ns;
         assert!(processed >= 1_000 + desc_ns);
         assert!(v.translate(processed - 1, 1, 0x40000).iotlb_hit);
         assert!(!v.translate(processed, 1, 0x40000).iotlb_hit);
         // Back to back: the device walks between the two, so each PSI costs it a full walk.
-        let first = v.qi_submit_sync(done, &[psi(0x40004)]);
-        let second = v.qi_submit_sync(first, &[psi(0x40005)]);
+        let first = v.qi_submit_sync(done, 0, &[psi(0x40004)]);
+        let second = v.qi_submit_sync(first, 0, &[psi(0x40005)]);
         assert_eq!(v.translate(first, 1, 0x40001).walk_reads, 4);
         assert_eq!(v.translate(first + 1, 1, 0x40002).walk_reads, 1);
         assert_eq!(v.translate(second, 1, 0x40003).walk_reads, 4);
@@ -502,7 +565,7 @@ pub(crate) mod tests {
                 am: 0,
                 ih: false,
             };
-            v.qi_submit_sync(0, &[psi]);
+            v.qi_submit_sync(0, 0, &[psi]);
             (
                 v.translate(LATER, 1, 0x40201).walk_reads,
                 v.translate(LATER, 1, 0x40200).iotlb_hit,
@@ -538,7 +601,8 @@ pub(crate) mod tests {
         let mut v = vtd(&cfg());
         let a = v.flush_iotlb_all(0, 0, 1);
         let b = v.flush_iotlb_all(0, 1, 2);
-        assert_eq!(a, 80 + 400 + 200);
+        // Each CPU takes q_lock once more (lock_ns 10) when its poll sees the status.
+        assert_eq!(a, 80 + 400 + 200 + 10);
         assert_eq!(
             b,
             a + 600,
@@ -570,7 +634,7 @@ pub(crate) mod tests {
                 ih: true,
             })
             .collect();
-        v.flush_descs(0, 1, &descs);
+        v.flush_descs(0, 0, 1, &descs);
         assert_eq!((v.tr.c.submissions, v.tr.c.syncs), (2, 2));
         assert_eq!(v.tr.c.get(InvKind::Psi), 20);
     }
@@ -590,7 +654,7 @@ pub(crate) mod tests {
         assert_eq!(v.tr.c.syncs, 1, "PSI + device-TLB + one wait descriptor");
         assert_eq!(
             t,
-            3 * 40 + 400 + (400 + 1000) + 200,
+            3 * 40 + 400 + (400 + 1000) + 200 + 10,
             "the wait completes after the device answers"
         );
         assert!(!v.translate(LATER, 1, 0x40).stale);
@@ -629,13 +693,20 @@ pub(crate) mod tests {
         let mut v = vtd(&cfg());
         let a = v.flush_iotlb_all(0, 0, 1);
         let b = v.flush_iotlb_all(0, 1, 1);
-        assert_eq!(b, a + 80 + 400 + 200);
+        assert_eq!(b, a + 80 + 400 + 200 + 10);
     }
 
     fn vtd_kernel(atc: Option<u32>, k: KernelVersion) -> Vtd {
         let p = cfg();
         let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, &p).unwrap();
-        Vtd::new(&p, Translator::new(&p, fmt, atc.map(|n| (n, n))), 1000, k)
+        Vtd::new(
+            &p,
+            Translator::new(&p, fmt, atc.map(|n| (n, n))),
+            1000,
+            k,
+            Coherence::default(),
+            10,
+        )
     }
 
     #[test]
@@ -673,7 +744,14 @@ pub(crate) mod tests {
             let mut p = cfg();
             p.vtd.as_mut().unwrap().caching_mode = true;
             let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, &p).unwrap();
-            let mut v = Vtd::new(&p, Translator::new(&p, fmt, Some((8, 8))), 0, k);
+            let mut v = Vtd::new(
+                &p,
+                Translator::new(&p, fmt, Some((8, 8))),
+                0,
+                k,
+                Coherence::default(),
+                10,
+            );
             v.flush_iotlb_all(0, 0, 1);
             assert_eq!(v.tr.c.get(InvKind::DevTlb), devtlb, "{k:?}");
         }
@@ -683,8 +761,8 @@ pub(crate) mod tests {
             let a = v.flush_iotlb_all(0, 0, 1);
             (a, v.flush_iotlb_all(0, 1, 1))
         };
-        assert_eq!(pair(KernelVersion(6, 12)), (680, 680 + 680));
-        assert_eq!(pair(KernelVersion(6, 1)), (680, 680 + 600));
+        assert_eq!(pair(KernelVersion(6, 12)), (690, 690 + 690));
+        assert_eq!(pair(KernelVersion(6, 1)), (690, 690 + 600));
         // iotlb_sync_map without caching mode: 6.10–6.16 walk the tags under the lock, 6.17 skips it.
         assert_eq!(
             vtd_kernel(None, KernelVersion(6, 12)).iotlb_sync_map(100, 0, 1, 5, 1),

@@ -1,6 +1,6 @@
 //! Counters, snapshots and the result of a run: what was measured between the end of warm-up and the end.
 
-pub mod hist;
+pub use crate::sim::hist;
 
 use crate::dma::attack::AttackStats;
 use crate::dma::iova::IovaStats;
@@ -8,6 +8,7 @@ use crate::dma::locality::ReuseCounts;
 use crate::dma::safety::SafetyStats;
 use crate::dma::DmaStats;
 use crate::hw::{InvKind, IommuCounters};
+use crate::sim::LockStats;
 use crate::workload::WorkloadStats;
 use serde::ser::SerializeMap;
 use serde::Serialize;
@@ -23,6 +24,10 @@ pub struct Snapshot {
     /// Busy ns of each CPU the workload uses.
     pub cpu_busy_ns: Vec<u64>,
     pub iova_lock_wait_ns: u64,
+    /// Every shared lock and line of the DMA path, by name (the same name summed over domains).
+    pub locks: Vec<(&'static str, LockStats)>,
+    /// The workload's CPUs, in `cpu_busy_ns` order.
+    pub cpus: Vec<usize>,
     pub safety: SafetyStats,
     /// Pages released and not yet covered by a completed invalidation, at `time`.
     pub exposed_open: u64,
@@ -244,6 +249,37 @@ impl DmaLocality {
     }
 }
 
+/// What one shared lock or cache line cost in the window (sim::lock): how often it was taken, how often
+/// it was found held, the spin, and the cache-line transfers its takers stalled on.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Contention {
+    pub name: String,
+    pub acquisitions: u64,
+    pub contended_share: f64,
+    pub wait_mean_ns: f64,
+    pub wait_p99_ns: u64,
+    pub transfers: u64,
+    pub transfer_ns_mean: f64,
+    /// Spin plus transfer stalls, summed over CPUs, as a share of the window (1.0 = one CPU's whole time).
+    pub cpu_share: f64,
+}
+
+impl Contention {
+    fn new(name: &str, w: &LockStats, dt: u64) -> Self {
+        let spin: u64 = w.spin_by_cpu.iter().sum();
+        Contention {
+            name: name.to_string(),
+            acquisitions: w.acquisitions,
+            contended_share: r6(ratio(w.contended, w.acquisitions)),
+            wait_mean_ns: r6(ratio(w.wait_ns, w.acquisitions)),
+            wait_p99_ns: w.waits.quantile(0.99),
+            transfers: w.transfers,
+            transfer_ns_mean: r6(ratio(w.transfer_ns, w.transfers)),
+            cpu_share: r6(ratio(spin, dt)),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct FlushQueueFlushes {
     pub full: u64,
@@ -297,6 +333,13 @@ pub struct RunResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rx_cache_reuse_slack: Option<ReuseSlack>,
     pub iova_rcache_hit_rate: f64,
+    /// Every shared lock and cache line of the DMA path, in a fixed order.
+    pub contention: Vec<Contention>,
+    /// Per CPU of the workload: the share of the window it spent spinning on locks or stalled on line
+    /// transfers (waits for invalidation completion are in cpu_inv_wait_share).
+    pub cpu_spin_share: Vec<f64>,
+    /// SMMUv3 shared command queue: cmpxchg attempts on llq per successful slot reservation.
+    pub cmdq_cas_attempts_per_success: f64,
     pub iova_locality: IovaLocality,
     pub dma_locality: DmaLocality,
     pub safety: Safety,
@@ -434,6 +477,36 @@ impl RunResult {
             rx_page_cache: b.wl.rx_cache.since(&a.wl.rx_cache),
             rx_cache_reuse_slack: ReuseSlack::new(&b.wl.rx_cache_slack.since(&a.wl.rx_cache_slack)),
             iova_rcache_hit_rate: r6(ratio(rc_hits, rc_total)),
+            contention: b
+                .locks
+                .iter()
+                .map(|(name, lb)| {
+                    let la = a
+                        .locks
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map(|(_, l)| l.clone())
+                        .unwrap_or_default();
+                    Contention::new(name, &lb.since(&la), dt)
+                })
+                .collect(),
+            cpu_spin_share: b
+                .cpus
+                .iter()
+                .map(|&c| {
+                    let at = |s: &Snapshot| -> u64 {
+                        s.locks
+                            .iter()
+                            .map(|(_, l)| l.spin_by_cpu.get(c).copied().unwrap_or(0))
+                            .sum()
+                    };
+                    r6(ratio(at(b) - at(a), dt))
+                })
+                .collect(),
+            cmdq_cas_attempts_per_success: r6(ratio(
+                io(|c| c.cas_attempts),
+                io(|c| c.cas_successes),
+            )),
             iova_locality: IovaLocality::new(
                 &b.iova_reuse.since(&a.iova_reuse),
                 info.walk_cache_entries,

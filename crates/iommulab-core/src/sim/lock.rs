@@ -1,3 +1,5 @@
+use super::coherence::{Coherence, NO_CPU};
+use super::hist::Histogram;
 use super::Time;
 use std::collections::BTreeMap;
 
@@ -6,71 +8,181 @@ use std::collections::BTreeMap;
 /// forgotten. A modelling bound, not a kernel constant.
 pub const LOOKBEHIND_NS: Time = 2_000_000;
 
-/// A resource used by one holder at a time (a spinlock, a hardware queue), booked as a calendar of busy
-/// intervals. CPUs run their work ahead of the event clock, so requests do not arrive in time order: a request
-/// at time t takes the first free gap at or after t that is long enough, as it would have in real time.
-/// Holders are served in time order, as a ticket/queued spinlock serves them in arrival order.
-#[derive(Debug, Clone, Default)]
-pub struct SpinLock {
-    busy: BTreeMap<Time, Time>,
-    latest: Time,
+/// What a lock or a shared line cost its users: acquisitions, how many found it busy and how long they
+/// spun, the cache-line transfers they stalled on. Cumulative: a window is the difference of two snapshots.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LockStats {
     pub acquisitions: u64,
     pub contended: u64,
+    /// Time spent spinning while another holder had it.
     pub wait_ns: u64,
+    /// Acquisitions that had to pull the line from another core, and the stall that cost.
+    pub transfers: u64,
+    pub transfer_ns: u64,
+    /// Every acquisition's spin (zero when it found the lock free).
+    pub waits: Histogram,
+    /// Spin plus transfer stall, per CPU.
+    pub spin_by_cpu: Vec<u64>,
+}
+
+impl LockStats {
+    pub fn since(&self, e: &LockStats) -> LockStats {
+        LockStats {
+            acquisitions: self.acquisitions - e.acquisitions,
+            contended: self.contended - e.contended,
+            wait_ns: self.wait_ns - e.wait_ns,
+            transfers: self.transfers - e.transfers,
+            transfer_ns: self.transfer_ns - e.transfer_ns,
+            waits: self.waits.since(&e.waits),
+            spin_by_cpu: self
+                .spin_by_cpu
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| v - e.spin_by_cpu.get(i).copied().unwrap_or(0))
+                .collect(),
+        }
+    }
+    /// Add another lock's figures (the same lock of several domains).
+    pub fn add(&mut self, o: &LockStats) {
+        self.acquisitions += o.acquisitions;
+        self.contended += o.contended;
+        self.wait_ns += o.wait_ns;
+        self.transfers += o.transfers;
+        self.transfer_ns += o.transfer_ns;
+        self.waits.add(&o.waits);
+        if self.spin_by_cpu.len() < o.spin_by_cpu.len() {
+            self.spin_by_cpu.resize(o.spin_by_cpu.len(), 0);
+        }
+        for (a, b) in self.spin_by_cpu.iter_mut().zip(&o.spin_by_cpu) {
+            *a += b;
+        }
+    }
+    fn record(&mut self, cpu: u32, wait: u64, xfer: u64) {
+        self.acquisitions += 1;
+        self.waits.record(wait);
+        if wait > 0 {
+            self.contended += 1;
+            self.wait_ns += wait;
+        }
+        if xfer > 0 {
+            self.transfers += 1;
+            self.transfer_ns += xfer;
+        }
+        if cpu != NO_CPU && wait + xfer > 0 {
+            let c = cpu as usize;
+            if self.spin_by_cpu.len() <= c {
+                self.spin_by_cpu.resize(c + 1, 0);
+            }
+            self.spin_by_cpu[c] += wait + xfer;
+        }
+    }
+}
+
+/// A resource used by one holder at a time (a spinlock, a hardware queue, a cache line taken by an atomic),
+/// booked as a calendar of busy intervals. CPUs run their work ahead of the event clock, so requests do not
+/// arrive in time order: a request at time t takes the first free gap at or after t that is long enough,
+/// as it would have in real time. Holders are served in time order, as a ticket/queued spinlock serves
+/// them in arrival order (qspinlock's MCS queue). A holder on another core than the previous one first
+/// pulls the lock's cache line over (`Coherence`): the transfer is part of the booking, so under
+/// contention every hand-off between cores lengthens the lock's busy time, as it does on real hosts.
+/// Simplification: a request slotted into a gap before a later booking does not re-price that booking's
+/// transfer.
+#[derive(Debug, Clone, Default)]
+pub struct SpinLock {
+    /// start → (end, the CPU that held it last in the interval).
+    busy: BTreeMap<Time, (Time, u32)>,
+    latest: Time,
+    /// The last holder of everything forgotten or booked at the end.
+    owner: u32,
+    coh: Coherence,
+    pub stats: LockStats,
 }
 
 impl SpinLock {
-    /// Acquire at `at`, hold for `hold` ns. Returns (acquired_at, released_at).
+    /// A lock whose line moves between cores at `coh`'s costs.
+    pub fn new(coh: Coherence) -> Self {
+        SpinLock {
+            owner: NO_CPU,
+            coh,
+            ..Default::default()
+        }
+    }
+
+    /// Acquire at `at`, hold for `hold` ns, by no CPU in particular (no transfer). Returns (acquired_at,
+    /// released_at).
     pub fn acquire(&mut self, at: Time, hold: u64) -> (Time, Time) {
-        self.acquisitions += 1;
+        self.acquire_on(at, NO_CPU, hold)
+    }
+
+    /// `cpu` acquires at `at` and holds for `hold` ns, after pulling the line from the previous holder's
+    /// core. Returns (acquired_at, released_at); the CPU spins from `at` to acquired_at.
+    pub fn acquire_on(&mut self, at: Time, cpu: u32, hold: u64) -> (Time, Time) {
         self.latest = self.latest.max(at);
         let floor = self.latest.saturating_sub(LOOKBEHIND_NS);
-        while let Some((&s, &e)) = self.busy.first_key_value() {
+        while let Some((_, &(e, c))) = self.busy.first_key_value() {
             if e > floor {
                 break;
             }
-            let _ = s;
+            self.owner = c;
             self.busy.pop_first();
         }
         // Fast path: at or after everything booked (requests mostly come in time order).
-        match self.busy.last_key_value().map(|(&s, &e)| (s, e)) {
-            None => {
-                if hold > 0 {
-                    self.busy.insert(at, at + hold);
+        let last = self.busy.last_key_value().map(|(&s, &(e, c))| (s, e, c));
+        let prev = last.map_or(self.owner, |l| l.2);
+        if last.is_none_or(|(_, le, _)| at >= le) {
+            let xfer = self.coh.transfer_ns(prev, cpu);
+            let len = xfer + hold;
+            if len == 0 && prev == NO_CPU && cpu != NO_CPU {
+                // The first toucher takes the line over at no cost; later ones pay for it.
+                match last {
+                    Some((ls, le, _)) => {
+                        self.busy.insert(ls, (le, cpu));
+                    }
+                    None => self.owner = cpu,
                 }
-                return (at, at + hold);
             }
-            Some((ls, le)) if at >= le => {
-                if hold > 0 {
-                    if at == le {
-                        *self.busy.get_mut(&ls).expect("last exists") = at + hold;
-                    } else {
-                        self.busy.insert(at, at + hold);
+            if len > 0 {
+                match last {
+                    Some((ls, le, _)) if le == at => {
+                        self.busy.insert(ls, (at + len, cpu));
+                    }
+                    _ => {
+                        self.busy.insert(at, (at + len, cpu));
                     }
                 }
-                return (at, at + hold);
             }
-            _ => {}
+            self.stats.record(cpu, 0, xfer);
+            return (at + xfer, at + len);
         }
-        // First gap at or after `at` of length `hold`.
-        let mut start = at;
-        if let Some((_, &e)) = self.busy.range(..=at).next_back() {
-            start = start.max(e);
+        // First gap at or after `at` long enough for the transfer from the gap's previous holder and the hold.
+        let (mut start, mut prev) = (at, self.owner);
+        if let Some((_, &(e, c))) = self.busy.range(..=at).next_back() {
+            if e > at {
+                start = e;
+            }
+            prev = c;
         }
-        for (&s, &e) in self.busy.range(at + 1..) {
-            if s >= start + hold.max(1) {
+        let mut xfer = self.coh.transfer_ns(prev, cpu);
+        for (&s, &(e, c)) in self.busy.range(at + 1..) {
+            if s >= start + (xfer + hold).max(1) {
                 break;
             }
             start = start.max(e);
+            prev = c;
+            xfer = self.coh.transfer_ns(prev, cpu);
         }
-        if start > at {
-            self.contended += 1;
-            self.wait_ns += start - at;
+        let wait = start - at;
+        self.stats.record(cpu, wait, xfer);
+        if xfer + hold > 0 {
+            self.book(start, start + xfer + hold, cpu);
         }
-        if hold > 0 {
-            self.book(start, start + hold);
-        }
-        (start, start + hold)
+        (start + xfer, start + xfer + hold)
+    }
+
+    /// An atomic read-modify-write of the line by `cpu` at `at` (cmpxchg, atomic_inc, a bitmap update):
+    /// it waits for the line and pulls it over. Returns when it has been done.
+    pub fn rmw_on(&mut self, at: Time, cpu: u32) -> Time {
+        self.acquire_on(at, cpu, 0).1
     }
 
     /// Keep the resource busy over [s, e) as well (a holder that learns its release time only after
@@ -79,35 +191,44 @@ impl SpinLock {
         if e <= s {
             return;
         }
-        let overlapping: Vec<(Time, Time)> = self
+        let overlapping: Vec<(Time, Time, u32)> = self
             .busy
             .range(..=e)
             .rev()
-            .take_while(|&(_, &be)| be >= s)
-            .map(|(&bs, &be)| (bs, be))
+            .take_while(|&(_, &(be, _))| be >= s)
+            .map(|(&bs, &(be, c))| (bs, be, c))
             .collect();
-        for (bs, be) in overlapping {
+        // The holder who extends is the one whose booking ends last among those merged.
+        let mut owner = NO_CPU;
+        let mut owner_end = 0;
+        for (bs, be, c) in overlapping {
             self.busy.remove(&bs);
+            if be >= owner_end {
+                owner_end = be;
+                owner = c;
+            }
             s = s.min(bs);
             e = e.max(be);
         }
-        self.busy.insert(s, e);
+        self.busy.insert(s, (e, owner));
         self.latest = self.latest.max(s);
     }
 
-    /// Insert [s, e), merging with neighbours that touch it.
-    fn book(&mut self, mut s: Time, mut e: Time) {
-        if let Some((&ps, &pe)) = self.busy.range(..=s).next_back() {
+    /// Insert [s, e) held last by `cpu`, merging with neighbours that touch it.
+    fn book(&mut self, mut s: Time, mut e: Time, cpu: u32) {
+        let mut c = cpu;
+        if let Some((&ps, &(pe, _))) = self.busy.range(..=s).next_back() {
             if pe == s {
                 s = ps;
                 self.busy.remove(&ps);
             }
         }
-        if let Some(&ne) = self.busy.get(&e) {
+        if let Some(&(ne, nc)) = self.busy.get(&e) {
             self.busy.remove(&e);
             e = ne;
+            c = nc;
         }
-        self.busy.insert(s, e);
+        self.busy.insert(s, (e, c));
     }
 }
 
@@ -119,8 +240,8 @@ mod tests {
         let mut l = SpinLock::default();
         assert_eq!(l.acquire(100, 50), (100, 150));
         assert_eq!(l.acquire(120, 10), (150, 160));
-        assert_eq!(l.contended, 1);
-        assert_eq!(l.wait_ns, 30);
+        assert_eq!(l.stats.contended, 1);
+        assert_eq!(l.stats.wait_ns, 30);
         assert_eq!(l.acquire(500, 10), (500, 510));
     }
     #[test]
@@ -131,7 +252,7 @@ mod tests {
         assert_eq!(l.acquire(200, 100), (200, 300));
         // Asking at 950 for 100 ns overlaps [1000,1100): it goes after.
         assert_eq!(l.acquire(950, 100), (1100, 1200));
-        assert_eq!(l.contended, 1);
+        assert_eq!(l.stats.contended, 1);
     }
     #[test]
     fn extend_merges_overlapping_bookings() {
@@ -150,6 +271,77 @@ mod tests {
             l.acquire(0, 10);
         }
         assert_eq!(l.busy.len(), 1);
-        assert_eq!(l.busy.last_key_value(), Some((&0, &10_000)));
+        assert_eq!(l.busy.last_key_value(), Some((&0, &(10_000, NO_CPU))));
+    }
+
+    fn xeon() -> Coherence {
+        Coherence {
+            cluster_cores: 8,
+            socket_cores: 8,
+            cluster_ns: 50,
+            socket_ns: 50,
+            remote_ns: 140,
+        }
+    }
+
+    /// `n` CPUs take the lock in turn as fast as they can for `rounds` rounds: the lock's busy time per
+    /// acquisition (hold plus transfers).
+    fn hammer(coh: Coherence, cpus: &[u32], rounds: u64) -> (f64, LockStats) {
+        let mut l = SpinLock::new(coh);
+        let mut free_at = vec![0u64; cpus.len()];
+        let mut last = 0;
+        for _ in 0..rounds {
+            for (i, &c) in cpus.iter().enumerate() {
+                let (_, rel) = l.acquire_on(free_at[i], c, 20);
+                free_at[i] = rel;
+                last = last.max(rel);
+            }
+        }
+        (last as f64 / (rounds * cpus.len() as u64) as f64, l.stats)
+    }
+
+    #[test]
+    fn an_uncontended_acquire_on_the_same_core_costs_only_the_hold() {
+        let mut l = SpinLock::new(xeon());
+        assert_eq!(l.acquire_on(100, 3, 20), (100, 120));
+        assert_eq!(l.acquire_on(500, 3, 20), (500, 520));
+        assert_eq!((l.stats.transfers, l.stats.contended), (0, 0));
+        // Another core of the socket pulls the line over first.
+        assert_eq!(l.acquire_on(1000, 4, 20), (1050, 1070));
+        assert_eq!((l.stats.transfers, l.stats.transfer_ns), (1, 50));
+    }
+
+    #[test]
+    fn cores_hammering_a_lock_pay_transfers_that_grow_with_cores_and_sockets() {
+        let (one, s1) = hammer(xeon(), &[0], 100);
+        let (two, s2) = hammer(xeon(), &[0, 1], 100);
+        let (_, s4) = hammer(xeon(), &[0, 1, 2, 3], 100);
+        let (cross, sx) = hammer(xeon(), &[0, 8], 100);
+        assert_eq!(s1.transfers, 0);
+        assert!((one - 20.0).abs() < 1e-9, "{one}");
+        // Every hand-off moves the line: hold + transfer per acquisition.
+        assert!(s2.transfers >= 199 && (two - 70.0).abs() < 1.0, "{two}");
+        assert!(s4.transfers > s2.transfers);
+        assert!(s4.wait_ns > s2.wait_ns, "more waiters spin longer");
+        assert!(
+            cross > two + 80.0,
+            "across sockets each hand-off costs more: {cross}"
+        );
+        assert!(sx.transfer_ns > s2.transfer_ns);
+        // Waiters' spinning is charged to their CPUs.
+        assert!(s4.spin_by_cpu.iter().take(4).all(|&v| v > 0));
+    }
+
+    #[test]
+    fn a_rmw_waits_for_the_line_and_books_the_transfer() {
+        let mut l = SpinLock::new(xeon());
+        assert_eq!(l.rmw_on(0, 0), 0);
+        assert_eq!(l.rmw_on(10, 1), 60);
+        assert_eq!(
+            l.rmw_on(20, 2),
+            110,
+            "the second remote RMW waits for the first transfer"
+        );
+        assert_eq!(l.stats.contended, 1);
     }
 }

@@ -4,17 +4,20 @@
 //! Everything here is deterministic: ties in time are broken by insertion order, and the RNG is
 //! xoshiro256** seeded through splitmix64, so the same scenario and seed give bit-identical results anywhere.
 
+mod coherence;
 mod cpu;
 mod dma_engine;
 mod events;
+pub mod hist;
 mod lock;
 mod rng;
 mod sched;
 
+pub use coherence::{Coherence, NO_CPU};
 pub use cpu::Cpu;
 pub use dma_engine::{DmaEngine, Path};
 pub use events::EventQueue;
-pub use lock::SpinLock;
+pub use lock::{LockStats, SpinLock, LOOKBEHIND_NS};
 pub use rng::Rng;
 pub use sched::{Cfs, Ctx, RunQueue};
 

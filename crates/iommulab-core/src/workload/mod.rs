@@ -43,8 +43,20 @@ impl Device {
     /// The device writes or reads `bytes` of data at DMA page `dma` on `path` no earlier than `t`: its
     /// completion time.
     pub fn access(&mut self, host: &mut Host, path: Path, t: Time, dma: u64, bytes: u64) -> Time {
-        host.dma.data_access(dma);
-        let (lat, fault) = host.dma_page(t, dma);
+        self.access_in(host, 0, path, t, dma, bytes)
+    }
+
+    /// [`Device::access`] for a device in DMA domain `dom` of the host.
+    pub fn access_in(
+        &mut self,
+        host: &mut Host,
+        dom: usize,
+        path: Path,
+        t: Time,
+        dma: u64,
+        bytes: u64,
+    ) -> Time {
+        let (lat, fault) = host.dma_access_in(dom, t, dma);
         self.faults += fault as u64;
         self.engine.issue_on(path, t, lat, bytes)
     }

@@ -392,7 +392,13 @@ mod tests {
             pt.throughput_gbps
         );
         assert!(strict.throughput_gbps < lazy.throughput_gbps);
-        assert!(lazy.throughput_gbps <= pt.throughput_gbps);
+        // Both at the line rate: a 4 ms window's edges move either by a frame or two.
+        assert!(
+            lazy.throughput_gbps <= pt.throughput_gbps * 1.005,
+            "{} {}",
+            lazy.throughput_gbps,
+            pt.throughput_gbps
+        );
         assert!(strict.cpu_inv_wait_share > lazy.cpu_inv_wait_share);
     }
 

@@ -2,7 +2,8 @@
 //! in flight on its own queue pair of one drive (closed loop: a completion is reaped and the next I/O
 //! submitted on the same CPU). Every I/O maps its buffer with one dma_map_sg() at submission (one IOVA
 //! range, one iotlb_sync_map) and unmaps it at completion (nvme_unmap_data), so the domain's policy acts
-//! once per I/O. All drives share one DMA domain. A drive moves data through its own DMA engine at its
+//! once per I/O. Drives behind one bridge share one DMA domain; drives on root ports of their own have
+//! one each (`same_bridge`). A drive moves data through its own DMA engine at its
 //! bandwidth, each page translated by the IOMMU; its media latency overlaps across I/Os in flight.
 //!
 //! Simplification: each I/O buffer is physically contiguous (fio allocates them once, at start, and reuses
@@ -54,6 +55,15 @@ impl NvmeWorkload {
         }
     }
 
+    /// The DMA domain of slot `s`'s drive.
+    fn dom(&self, s: usize) -> usize {
+        if self.cfg.same_bridge {
+            0
+        } else {
+            self.slots[s].drive
+        }
+    }
+
     fn reads(&self) -> bool {
         matches!(self.cfg.rw, NvmeRw::Read | NvmeRw::Randread)
     }
@@ -63,7 +73,7 @@ impl NvmeWorkload {
     fn submit(&mut self, host: &mut Host, s: usize, t: Time) -> Time {
         let (cpu, phys) = (self.slots[s].cpu, self.slots[s].phys);
         let t = t + self.cfg.submit_ns;
-        let Some((dma, t)) = host.dma_map(t, cpu, phys, self.pages) else {
+        let Some((dma, t)) = host.dma_map_in(self.dom(s), t, cpu, phys, self.pages) else {
             // IOVA space exhausted: fio retries after the I/Os in flight complete.
             host.schedule(t + self.latency_ns.max(1), event(EV_SUBMIT, s));
             return t;
@@ -79,11 +89,12 @@ impl NvmeWorkload {
     /// The drive moves the I/O's pages through its DMA engine, each translated by the IOMMU.
     fn data(&mut self, host: &mut Host, now: Time, s: usize) {
         let dma = self.slots[s].dma.expect("data phase of a submitted I/O");
+        let dom = self.dom(s);
         let drive = &mut self.drives[self.slots[s].drive];
         let mut done = now;
         for i in 0..self.pages {
             // The drive's writes (reads) and its reads of host memory (writes) share one ordered engine.
-            done = drive.access(host, Path::Receive, now, dma + i, PAGE);
+            done = drive.access_in(host, dom, Path::Receive, now, dma + i, PAGE);
         }
         self.stats.dma_pages += self.pages;
         self.stats.bytes_received += self.pages * PAGE;
@@ -106,9 +117,10 @@ impl NvmeWorkload {
             .take()
             .expect("completion of a submitted I/O");
         let t = now + self.cfg.complete_ns;
-        let t = host.dma_unmap(t, cpu, dma, self.pages);
+        let dom = self.dom(s);
+        let t = host.dma_unmap_in(dom, t, cpu, dma, self.pages);
         // A batch of one I/O for a policy that batches invalidations per completion batch (xSMMU).
-        let t = host.dma_batch_end(t, cpu);
+        let t = host.dma_batch_end_in(dom, t, cpu);
         self.stats.packets_delivered += 1;
         self.stats.bytes_delivered += self.pages * PAGE;
         let t = self.submit(host, s, t);

@@ -72,6 +72,16 @@ impl Histogram {
         }
     }
 
+    /// Add another histogram's samples.
+    pub fn add(&mut self, o: &Histogram) {
+        if self.counts.len() < o.counts.len() {
+            self.counts.resize(o.counts.len(), 0);
+        }
+        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
+            *a += b;
+        }
+    }
+
     /// The value at quantile `q` (0..=1): the middle of the bucket holding that rank.
     pub fn quantile(&self, q: f64) -> u64 {
         let n = self.count();
