@@ -1,7 +1,7 @@
 use super::coherence::{Coherence, NO_CPU};
 use super::hist::Histogram;
 use super::Time;
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
 
 /// How far behind the latest request an earlier-timed request may still arrive. A CPU's work runs ahead of the
 /// event being processed by at most one work item (a NAPI poll, a read); booked intervals older than this are
@@ -89,13 +89,21 @@ impl LockStats {
 /// transfer.
 #[derive(Debug, Clone, Default)]
 pub struct SpinLock {
-    /// start → (end, the CPU that held it last in the interval).
-    busy: BTreeMap<Time, (Time, u32)>,
+    /// Busy intervals in time order, none overlapping or touching.
+    busy: VecDeque<Booking>,
     latest: Time,
-    /// The last holder of everything forgotten or booked at the end.
+    /// The last holder of everything forgotten.
     owner: u32,
     coh: Coherence,
     pub stats: LockStats,
+}
+
+/// [start, end), held last by `cpu`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Booking {
+    s: Time,
+    e: Time,
+    cpu: u32,
 }
 
 impl SpinLock {
@@ -119,62 +127,69 @@ impl SpinLock {
     pub fn acquire_on(&mut self, at: Time, cpu: u32, hold: u64) -> (Time, Time) {
         self.latest = self.latest.max(at);
         let floor = self.latest.saturating_sub(LOOKBEHIND_NS);
-        while let Some((_, &(e, c))) = self.busy.first_key_value() {
-            if e > floor {
+        while let Some(&f) = self.busy.front() {
+            if f.e > floor {
                 break;
             }
-            self.owner = c;
-            self.busy.pop_first();
+            self.owner = f.cpu;
+            self.busy.pop_front();
         }
         // Fast path: at or after everything booked (requests mostly come in time order).
-        let last = self.busy.last_key_value().map(|(&s, &(e, c))| (s, e, c));
-        let prev = last.map_or(self.owner, |l| l.2);
-        if last.is_none_or(|(_, le, _)| at >= le) {
-            let xfer = self.coh.transfer_ns(prev, cpu);
-            let len = xfer + hold;
-            if len == 0 && prev == NO_CPU && cpu != NO_CPU {
-                // The first toucher takes the line over at no cost; later ones pay for it.
-                match last {
-                    Some((ls, le, _)) => {
-                        self.busy.insert(ls, (le, cpu));
-                    }
-                    None => self.owner = cpu,
-                }
-            }
-            if len > 0 {
-                match last {
-                    Some((ls, le, _)) if le == at => {
-                        self.busy.insert(ls, (at + len, cpu));
-                    }
-                    _ => {
-                        self.busy.insert(at, (at + len, cpu));
+        match self.busy.back().copied() {
+            Some(last) if at < last.e => {}
+            last => {
+                let prev = last.map_or(self.owner, |l| l.cpu);
+                let xfer = self.coh.transfer_ns(prev, cpu);
+                let len = xfer + hold;
+                if len == 0 && prev == NO_CPU && cpu != NO_CPU {
+                    // The first toucher takes the line over at no cost; later ones pay for it.
+                    match self.busy.back_mut() {
+                        Some(l) => l.cpu = cpu,
+                        None => self.owner = cpu,
                     }
                 }
+                if len > 0 {
+                    match self.busy.back_mut() {
+                        Some(l) if l.e == at => {
+                            l.e = at + len;
+                            l.cpu = cpu;
+                        }
+                        _ => self.busy.push_back(Booking {
+                            s: at,
+                            e: at + len,
+                            cpu,
+                        }),
+                    }
+                }
+                self.stats.record(cpu, 0, xfer);
+                return (at + xfer, at + len);
             }
-            self.stats.record(cpu, 0, xfer);
-            return (at + xfer, at + len);
         }
         // First gap at or after `at` long enough for the transfer from the gap's previous holder and the hold.
+        let mut i = self.busy.partition_point(|b| b.s <= at);
         let (mut start, mut prev) = (at, self.owner);
-        if let Some((_, &(e, c))) = self.busy.range(..=at).next_back() {
-            if e > at {
-                start = e;
+        if i > 0 {
+            let b = self.busy[i - 1];
+            if b.e > at {
+                start = b.e;
             }
-            prev = c;
+            prev = b.cpu;
         }
         let mut xfer = self.coh.transfer_ns(prev, cpu);
-        for (&s, &(e, c)) in self.busy.range(at + 1..) {
-            if s >= start + (xfer + hold).max(1) {
+        while i < self.busy.len() {
+            let b = self.busy[i];
+            if b.s >= start + (xfer + hold).max(1) {
                 break;
             }
-            start = start.max(e);
-            prev = c;
+            start = start.max(b.e);
+            prev = b.cpu;
             xfer = self.coh.transfer_ns(prev, cpu);
+            i += 1;
         }
         let wait = start - at;
         self.stats.record(cpu, wait, xfer);
         if xfer + hold > 0 {
-            self.book(start, start + xfer + hold, cpu);
+            self.book(i, start, start + xfer + hold, cpu);
         }
         (start + xfer, start + xfer + hold)
     }
@@ -187,48 +202,48 @@ impl SpinLock {
 
     /// Keep the resource busy over [s, e) as well (a holder that learns its release time only after
     /// acquiring, e.g. a lock held across a wait), merging with every booking it touches or overlaps.
-    pub fn extend(&mut self, mut s: Time, mut e: Time) {
+    pub fn extend(&mut self, s: Time, e: Time) {
         if e <= s {
             return;
         }
-        let overlapping: Vec<(Time, Time, u32)> = self
-            .busy
-            .range(..=e)
-            .rev()
-            .take_while(|&(_, &(be, _))| be >= s)
-            .map(|(&bs, &(be, c))| (bs, be, c))
-            .collect();
-        // The holder who extends is the one whose booking ends last among those merged.
-        let mut owner = NO_CPU;
+        // Bookings touching or overlapping [s, e]: those ending at or after s and starting at or before e.
+        let lo = self.busy.partition_point(|b| b.e < s);
+        let hi = self.busy.partition_point(|b| b.s <= e);
+        let mut m = Booking { s, e, cpu: NO_CPU };
         let mut owner_end = 0;
-        for (bs, be, c) in overlapping {
-            self.busy.remove(&bs);
-            if be >= owner_end {
-                owner_end = be;
-                owner = c;
+        for b in self.busy.drain(lo..hi.max(lo)) {
+            // The holder who extends is the one whose booking ends last among those merged.
+            if b.e >= owner_end {
+                owner_end = b.e;
+                m.cpu = b.cpu;
             }
-            s = s.min(bs);
-            e = e.max(be);
+            m.s = m.s.min(b.s);
+            m.e = m.e.max(b.e);
         }
-        self.busy.insert(s, (e, owner));
+        self.busy.insert(lo, m);
         self.latest = self.latest.max(s);
     }
 
-    /// Insert [s, e) held last by `cpu`, merging with neighbours that touch it.
-    fn book(&mut self, mut s: Time, mut e: Time, cpu: u32) {
-        let mut c = cpu;
-        if let Some((&ps, &(pe, _))) = self.busy.range(..=s).next_back() {
-            if pe == s {
-                s = ps;
-                self.busy.remove(&ps);
+    /// Insert [s, e) held last by `cpu` before booking `i` (which starts at or after e), merging with
+    /// neighbours that touch it.
+    fn book(&mut self, i: usize, s: Time, e: Time, cpu: u32) {
+        let joins_prev = i > 0 && self.busy[i - 1].e == s;
+        let joins_next = i < self.busy.len() && self.busy[i].s == e;
+        match (joins_prev, joins_next) {
+            (true, true) => {
+                let next = self.busy.remove(i).expect("exists");
+                let p = &mut self.busy[i - 1];
+                p.e = next.e;
+                p.cpu = next.cpu;
             }
+            (true, false) => {
+                let p = &mut self.busy[i - 1];
+                p.e = e;
+                p.cpu = cpu;
+            }
+            (false, true) => self.busy[i].s = s,
+            (false, false) => self.busy.insert(i, Booking { s, e, cpu }),
         }
-        if let Some(&(ne, nc)) = self.busy.get(&e) {
-            self.busy.remove(&e);
-            e = ne;
-            c = nc;
-        }
-        self.busy.insert(s, (e, c));
     }
 }
 
@@ -271,7 +286,14 @@ mod tests {
             l.acquire(0, 10);
         }
         assert_eq!(l.busy.len(), 1);
-        assert_eq!(l.busy.last_key_value(), Some((&0, &(10_000, NO_CPU))));
+        assert_eq!(
+            l.busy.back(),
+            Some(&Booking {
+                s: 0,
+                e: 10_000,
+                cpu: NO_CPU
+            })
+        );
     }
 
     fn xeon() -> Coherence {
