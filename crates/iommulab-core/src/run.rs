@@ -214,7 +214,12 @@ impl Simulation {
             s.safety.add(&c.safety.stats);
             s.exposed_open += c.safety.exposed_open(at);
             s.iova_lock_wait_ns += c.iovad.rbtree_lock.stats.wait_ns;
-            for (name, st) in c.iovad.lock_stats() {
+            for (name, st) in c
+                .iovad
+                .lock_stats()
+                .into_iter()
+                .chain(l.policy.lock_stats())
+            {
                 match iova_locks.iter_mut().find(|(n, _)| *n == name) {
                     Some((_, acc)) => acc.add(&st),
                     None => iova_locks.push((name, st)),

@@ -15,6 +15,7 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
     ("c2", include_str!("../data/scenarios/c2.toml")),
     ("c3", include_str!("../data/scenarios/c3.toml")),
     ("nvme", include_str!("../data/scenarios/nvme.toml")),
+    ("seed004", include_str!("../data/scenarios/seed004.toml")),
     ("tx", include_str!("../data/scenarios/tx.toml")),
     ("rr", include_str!("../data/scenarios/rr.toml")),
 ];

@@ -6,7 +6,7 @@
 use super::per_cpu::PerCpu;
 use super::{DmaCore, DmaPolicy};
 use crate::scenario::PolicyName;
-use crate::sim::{Time, NS_PER_MS};
+use crate::sim::{LockStats, SpinLock, Time, NS_PER_MS};
 use std::collections::VecDeque;
 
 /// dma-iommu.c IOVA_DEFAULT_FQ_SIZE: ring entries per CPU (one slot stays empty: 255 usable).
@@ -59,6 +59,11 @@ pub struct FlushQueue {
     opts: FqOptions,
     /// One ring per CPU, or the single queue at index 0.
     rings: PerCpu<VecDeque<FqEntry>>,
+    /// Each ring's fq->lock (its cache line moves when the timer, on another CPU, drains the ring).
+    locks: Vec<SpinLock>,
+    /// The cookie's line holding fq_flush_start_cnt, fq_flush_finish_cnt and the timer (dma-iommu.c struct
+    /// iommu_dma_cookie): every queue_iova reads the counters, every flush writes them.
+    cookie: SpinLock,
     flush_start_cnt: u64,
     flush_finish_cnt: u64,
     timer_on: bool,
@@ -78,6 +83,8 @@ impl FlushQueue {
         FlushQueue {
             opts,
             rings: PerCpu::new(rings),
+            locks: Vec::new(),
+            cookie: SpinLock::default(),
             flush_start_cnt: 0,
             flush_finish_cnt: 0,
             timer_on: false,
@@ -93,12 +100,25 @@ impl FlushQueue {
         self
     }
 
-    /// fq_flush_iotlb(): start count, flush_iotlb_all, finish count.
+    /// fq_flush_iotlb(): start count, flush_iotlb_all, finish count (atomic64_inc on the cookie's line each).
     fn flush(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
         self.flush_start_cnt += 1;
-        let t = core.flush_iotlb_all(now, cpu);
+        let t = self.cookie.rmw_on(now, cpu as u32);
+        let t = core.flush_iotlb_all(t, cpu);
         self.flush_finish_cnt += 1;
-        t
+        self.cookie.rmw_on(t, cpu as u32)
+    }
+
+    /// Ring `ring`'s fq->lock, its line moving between cores at the platform's costs.
+    fn lock(&mut self, core: &DmaCore, ring: usize) -> &mut SpinLock {
+        let coh = core.costs.coherence();
+        if self.locks.is_empty() {
+            self.cookie = SpinLock::new(coh);
+        }
+        if self.locks.len() <= ring {
+            self.locks.resize_with(ring + 1, || SpinLock::new(coh));
+        }
+        &mut self.locks[ring]
     }
 
     /// fq_ring_free_locked(): free entries queued before the last completed flush began. IOVAs go to the
@@ -157,16 +177,19 @@ impl DmaPolicy for FlushQueue {
     ) -> Time {
         // The gather is queued: io-pgtable and intel skip range gathering and no sync is issued here.
         let (_g, t, _) = core.unmap_ptes(now, cpu, iova_pfn, pages);
-        // queue_iova(): this CPU's ring (or the single queue) under its lock. fq_full(): one slot stays
-        // empty.
+        // queue_iova(): this CPU's ring (or the single queue) under its lock, held across a full ring's
+        // flush; fq_ring_free_locked() reads fq_flush_finish_cnt. fq_full(): one slot stays empty.
         let ring = self.ring_of(cpu);
-        let mut t = t + core.costs.lock_ns;
+        let lock_ns = core.costs.lock_ns;
+        let (start, mut t) = self.lock(core, ring).lock_on(t, cpu as u32, lock_ns);
+        t = self.cookie.read_on(t, cpu as u32);
         t = self.ring_free(core, t, ring, cpu);
         if self.rings.get_mut(ring).len() >= self.opts.size - 1 {
             core.stats.fq_flush_full += 1;
             t = self.flush(core, t, cpu);
             t = self.ring_free(core, t, ring, cpu);
         }
+        self.locks[ring].extend(start, t);
         self.rings.get_mut(ring).push_back(FqEntry {
             iova_pfn,
             pages,
@@ -180,21 +203,69 @@ impl DmaPolicy for FlushQueue {
         t
     }
 
-    /// fq_flush_timeout(): one flush, then every ring is drained.
+    /// fq_flush_timeout(): one flush, then every ring is drained under its owner's fq->lock, taken from
+    /// this CPU.
     fn timer(&mut self, core: &mut DmaCore, now: Time, cpu: usize) -> Time {
         self.timer_on = false;
         core.stats.fq_flush_timer += 1;
         let mut t = self.flush(core, now, cpu);
+        let lock_ns = core.costs.lock_ns;
         for ring in 0..self.rings.cpus() {
-            t = self.ring_free(core, t + core.costs.lock_ns, ring, cpu);
+            let (start, rel) = self.lock(core, ring).lock_on(t, cpu as u32, lock_ns);
+            t = self.ring_free(core, rel, ring, cpu);
+            self.locks[ring].extend(start, t);
         }
         t
+    }
+
+    fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
+        let mut l = LockStats::default();
+        for x in &self.locks {
+            l.add(&x.stats);
+        }
+        vec![
+            ("flush queue fq->lock", l),
+            ("flush queue cookie counters", self.cookie.stats.clone()),
+        ]
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// The timer, on one CPU, drains every CPU's ring under that ring's fq->lock: the lock words move to
+    /// it and back, and the flush's counter writes cost every CPU a fetch at its next queue_iova.
+    #[test]
+    fn the_timer_pulls_every_rings_lock_and_the_counters_move() {
+        let mut costs = crate::dma::tests::costs(2);
+        costs.line_cluster_ns = 50;
+        costs.line_socket_ns = 50;
+        let io = crate::hw::vtd::tests::cfg();
+        let mut c = DmaCore::new(Box::new(crate::hw::vtd::tests::vtd(&io)), 2, &costs);
+        let mut fq = FlushQueue::new(2, 250);
+        let (a, t) = c.iommu_map(0, 0, 100, 1).unwrap();
+        let (b, t) = c.iommu_map(t, 1, 200, 1).unwrap();
+        let t = fq.unmap(&mut c, t, 0, a, 1);
+        let t = fq.unmap(&mut c, t, 1, b, 1);
+        let locks = |fq: &FlushQueue| fq.lock_stats()[0].1.clone();
+        assert_eq!(
+            locks(&fq).transfers,
+            0,
+            "each CPU takes its own ring's lock"
+        );
+        let t = fq.timer(&mut c, t + 20_000_000, 0);
+        assert_eq!(locks(&fq).transfers, 1, "CPU 0 takes CPU 1's ring lock");
+        let (d, t) = c.iommu_map(t, 1, 300, 1).unwrap();
+        let before = fq.lock_stats()[1].1.transfers;
+        fq.unmap(&mut c, t, 1, d, 1);
+        assert_eq!(locks(&fq).transfers, 2, "and CPU 1 takes it back");
+        assert_eq!(
+            fq.lock_stats()[1].1.transfers,
+            before + 1,
+            "CPU 1 fetches the counters CPU 0's flush wrote"
+        );
+    }
 
     pub(crate) fn core(cpus: usize) -> DmaCore {
         let io = crate::hw::vtd::tests::cfg();

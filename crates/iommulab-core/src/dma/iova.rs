@@ -245,7 +245,7 @@ impl IovaDomain {
         loop {
             let (_, rel) = self
                 .rbtree_lock
-                .acquire_on(t, cpu as u32, self.costs.rbtree_ns);
+                .lock_on(t, cpu as u32, self.costs.rbtree_ns);
             t = rel;
             if let Some(p) = self.alloc_range(size, limit_pfn) {
                 self.stats.rbtree_allocs += 1;
@@ -268,7 +268,7 @@ impl IovaDomain {
         }
         let (_, rel) = self
             .rbtree_lock
-            .acquire_on(t, cpu as u32, self.costs.rbtree_ns);
+            .lock_on(t, cpu as u32, self.costs.rbtree_ns);
         self.stats.rbtree_frees += 1;
         self.free_range(pfn);
         rel
@@ -295,9 +295,7 @@ impl IovaDomain {
             std::mem::swap(&mut c.loaded, &mut c.prev);
             true
         } else {
-            let (_, rel) = self
-                .depot_lock
-                .acquire_on(t, cpu as u32, self.costs.lock_ns);
+            let (_, rel) = self.depot_lock.lock_on(t, cpu as u32, self.costs.lock_ns);
             t = rel;
             if let Some(m) = rc.depot.pop() {
                 self.stats.depot_pops += 1;
@@ -331,9 +329,7 @@ impl IovaDomain {
             if c.prev.len() < IOVA_MAG_SIZE {
                 std::mem::swap(&mut c.loaded, &mut c.prev);
             } else {
-                let (_, rel) = self
-                    .depot_lock
-                    .acquire_on(t, cpu as u32, self.costs.lock_ns);
+                let (_, rel) = self.depot_lock.lock_on(t, cpu as u32, self.costs.lock_ns);
                 t = rel;
                 rc.depot.push(std::mem::replace(
                     &mut c.loaded,
@@ -362,7 +358,7 @@ impl IovaDomain {
         for p in pfns {
             let (_, rel) = self
                 .rbtree_lock
-                .acquire_on(t, cpu as u32, self.costs.rbtree_ns);
+                .lock_on(t, cpu as u32, self.costs.rbtree_ns);
             t = rel;
             self.free_range(p);
         }
@@ -382,7 +378,7 @@ impl IovaDomain {
                 for p in m {
                     let (_, rel) = self
                         .rbtree_lock
-                        .acquire_on(t, cpu as u32, self.costs.rbtree_ns);
+                        .lock_on(t, cpu as u32, self.costs.rbtree_ns);
                     t = rel;
                     self.free_range(p);
                 }

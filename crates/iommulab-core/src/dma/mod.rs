@@ -329,6 +329,10 @@ pub trait DmaPolicy: Send + Sync {
     fn psi_ih(&self) -> bool {
         false
     }
+    /// The policy's own shared locks and lines (the flush queue's), by name.
+    fn lock_stats(&self) -> Vec<(&'static str, crate::sim::LockStats)> {
+        Vec::new()
+    }
 }
 
 /// The DMA layer of one device: shared state plus its domain's policy.

@@ -7,7 +7,7 @@ use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::dma::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, PsiNonLeaf, VtdProfile};
-use crate::sim::{Coherence, LockStats, SpinLock, Time};
+use crate::sim::{Coherence, LockStats, SpinLock, Time, QSPINLOCK_HANDOFF_TRANSFERS};
 
 /// intel/iommu.h QI_MAX_BATCHED_DESC_COUNT: descriptors gathered before a qi_submit_sync().
 pub const QI_MAX_BATCHED_DESC_COUNT: usize = 16;
@@ -184,11 +184,12 @@ impl Vtd {
             .count() as u64;
         let mut t = now;
         if ahead > 0 {
-            // The pollers' turns ahead of this CPU: each pulls the line over and checks its status.
-            let turn = self.lock_ns + self.coh.socket_ns;
+            // The pollers' turns ahead of this CPU: each a queued hand-off of the lock word (taken between
+            // cores of the socket) and a status check.
+            let turn = self.lock_ns + QSPINLOCK_HANDOFF_TRANSFERS * self.coh.socket_ns;
             t = self.q_lock.acquire(t, ahead * turn).1;
         }
-        let (_, written) = self.q_lock.acquire_on(t, cpu, n * self.cfg.submit_desc_ns);
+        let (_, written) = self.q_lock.lock_on(t, cpu, n * self.cfg.submit_desc_ns);
         // The hardware drains the queue in order, one descriptor after another.
         let work: u64 = descs.iter().map(|d| self.desc_ns(d)).sum::<u64>() + self.cfg.inv_wait_ns;
         let (_, done) = self.hw.acquire(written, work);
@@ -208,7 +209,7 @@ impl Vtd {
         self.tr.c.syncs += 1;
         self.tr.c.submissions += 1;
         // The poll that sees QI_DONE holds q_lock; reclaim_free_desc() and the unlock follow.
-        self.q_lock.acquire_on(done, cpu, self.lock_ns).1
+        self.q_lock.lock_on(done, cpu, self.lock_ns).1
     }
 
     /// q_lock and every domain's cache_lock.
@@ -258,7 +259,7 @@ impl Vtd {
         };
         let locked = self.kernel.vtd_cache_tags();
         let start = if locked {
-            self.cache_lock(dom).acquire_on(now, cpu, 0).0
+            self.cache_lock(dom).lock_on(now, cpu, 0).0
         } else {
             now
         };
@@ -364,7 +365,7 @@ impl Iommu for Vtd {
         if !self.cfg.caching_mode && !self.cfg.rwbf && self.kernel.vtd_sync_map_walk() {
             let tags = 1 + self.tr.has_atc() as u64;
             let hold = self.cfg.cache_tag_ns * tags;
-            return self.cache_lock(dom).acquire_on(now, cpu as u32, hold).1;
+            return self.cache_lock(dom).lock_on(now, cpu as u32, hold).1;
         }
         if self.cfg.caching_mode {
             self.flush_range(now, cpu as u32, dom, (iova_pfn, n), false, false)

@@ -17,7 +17,7 @@ pub use coherence::{Coherence, NO_CPU};
 pub use cpu::Cpu;
 pub use dma_engine::{DmaEngine, Path};
 pub use events::EventQueue;
-pub use lock::{LockStats, SpinLock, LOOKBEHIND_NS};
+pub use lock::{LockStats, SpinLock, LOOKBEHIND_NS, QSPINLOCK_HANDOFF_TRANSFERS};
 pub use rng::Rng;
 pub use sched::{Cfs, Ctx, RunQueue};
 
