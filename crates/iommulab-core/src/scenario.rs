@@ -204,8 +204,12 @@ pub struct Smmuv3Profile {
     pub submit_cmd_ns: u64,
     /// SMMU time to consume one TLBI command.
     pub cmd_ns: u64,
-    /// SMMU time to complete a CMD_SYNC (drain, MSI write or CONS update the CPU polls).
+    /// SMMU time a CMD_SYNC holds its queue: the commands before it complete (SMMUv3 §4.7.3).
     pub sync_ns: u64,
+    /// What a CMD_SYNC's round trip adds outside the queue: the doorbell reaching the SMMU, the command
+    /// fetch, the MSI write and the polling CPU seeing it (the time of a CMD_SYNC on an empty queue).
+    #[serde(default)]
+    pub sync_signal_ns: u64,
     /// IDR3.RIL: range invalidation commands.
     pub ril: bool,
     /// Per-CPU enhanced command queues (SMMUv3.3 ECMDQ) instead of one shared queue.

@@ -8,7 +8,7 @@
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, Smmuv3Profile};
-use crate::sim::{Coherence, LockStats, SpinLock, Time};
+use crate::sim::{Coherence, FifoServer, LockStats, SpinLock, Time};
 
 /// arm-smmu-v3.h CMDQ_BATCH_ENTRIES (BITS_PER_LONG): commands per batch before an unsynchronised issue.
 pub const CMDQ_BATCH_ENTRIES: usize = 64;
@@ -119,12 +119,13 @@ pub struct Smmuv3 {
     llq: SpinLock,
     lock_owner: SpinLock,
     valid_map: SpinLock,
-    /// Each command queue as the SMMU sees it (the shared one, or one ECMDQ per CPU): busy while it
-    /// consumes commands, and while a CMD_SYNC waits for completion (SMMUv3 §4.7.3: commands after a
-    /// CMD_SYNC do not begin processing until it completes).
-    queues: Vec<SpinLock>,
-    /// One consumer for every ECMDQ when the hardware executes them one after another.
-    consumer: SpinLock,
+    /// Each command queue as the SMMU consumes it, in the order commands reach it (the shared one, or one
+    /// ECMDQ per CPU): busy while it consumes commands, and while a CMD_SYNC waits for completion
+    /// (SMMUv3 §4.7.3: commands after a CMD_SYNC do not begin processing until it completes).
+    queues: Vec<FifoServer>,
+    /// With ECMDQs executed one after another: one consumer for every queue, and when each queue is free.
+    consumer: FifoServer,
+    queue_free: Vec<Time>,
 }
 
 /// A command for [`Smmuv3::issue`]: what it costs the SMMU.
@@ -156,14 +157,15 @@ impl Smmuv3 {
             lock_owner: SpinLock::new(coh),
             valid_map: SpinLock::new(coh),
             // The SMMU's side moves no CPU cache lines.
-            queues: vec![SpinLock::default(); queues],
-            consumer: SpinLock::default(),
+            queues: vec![FifoServer::default(); queues],
+            consumer: FifoServer::default(),
+            queue_free: vec![0; queues],
         }
     }
 
     /// The CPU-side lines of the shared command queue, the command queues and the cmpxchg's attempts.
     fn locks(&self) -> Vec<(&'static str, LockStats)> {
-        let mut q = LockStats::default();
+        let mut q = self.consumer.stats.clone();
         for l in &self.queues {
             q.add(&l.stats);
         }
@@ -210,23 +212,25 @@ impl Smmuv3 {
         let sync_ns = if sync { self.cfg.sync_ns } else { 0 };
         let (start, done) = if self.cfg.ecmdq && !self.cfg.ecmdq_parallel {
             // One consumer takes every queue's commands in turn; a CMD_SYNC then holds only its own queue.
-            let (ready, _) = self.queues[q].acquire(written, 0);
-            let (start, consumed) = self.consumer.acquire(ready, work);
-            self.queues[q].extend(start, consumed + sync_ns);
+            let ready = written.max(self.queue_free[q]);
+            let (start, consumed) = self.consumer.serve(ready, work);
+            self.queue_free[q] = consumed + sync_ns;
             (start, consumed + sync_ns)
         } else {
-            self.queues[q].acquire(written, work + sync_ns)
+            self.queues[q].serve(written, work + sync_ns)
         };
         self.tr.c.submissions += 1;
         if !sync {
             return (start, written);
         }
         self.tr.c.syncs += 1;
-        // arm_smmu_cmdq_shared_tryunlock() once the CMD_SYNC has completed.
+        // The CPU sees the completion sync_signal_ns later (MSI write, its poll); then
+        // arm_smmu_cmdq_shared_tryunlock().
+        let seen = done + self.cfg.sync_signal_ns;
         let rel = if self.cfg.ecmdq {
-            done
+            seen
         } else {
-            self.lock_owner.rmw_on(done, c)
+            self.lock_owner.rmw_on(seen, c)
         };
         self.tr.c.inv_wait_ns += rel - now;
         (start, rel)
@@ -465,6 +469,7 @@ pub(crate) mod tests {
                 submit_cmd_ns: 10,
                 cmd_ns: 50,
                 sync_ns: 500,
+                sync_signal_ns: 0,
                 ril,
                 ecmdq,
                 ecmdq_parallel: false,

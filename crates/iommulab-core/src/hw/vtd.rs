@@ -7,7 +7,7 @@ use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::dma::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, PsiNonLeaf, VtdProfile};
-use crate::sim::{Coherence, LockStats, SpinLock, Time, QSPINLOCK_HANDOFF_TRANSFERS};
+use crate::sim::{Coherence, FifoServer, LockStats, SpinLock, Time, QSPINLOCK_HANDOFF_TRANSFERS};
 
 /// intel/iommu.h QI_MAX_BATCHED_DESC_COUNT: descriptors gathered before a qi_submit_sync().
 pub const QI_MAX_BATCHED_DESC_COUNT: usize = 16;
@@ -79,8 +79,8 @@ pub struct Vtd {
     coh: Coherence,
     /// The uncontended lock cost (the pollers' turn on q_lock).
     lock_ns: u64,
-    /// The invalidation hardware as a server: busy while it processes descriptors.
-    hw: SpinLock,
+    /// The invalidation hardware: it processes the queue's descriptors in the order they were written.
+    hw: FifoServer,
     /// qi_flush_iotlb() takes IH from bit 6 of the address (the F&S / FANDS dmar.c change), whatever the
     /// kernel version.
     psi_ih_patched: bool,
@@ -108,7 +108,7 @@ impl Vtd {
             pollers: Vec::new(),
             coh,
             lock_ns,
-            hw: SpinLock::default(),
+            hw: FifoServer::default(),
             psi_ih_patched: false,
         }
     }
@@ -192,7 +192,7 @@ impl Vtd {
         let (_, written) = self.q_lock.lock_on(t, cpu, n * self.cfg.submit_desc_ns);
         // The hardware drains the queue in order, one descriptor after another.
         let work: u64 = descs.iter().map(|d| self.desc_ns(d)).sum::<u64>() + self.cfg.inv_wait_ns;
-        let (_, done) = self.hw.acquire(written, work);
+        let (_, done) = self.hw.serve(written, work);
         // The hardware reaches each descriptor in turn; the wait descriptor completes after the last.
         let mut at = done - work;
         for &d in descs {
@@ -221,6 +221,7 @@ impl Vtd {
         vec![
             ("vt-d qi q_lock", self.q_lock.stats.clone()),
             ("vt-d domain cache_lock", cache),
+            ("vt-d invalidation queue", self.hw.stats.clone()),
         ]
     }
 
@@ -230,7 +231,7 @@ impl Vtd {
             return now;
         }
         self.tr.c.count(InvKind::Wbf, 1);
-        let (_, done) = self.hw.acquire(now, self.cfg.wbf_ns);
+        let (_, done) = self.hw.serve(now, self.cfg.wbf_ns);
         self.tr.c.inv_wait_ns += done - now;
         done
     }
