@@ -57,7 +57,7 @@ impl LockStats {
             *a += b;
         }
     }
-    fn record(&mut self, cpu: u32, wait: u64, xfer: u64) {
+    pub(super) fn record(&mut self, cpu: u32, wait: u64, xfer: u64) {
         self.acquisitions += 1;
         self.waits.record(wait);
         if wait > 0 {
