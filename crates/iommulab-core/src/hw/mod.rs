@@ -329,6 +329,8 @@ pub struct IommuCounters {
     /// SMMUv3 shared command queue: cmpxchg attempts on llq, and the ones that reserved slots.
     pub cas_attempts: u64,
     pub cas_successes: u64,
+    /// SMMUv3 shared command queue: issues whose commands another CPU (the owner) rang the doorbell for.
+    pub cmdq_gathered: u64,
     /// Leaf entries (pages or blocks) cleared by unmaps.
     pub ptes_cleared: u64,
     /// Page-table pages allocated and freed by map/unmap.

@@ -123,6 +123,9 @@ pub struct Smmuv3 {
     /// ECMDQ per CPU): busy while it consumes commands, and while a CMD_SYNC waits for completion
     /// (SMMUv3 §4.7.3: commands after a CMD_SYNC do not begin processing until it completes).
     queues: Vec<FifoServer>,
+    /// The current owner's gathering window on the shared queue (from its cmpxchg to its fetch_andnot) and
+    /// when it rang the doorbell for what it gathered.
+    gathering: (Time, Time, Time),
     /// With ECMDQs executed one after another: one consumer for every queue, and when each queue is free.
     consumer: FifoServer,
     queue_free: Vec<Time>,
@@ -159,6 +162,7 @@ impl Smmuv3 {
             // The SMMU's side moves no CPU cache lines.
             queues: vec![FifoServer::default(); queues],
             consumer: FifoServer::default(),
+            gathering: (0, 0, 0),
             queue_free: vec![0; queues],
         }
     }
@@ -237,22 +241,29 @@ impl Smmuv3 {
     }
 
     /// The shared queue's insertion (arm_smmu_cmdq_issue_cmdlist steps 1-4) by `cpu`: cmpxchg on llq to
-    /// reserve the slots, the command copy, the shared lock for a CMD_SYNC, the valid bitmap, then as the
-    /// owner: wait for the previous owner, clear OWNED on llq, ring the PROD doorbell, publish owner_prod.
-    /// Returns when the SMMU can see the commands. Simplification: every issuer is an owner (no gathering
-    /// of other CPUs' commands into one doorbell).
+    /// reserve the slots, the command copy, the shared lock for a CMD_SYNC, the valid bitmap. A CPU whose
+    /// cmpxchg found OWNED clear is the owner: it waits for the previous owner (owner_prod), clears OWNED
+    /// on llq (fetch_andnot), polls the valid bitmap over what it gathered, rings the PROD doorbell and
+    /// publishes owner_prod. A CPU whose cmpxchg landed while an owner was gathering leaves that to it: its
+    /// commands reach the SMMU with that owner's doorbell. Returns when the SMMU can see the commands.
     fn shared_insert(&mut self, now: Time, cpu: u32, cmds: u64, sync: bool) -> Time {
-        let mut t = self.cmpxchg_llq(now, cpu);
-        t += cmds * self.cfg.submit_cmd_ns;
+        let reserved = self.cmpxchg_llq(now, cpu);
+        let mut t = reserved + cmds * self.cfg.submit_cmd_ns;
         if sync {
             t = self.lock_owner.rmw_on(t, cpu);
         }
         t = self.valid_map.rmw_on(t, cpu);
-        // Owner: owner_prod hand-off, fetch_andnot on llq, valid_map poll, writel(PROD), owner_prod set.
+        let (from, until, doorbell) = self.gathering;
+        if from <= reserved && reserved < until {
+            self.tr.c.cmdq_gathered += 1;
+            return t.max(doorbell);
+        }
         t = self.lock_owner.rmw_on(t, cpu);
-        t = self.llq.rmw_on(t, cpu);
-        t = self.valid_map.rmw_on(t, cpu);
-        self.lock_owner.rmw_on(t, cpu)
+        let closed = self.llq.rmw_on(t, cpu);
+        t = self.valid_map.rmw_on(closed, cpu);
+        let rung = self.lock_owner.rmw_on(t, cpu);
+        self.gathering = (reserved, closed, rung);
+        rung
     }
 
     /// The cmpxchg loop on llq: a CPU that read llq and then found the line taken by another writer before
@@ -623,6 +634,24 @@ pub(crate) mod tests {
         assert!(transfers(&shared) >= 3, "{}", transfers(&shared));
         assert_eq!(transfers(&per_cpu), 0);
         assert_eq!(per_cpu.tr.c.cas_attempts, 0);
+    }
+
+    #[test]
+    fn a_cpu_inserting_while_an_owner_gathers_leaves_the_doorbell_to_it() {
+        let c = cfg(true, false);
+        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, &c).unwrap();
+        let mut s = Smmuv3::new(&c, Translator::new(&c, fmt, None), 2, 2000, coh());
+        // CPU 0 copies 64 commands (640 ns) before it closes its gathering window; CPU 1 reserves slots in it.
+        let a = s.shared_insert(0, 0, 64, false);
+        let b = s.shared_insert(100, 1, 1, true);
+        assert_eq!(s.tr.c.cmdq_gathered, 1);
+        assert!(
+            b >= a,
+            "CPU 1's command reaches the SMMU with CPU 0's doorbell: {b} {a}"
+        );
+        // After the window closed, the next CPU is an owner of its own.
+        s.shared_insert(a + 10_000, 1, 1, true);
+        assert_eq!(s.tr.c.cmdq_gathered, 1);
     }
 
     #[test]

@@ -340,6 +340,8 @@ pub struct RunResult {
     pub cpu_spin_share: Vec<f64>,
     /// SMMUv3 shared command queue: cmpxchg attempts on llq per successful slot reservation.
     pub cmdq_cas_attempts_per_success: f64,
+    /// SMMUv3 shared command queue: share of issues another CPU (the owner) rang the doorbell for.
+    pub cmdq_gathered_share: f64,
     pub iova_locality: IovaLocality,
     pub dma_locality: DmaLocality,
     pub safety: Safety,
@@ -507,6 +509,7 @@ impl RunResult {
                 io(|c| c.cas_attempts),
                 io(|c| c.cas_successes),
             )),
+            cmdq_gathered_share: r6(ratio(io(|c| c.cmdq_gathered), io(|c| c.cas_successes))),
             iova_locality: IovaLocality::new(
                 &b.iova_reuse.since(&a.iova_reuse),
                 info.walk_cache_entries,
