@@ -608,6 +608,8 @@ pub struct ReplaySession {
     walk_cache_entries: u64,
     /// Bytes of a line not yet terminated (chunked input).
     partial: Vec<u8>,
+    /// The IOMMU's input address space, in bytes: IOVAs at or above it cannot be mapped.
+    iova_limit: u64,
 }
 
 impl ReplaySession {
@@ -694,14 +696,9 @@ impl ReplaySession {
         };
         let rs: Vec<(u64, Replayer)> = phases.into_iter().map(make).collect();
         let iommu_name = rs[0].1.dma.core.iommu.name().to_string();
-        let entry_shift = rs[0]
-            .1
-            .dma
-            .core
-            .iommu
-            .translator()
-            .format()
-            .walk_entry_shift();
+        let fmt = *rs[0].1.dma.core.iommu.translator().format();
+        let entry_shift = fmt.walk_entry_shift();
+        let iova_limit = (fmt.max_gpfn() + 1) << fmt.granule_shift;
         Ok(ReplaySession {
             name: name.to_string(),
             rs,
@@ -714,13 +711,54 @@ impl ReplaySession {
             locality: ReuseDistance::new(entry_shift),
             walk_cache_entries: sc.platform.iommu.last_walk_cache_entries(),
             partial: Vec::new(),
+            iova_limit,
         })
+    }
+
+    /// Why an event cannot be what the kernel did to this IOMMU, if it cannot: an empty range, or one that
+    /// wraps or leaves the IOMMU's input address space (the page table cannot map it).
+    fn out_of_range(&self, rec: &Record) -> Option<&'static str> {
+        let within = |a: u64, n: u64| a.checked_add(n).is_some_and(|e| e <= self.iova_limit);
+        match *rec {
+            Record::Map {
+                iova, paddr, size, ..
+            } => {
+                if size == 0 {
+                    Some("a map of size 0")
+                } else if !within(iova, size) {
+                    Some("a map beyond the IOMMU's input address space")
+                } else if paddr.checked_add(size).is_none() {
+                    Some("a map whose physical range wraps past 2^64")
+                } else {
+                    None
+                }
+            }
+            Record::Unmap {
+                iova,
+                size,
+                unmapped,
+                ..
+            } => {
+                if !within(iova, size.max(unmapped)) {
+                    Some("an unmap beyond the IOMMU's input address space")
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
     }
 
     /// One line of the trace (without its line ending; a trailing CR is dropped).
     pub fn line(&mut self, text: &str) {
         self.lines.total += 1;
-        let rec = ftrace::parse_line(text.trim_end_matches(['\n', '\r']), self.lines.total);
+        let mut rec = ftrace::parse_line(text.trim_end_matches(['\n', '\r']), self.lines.total);
+        if let Some(why) = self.out_of_range(&rec) {
+            rec = Record::Bad {
+                line: self.lines.total,
+                why,
+            };
+        }
         let ev = match &rec {
             Record::Map { ev, .. } | Record::Unmap { ev, .. } | Record::Marker { ev, .. } => ev,
             Record::Other => return,
@@ -948,6 +986,28 @@ mod tests {
 
     /// Invalidations wait in the IOMMU model until their processing time; with no device translating in a
     /// replay they act as the trace's clock passes them, so a long trace keeps only the latest unmap's.
+    /// Ranges the page table cannot hold (wrapping past 2^64, beyond the input address space, empty) are
+    /// reported as unreadable lines, not replayed: they used to panic or spin.
+    #[test]
+    fn events_outside_the_iommus_address_space_are_bad_lines() {
+        let ok = map(1_000, 0xfff0_0000, 0x10_0000, 4096);
+        let t = [
+            ok.clone(),
+            map(2_000, 0xffff_ffff_ffff_f000, 0x10_0000, 4096),
+            unmap(3_000, 0xffff_ffff_ffff_f000, 4096),
+            map(4_000, 0xfff1_0000, 0x10_0000, 0),
+            line(
+                5,
+                "unmap: IOMMU: iova=0x00000000fff00000 - 0x00000000fff01000 size=4096 unmapped_size=18446744073709551615",
+            ),
+            unmap(6_000, 0xfff0_0000, 4096),
+        ]
+        .concat();
+        let r = run(&t, &ReplayOptions::default());
+        assert_eq!((r.lines.events, r.lines.bad), (2, 4), "{:?}", r.lines.bad_examples);
+        assert!(r.lines.bad_examples[0].contains("beyond the IOMMU's input address space"));
+    }
+
     #[test]
     fn a_long_strict_replay_keeps_no_backlog_of_invalidations() {
         let t: String = (0..1000u64)
