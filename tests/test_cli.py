@@ -247,3 +247,14 @@ def test_other_table_formats_run_and_walk_their_own_levels():
     assert doc["invalidations"]["tlbi_s2_ipa"] > 0 and doc["throughput_gbps"] > 0
     # A 64K IOVA granule per 4K buffer: 16 pages unmapped per buffer.
     assert doc["iova_pages_unmapped"] % 16 == 0 and doc["iova_pages_unmapped"] > 0
+
+
+def test_rates_too_low_to_carry_a_frame_are_refused_in_one_line():
+    # A line rate of 1e-12 Gbps used to overflow the wire clock and never finish.
+    for args, key in [
+        (("run", "--set", "workload.nic_rx.line_rate_gbps=1e-12"), "workload.nic_rx.line_rate_gbps"),
+        (("run", "tx", "--set", "workload.nic_tx.line_rate_gbps=1e-12"), "workload.nic_tx.line_rate_gbps"),
+        (("run", "nvme", "--set", "workload.nvme.drive_gbps=1e-12"), "workload.nvme.drive_gbps"),
+    ]:
+        p = cli(*args)
+        assert p.returncode == 2 and key in p.stderr and "\n" not in p.stderr.strip(), p.stderr

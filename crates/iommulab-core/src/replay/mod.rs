@@ -1004,7 +1004,12 @@ mod tests {
         ]
         .concat();
         let r = run(&t, &ReplayOptions::default());
-        assert_eq!((r.lines.events, r.lines.bad), (2, 4), "{:?}", r.lines.bad_examples);
+        assert_eq!(
+            (r.lines.events, r.lines.bad),
+            (2, 4),
+            "{:?}",
+            r.lines.bad_examples
+        );
         assert!(r.lines.bad_examples[0].contains("beyond the IOMMU's input address space"));
     }
 
