@@ -258,3 +258,13 @@ def test_rates_too_low_to_carry_a_frame_are_refused_in_one_line():
     ]:
         p = cli(*args)
         assert p.returncode == 2 and key in p.stderr and "\n" not in p.stderr.strip(), p.stderr
+
+
+def test_inv_log_windows_are_bounded_and_not_mixed_with_json():
+    # A 1e-9 ms window used to print nothing for minutes; --json with --inv-log silently printed text.
+    p = cli("run", "c1", "--set", "run.duration_ms=1", "--inv-log", "1e-9")
+    assert p.returncode == 2 and "--inv-log" in p.stderr and "\n" not in p.stderr.strip(), p.stderr
+    p = cli("run", "c1", "--set", "run.duration_ms=100", "--inv-log", "0.001")
+    assert p.returncode == 2 and "at most 10000" in p.stderr, p.stderr
+    p = cli("run", "c1", "--inv-log", "--json")
+    assert p.returncode == 2 and "--json" in p.stderr, p.stderr

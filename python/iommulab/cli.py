@@ -177,11 +177,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# --inv-log windows: the simulator's clock is in ns, and each window re-reads every counter of the run.
+INV_LOG_MIN_MS = 0.001
+INV_LOG_MAX_WINDOWS = 10_000
+
+
 def _cmd_run(a: argparse.Namespace) -> int:
     variants = load(a.scenario, dict(a.sets), raw_strings=True)
     if a.inv_log is not None:
-        if not (a.inv_log > 0 and math.isfinite(a.inv_log)):
-            raise ScenarioError(f"--inv-log {a.inv_log:g}: expected a window of more than 0 ms")
+        if a.json:
+            raise ScenarioError("--inv-log prints dmar.c-style text lines, not JSON: drop --json or --inv-log")
+        if not (a.inv_log >= INV_LOG_MIN_MS and math.isfinite(a.inv_log)):
+            raise ScenarioError(f"--inv-log {a.inv_log:g}: expected a window of at least {INV_LOG_MIN_MS:g} ms")
+        for v in variants:
+            ms = json.loads(v.scenario_json())["run"]["duration_ms"]
+            if ms / a.inv_log > INV_LOG_MAX_WINDOWS:
+                raise ScenarioError(
+                    f"--inv-log {a.inv_log:g}: {ms:g} ms of run.duration_ms would print {ms / a.inv_log:.0f} windows; "
+                    f"expected at most {INV_LOG_MAX_WINDOWS} (a window of at least {ms / INV_LOG_MAX_WINDOWS:g} ms)")
         for v in variants:
             sys.stdout.write(inv_log(v, a.inv_log))
         return 0
