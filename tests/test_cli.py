@@ -268,3 +268,12 @@ def test_inv_log_windows_are_bounded_and_not_mixed_with_json():
     assert p.returncode == 2 and "at most 10000" in p.stderr, p.stderr
     p = cli("run", "c1", "--inv-log", "--json")
     assert p.returncode == 2 and "--json" in p.stderr, p.stderr
+
+
+def test_simulated_memory_running_out_at_set_up_is_one_line_naming_the_key():
+    # These used to panic (tx, nvme, rr) or print 0.00 Gbps (the default NIC RX) without a word.
+    for args in [("run", "nvme", "--set", "platform.memory.pages=100"),
+                 ("run", "rr", "--set", "platform.memory.pages=100"),
+                 ("run", "--set", "platform.memory.pages=10")]:
+        p = cli(*args)
+        assert p.returncode == 2 and "platform.memory.pages" in p.stderr and "\n" not in p.stderr.strip(), p.stderr

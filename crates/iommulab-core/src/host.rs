@@ -33,6 +33,8 @@ pub struct PageAllocator {
     limit: u64,
     pub allocated: u64,
     pub freed: u64,
+    /// An allocation found no free page.
+    pub exhausted: bool,
 }
 
 /// First pfn handed out (pages below stand for the kernel image and firmware).
@@ -46,6 +48,7 @@ impl PageAllocator {
             limit: FIRST_PFN + pages,
             allocated: 0,
             freed: 0,
+            exhausted: false,
         }
     }
     pub fn alloc(&mut self) -> Option<u64> {
@@ -55,7 +58,10 @@ impl PageAllocator {
                 self.next_fresh += 1;
                 self.next_fresh - 1
             }
-            None => return None,
+            None => {
+                self.exhausted = true;
+                return None;
+            }
         };
         self.allocated += 1;
         Some(p)
@@ -63,6 +69,7 @@ impl PageAllocator {
     /// `n` physically contiguous pages (a higher-order allocation), taken from never-used memory.
     pub fn alloc_contiguous(&mut self, n: u64) -> Option<u64> {
         if self.next_fresh + n > self.limit {
+            self.exhausted = true;
             return None;
         }
         self.next_fresh += n;

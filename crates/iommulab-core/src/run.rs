@@ -117,7 +117,14 @@ pub(crate) fn test_host(policy: &str) -> Host {
 }
 
 impl Simulation {
+    /// A simulation of `v`, for callers that know it sets up (tests, benches): see [`Simulation::try_new`].
     pub fn new(v: &Variant) -> Self {
+        Simulation::try_new(v).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A simulation of `v`, or why it cannot run: the simulated memory ran out while the workload set
+    /// up its rings and buffers.
+    pub fn try_new(v: &Variant) -> Result<Self, String> {
         let sc = &v.scenario;
         let p = &sc.platform;
         let (mut host, policy, policy_reason) = build_host(sc);
@@ -151,9 +158,15 @@ impl Simulation {
         }
         // The warm-up counts from when traffic begins (a NIC's bring-up fills every ring first).
         let ready = workload.start(&mut host, 0);
+        if host.pages.exhausted {
+            return Err(format!(
+                "platform.memory.pages = {}: the simulated memory ran out while the workload set up its rings and buffers ({} pages taken); expected more pages",
+                p.memory.pages, host.pages.allocated
+            ));
+        }
         host.schedule(IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);
         let warmup_end = ready + ms_to_ns(sc.run.warmup_ms);
-        Simulation {
+        Ok(Simulation {
             host,
             workload,
             now: 0,
@@ -168,7 +181,7 @@ impl Simulation {
             policy_reason,
             seed: sc.run.seed,
             walk_cache_entries: p.iommu.last_walk_cache_entries(),
-        }
+        })
     }
 
     pub fn end_ns(&self) -> Time {

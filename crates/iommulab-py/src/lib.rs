@@ -43,10 +43,9 @@ impl Variant {
     fn scenario_json(&self) -> String {
         serde_json::to_string(&self.inner.scenario).expect("scenario serialises")
     }
-    fn simulate(&self) -> Simulation {
-        Simulation {
-            inner: run::Simulation::new(&self.inner),
-        }
+    fn simulate(&self) -> PyResult<Simulation> {
+        let inner = run::Simulation::try_new(&self.inner).map_err(ScenarioError::new_err)?;
+        Ok(Simulation { inner })
     }
 }
 

@@ -253,10 +253,11 @@ impl NicTxWorkload {
         // Enough chunks for the TSQ budget, one skb over it, and the chunk being filled.
         let chunks = (self.cfg.tsq_bytes + 2 * self.skb_bytes).div_ceil(self.chunk_bytes) + 1;
         for f in (q..self.flows.len()).step_by(self.queues.len()) {
-            self.flows[f].frags = Some(
-                FragStream::alloc(host, self.chunk_bytes, chunks)
-                    .expect("memory for the socket's page frags"),
-            );
+            // Memory that runs out here stops the set-up; the run reports it (host.pages.exhausted).
+            let Some(frags) = FragStream::alloc(host, self.chunk_bytes, chunks) else {
+                return t;
+            };
+            self.flows[f].frags = Some(frags);
         }
         t
     }

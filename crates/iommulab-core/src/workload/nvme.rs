@@ -132,11 +132,15 @@ impl Workload for NvmeWorkload {
     fn start(&mut self, host: &mut Host, now: Time) -> Time {
         for job in 0..self.cfg.jobs as usize {
             for _ in 0..self.cfg.iodepth {
-                // fio's buffers, allocated once: consecutive fresh pages.
-                let phys = (0..self.pages)
-                    .map(|_| host.pages.alloc().expect("memory for fio's buffers"))
-                    .min()
-                    .expect("bs of at least one page");
+                // fio's buffers, allocated once: consecutive fresh pages. Memory that runs out here stops
+                // the set-up; the run reports it (host.pages.exhausted).
+                let Some(phys) = (0..self.pages)
+                    .map(|_| host.pages.alloc())
+                    .collect::<Option<Vec<u64>>>()
+                    .and_then(|p| p.into_iter().min())
+                else {
+                    return now;
+                };
                 self.slots.push(Slot {
                     cpu: job,
                     drive: job % self.cfg.drives as usize,

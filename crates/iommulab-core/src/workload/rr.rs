@@ -276,13 +276,11 @@ impl RrWorkload {
             self.queues[q].rx = Some(rx);
             t = t2;
         }
-        self.queues[q].heads = Some(HeadSlab::alloc(host).expect("memory for skb heads"));
+        // Memory that runs out here stops the set-up; the run reports it (host.pages.exhausted).
+        self.queues[q].heads = HeadSlab::alloc(host);
         let bytes = TX_RING_ENTRIES * self.cfg.response_bytes as u64;
         let chunks = bytes.div_ceil(SKB_FRAG_PAGE_BYTES) + 1;
-        self.queues[q].frags = Some(
-            FragStream::alloc(host, SKB_FRAG_PAGE_BYTES, chunks)
-                .expect("memory for the socket's page frags"),
-        );
+        self.queues[q].frags = FragStream::alloc(host, SKB_FRAG_PAGE_BYTES, chunks);
         t
     }
 }
