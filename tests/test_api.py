@@ -152,3 +152,14 @@ def test_only_a_driver_page_cache_reports_its_reuse_slack():
     assert slack["reuses"] == c3["rx_page_cache"]["reuse"] > 0
     assert 0 < slack["min_us"] <= slack["p0.1_us"] <= slack["p1_us"] <= slack["p50_us"]
     assert "rx_cache_reuse_slack" not in iommulab.run("nvme", **{"os.policy": "strict"}).to_dict()
+
+
+def test_bad_api_arguments_are_scenario_errors():
+    # These raised TypeError, or (ats_phases as a string) read it as letters and silently gave nothing.
+    import iommulab
+    for call in [lambda: iommulab.run(123), lambda: iommulab.replay(123),
+                 lambda: iommulab.replay("/dev/null", kernel=6.12),
+                 lambda: iommulab.replay("/dev/null", ats_phases="net"),
+                 lambda: iommulab.replay("/dev/null", hz=-1)]:
+        with pytest.raises(iommulab.ScenarioError):
+            call()

@@ -277,3 +277,11 @@ def test_simulated_memory_running_out_at_set_up_is_one_line_naming_the_key():
                  ("run", "--set", "platform.memory.pages=10")]:
         p = cli(*args)
         assert p.returncode == 2 and "platform.memory.pages" in p.stderr and "\n" not in p.stderr.strip(), p.stderr
+
+
+def test_unwritable_calibrate_out_and_a_negative_hz_are_one_line_errors():
+    # Both used to end in a traceback (calibrate only after its work).
+    p = cli("calibrate", "--out", "/nonexistent/x.toml")
+    assert p.returncode == 2 and "--out" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = cli("replay", "--mode", "lazy", "--hz", "-1", "/dev/null")
+    assert p.returncode == 2 and "--hz" in p.stderr and "Traceback" not in p.stderr, p.stderr

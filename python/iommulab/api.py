@@ -57,6 +57,8 @@ def load(scenario: str | os.PathLike | Mapping[str, Any] | None = None, override
         return _core.load("builtin", "default", pairs)
     if isinstance(scenario, Mapping):
         return _core.load("text", _to_toml(scenario), pairs, "<dict>")
+    if not isinstance(scenario, (str, os.PathLike)):
+        raise ScenarioError(f"scenario {scenario!r}: expected a built-in name, a TOML path or a dict")
     path = os.fspath(scenario)
     builtin = {n for n, _ in _core.builtin_scenarios()}
     if path in builtin and not os.path.exists(path):

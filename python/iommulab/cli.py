@@ -309,10 +309,15 @@ def _cmd_calibrate(a: argparse.Namespace) -> int:
         raise ScenarioError(f"--out: {len(cals)} calibrations selected; choose one with --param")
     if a.out and os.path.exists(a.out) and not a.force:
         raise ScenarioError(f"--out {a.out}: exists; pass --force to overwrite it")
+    if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        raise ScenarioError(f"--out {a.out}: no such directory")
     done = [calibrate(c, ts, seeds=a.seeds) for c in cals]
     if a.out:
-        with open(a.out, "w") as f:
-            f.write(done[0]["profile_text"])
+        try:
+            with open(a.out, "w") as f:
+                f.write(done[0]["profile_text"])
+        except OSError as e:
+            raise ScenarioError(f"--out {a.out}: cannot write: {e.strerror or e}") from None
     if a.json:
         json.dump({"calibrations": [{k: v for k, v in d.items() if k != "profile_text"} for d in done]},
                   sys.stdout, indent=2)

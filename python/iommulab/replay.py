@@ -39,7 +39,16 @@ def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool =
     ``{"iommu", "kernel", "policy", "policy_reason", "hz", "lines", "phases": {NAME: {"counts": {...}}}}``.
     In lazy mode the scheduler tick's phase on the trace clock is inferred per phase unless given.
     ``ats`` gives every traced device ATS; ``ats_phases`` only the devices whose traffic fills those phases."""
+    if not isinstance(trace, (str, os.PathLike)):
+        raise ScenarioError(f"trace {trace!r}: expected a path (or - for standard input)")
     name = os.fspath(trace)
+    for arg, v in [("iommu", iommu), ("kernel", kernel), ("cmdline", cmdline)]:
+        if not isinstance(v, str):
+            raise ScenarioError(f"{arg} {v!r}: expected a string")
+    if isinstance(ats_phases, str):
+        raise ScenarioError(f"ats_phases {ats_phases!r}: expected a list of phase names, e.g. [{ats_phases!r}]")
+    if isinstance(hz, bool) or not isinstance(hz, int) or not 1 <= hz <= 10_000:
+        raise ScenarioError(f"--hz {hz}: expected CONFIG_HZ in 1..=10000 (e.g. 100, 250, 1000)")
     if tick_phase_us is not None and not (tick_phase_us >= 0 and tick_phase_us < 1e9):
         raise ScenarioError(f"--tick-phase-us {tick_phase_us}: expected a time in µs >= 0")
     phase_ns = None if tick_phase_us is None else int(round(tick_phase_us * 1000))
