@@ -206,14 +206,16 @@ def test_progress_bar_on_a_terminal_for_long_runs():
     ("arm64", "iommu.strict=0 iommu.passthrough=1", "passthrough"),
 ])
 def test_auto_policy_resolves_like_the_kernel(arch, cmdline, expect):
+    profile = "smmuv3-server" if arch == "arm64" else "vtd-server"
     doc = cli_json(*SHORT, "--set", "os.policy=auto", "--set", f"os.arch={arch}", "--set", f"os.cmdline={cmdline}",
-                   "--set", "workload.nic_rx.page_pool=false")
+                   "--set", "workload.nic_rx.page_pool=false", "--set", f"platform.profile={profile}")
     assert doc["policy"] == expect, doc["policy_reason"]
     assert "Default domain type" in doc["policy_reason"]
 
 
 def test_smmuv3_strict_issues_tlbi_per_unmap_with_cmd_sync_and_lazy_flushes_by_asid():
-    doc = cli_json(*SHORT, "--set", "platform.profile=smmuv3-server", "--set", "workload.nic_rx.line_rate_gbps=40",
+    doc = cli_json(*SHORT, "--set", "platform.profile=smmuv3-server", "--set", "os.arch=arm64",
+                   "--set", "workload.nic_rx.line_rate_gbps=40",
                    "--set", "workload.nic_rx.page_pool=false")
     by = {r["policy"]: r for r in doc["runs"]}
     strict, lazy = by["strict"], by["lazy"]
@@ -239,7 +241,7 @@ def test_ats_device_tlb_is_invalidated_with_every_psi_and_serves_hits():
 
 def test_other_table_formats_run_and_walk_their_own_levels():
     # 64K granule, 48-bit: 3 levels, so 2 walk caches; stage 2 reports TLBI_S2_IPA.
-    doc = cli_json(*SHORT, "--set", "os.policy=strict", "--set", "platform.profile=smmuv3-server",
+    doc = cli_json(*SHORT, "--set", "os.policy=strict", "--set", "platform.profile=smmuv3-server", "--set", "os.arch=arm64",
                    "--set", "platform.iommu.granule_kb=64", "--set", "platform.iommu.pwc_entries=[28, 348]",
                    "--set", "platform.iommu.smmuv3.stage=2", "--set", "workload.nic_rx.page_pool=false",
                    "--set", "workload.nic_rx.line_rate_gbps=40")
@@ -285,3 +287,25 @@ def test_unwritable_calibrate_out_and_a_negative_hz_are_one_line_errors():
     assert p.returncode == 2 and "--out" in p.stderr and "Traceback" not in p.stderr, p.stderr
     p = cli("replay", "--mode", "lazy", "--hz", "-1", "/dev/null")
     assert p.returncode == 2 and "--hz" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_an_iommu_on_the_wrong_architecture_is_refused():
+    # VT-d drives x86 hosts and SMMUv3 Arm ones; arm64 on vtd-server used to run without a word.
+    p = cli("run", "--set", "os.arch=arm64")
+    assert p.returncode == 2 and "os.arch" in p.stderr and "VT-d" in p.stderr, p.stderr
+    p = cli("run", "--set", "platform.profile=smmuv3-server")
+    assert p.returncode == 2 and "os.arch" in p.stderr and "arm64" in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("args, word", [
+    (("explain", "--arch", "s390", "--iommu", "vtd"), "--iommu"),
+    (("explain", "--kernel", "99.99"), "--kernel"),
+    (("explain", "--kernel", "2.6"), "--kernel"),
+    (("explain", "--iommu", "virtio", "--caching-mode", "on"), "--caching-mode"),
+    (("replay", "--iommu", "smmuv3", "--caching-mode", "on", "/dev/null"), "--caching-mode"),
+    (("run", "--set", "os.kernel=2.6"), "os.kernel"),
+])
+def test_combinations_no_kernel_or_hardware_has_are_refused(args, word):
+    # All of these used to be accepted without a word.
+    p = cli(*args)
+    assert p.returncode == 2 and word in p.stderr and "\n" not in p.stderr.strip(), p.stderr

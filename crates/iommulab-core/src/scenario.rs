@@ -912,6 +912,21 @@ impl Scenario {
             "expected a granularity of at least 1 µs",
         )?;
         parse_kernel(&self.os.kernel).map_err(|m| (vec!["os".into(), "kernel".into()], m))?;
+        // VT-d is an x86 IOMMU and SMMUv3 an Arm one; virtio-iommu serves any guest.
+        let arch_ok = match self.platform.vendor {
+            Vendor::Vtd => self.os.arch == Arch::X86_64,
+            Vendor::Smmuv3 => self.os.arch == Arch::Arm64,
+            Vendor::Virtio => self.os.arch != Arch::S390,
+        };
+        check(
+            arch_ok,
+            "os.arch",
+            match self.platform.vendor {
+                Vendor::Vtd => "expected x86_64: the platform's IOMMU is Intel VT-d",
+                Vendor::Smmuv3 => "expected arm64: the platform's IOMMU is an Arm SMMUv3",
+                Vendor::Virtio => "expected x86_64 or arm64 for a virtio-iommu guest",
+            },
+        )?;
         let w = &self.workload;
         let sections = w.nic_rx.is_some() as u32
             + w.nic_tx.is_some() as u32
@@ -1222,12 +1237,22 @@ pub fn parse_kernel(v: &str) -> Result<(u32, u32), String> {
             .ok()
     });
     match (maj, min) {
-        (Some(a), Some(b)) => Ok((a, b)),
+        (Some(a), Some(b)) if (KERNEL_OLDEST..=KERNEL_NEWEST).contains(&(a, b)) => Ok((a, b)),
+        (Some(a), Some(b)) => Err(format!(
+            "kernel {a}.{b}: expected {}.{} to {}.{}, the kernels whose DMA-layer rules the model follows",
+            KERNEL_OLDEST.0, KERNEL_OLDEST.1, KERNEL_NEWEST.0, KERNEL_NEWEST.1
+        )),
         _ => Err(format!(
             "expected a kernel version like \"6.12\", got \"{v}\""
         )),
     }
 }
+
+/// The oldest kernel modelled: 5.15 introduced the DMA-FQ domain type (IOMMU_DOMAIN_DMA_FQ) that the
+/// default-domain rules and the flush queue follow.
+pub const KERNEL_OLDEST: (u32, u32) = (5, 15);
+/// The newest kernel whose changes the model knows (the qi_desc_iotlb IH fix, dma::kernel).
+pub const KERNEL_NEWEST: (u32, u32) = (6, 18);
 
 /// Where a scenario comes from.
 pub enum Source<'a> {
@@ -1813,7 +1838,15 @@ mod tests {
     #[test]
     fn every_builtin_profile_runs_the_minimal_scenario() {
         for (name, _) in BUILTIN_PROFILES {
-            let v = text(&MIN.replace("vtd-server", name)).unwrap();
+            let arch = if name.starts_with("smmuv3") {
+                "arm64"
+            } else {
+                "x86_64"
+            };
+            let sc = MIN
+                .replace("vtd-server", name)
+                .replace("[os]\n", &format!("[os]\narch = \"{arch}\"\n"));
+            let v = text(&sc).unwrap();
             assert_eq!(v[0].scenario.platform.profile, *name);
         }
     }

@@ -141,6 +141,11 @@ impl Replay {
                 )))
             }
         };
+        if caching_mode && vendor != scenario::Vendor::Vtd {
+            return Err(ScenarioError::new_err(
+                "--caching-mode on: caching mode is a VT-d capability (CAP.CM); expected --iommu vtd",
+            ));
+        }
         let mode = match mode {
             None => None,
             Some("strict") => Some(scenario::PolicyName::Strict),
@@ -221,6 +226,33 @@ fn explain(
     };
     let kernel = scenario::parse_kernel(kernel)
         .map_err(|m| ScenarioError::new_err(format!("--kernel: {m}")))?;
+    // Each IOMMU driver serves its architectures: VT-d x86, SMMUv3 arm64, s390's zPCI s390; virtio-iommu
+    // any guest but s390.
+    let fits = matches!(
+        (driver, arch),
+        (Driver::Vtd, scenario::Arch::X86_64)
+            | (Driver::Smmuv3, scenario::Arch::Arm64)
+            | (Driver::S390, scenario::Arch::S390)
+            | (
+                Driver::Virtio,
+                scenario::Arch::X86_64 | scenario::Arch::Arm64
+            )
+    );
+    if !fits {
+        let name = match arch {
+            scenario::Arch::X86_64 => "x86_64",
+            scenario::Arch::Arm64 => "arm64",
+            scenario::Arch::S390 => "s390",
+        };
+        return Err(ScenarioError::new_err(format!(
+            "--iommu {iommu}: no such IOMMU on {name} (VT-d is x86_64, SMMUv3 arm64, s390 s390, virtio x86_64 or arm64)"
+        )));
+    }
+    if caching_mode && driver != Driver::Vtd {
+        return Err(ScenarioError::new_err(
+            "--caching-mode on: caching mode is a VT-d capability (CAP.CM); expected --iommu vtd",
+        ));
+    }
     let e = default_domain::explain(arch, kernel, cmdline, caching_mode, driver);
     Ok(serde_json::to_string(&e).expect("serialises"))
 }
