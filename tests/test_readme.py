@@ -1,0 +1,59 @@
+"""Every command the README shows runs as written (the two set-up commands aside), so the README cannot drift."""
+
+import lzma
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parent.parent
+README = (ROOT / "README.md").read_text()
+# A real kernel's trace stands for the README's trace.txt / trace.txt.xz.
+TRACE = ROOT / "tests/data/testbed/k6.12-intel-cmoff-lazy/guest-trace.txt.xz"
+
+
+def commands() -> list[str]:
+    """The shell commands of the README's ```sh blocks, comments dropped, set-up commands (pip) left out."""
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", README, re.S):
+        for line in block.splitlines():
+            cmd = re.sub(r"\s+#.*$", "", line).strip()
+            if cmd.startswith("iommulab"):
+                out.append(cmd)
+    return out
+
+
+def python_examples() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, re.S)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("readme")
+    shutil.copy(TRACE, d / "trace.txt.xz")
+    (d / "trace.txt").write_bytes(lzma.decompress(TRACE.read_bytes()))
+    return d
+
+
+def test_the_readme_shows_commands():
+    assert len(commands()) >= 15 and python_examples()
+
+
+def test_every_readme_command_runs_as_written(workdir):
+    # In README order: `scenarios default > my.toml` comes before `run my.toml`.
+    for cmd in commands():
+        shell = re.sub(r"^iommulab\b", f"{sys.executable} -m iommulab", cmd)
+        p = subprocess.run(["bash", "-c", shell], cwd=workdir, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, f"{cmd}\nstdout: {p.stdout[-2000:]}\nstderr: {p.stderr[-2000:]}"
+
+
+def test_the_readme_python_example_runs(workdir):
+    if not (workdir / "my.toml").exists():
+        subprocess.run([sys.executable, "-m", "iommulab", "scenarios", "default"], cwd=workdir, check=True,
+                       stdout=(workdir / "my.toml").open("w"))
+    for code in python_examples():
+        p = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, f"{code}\nstderr: {p.stderr[-2000:]}"
