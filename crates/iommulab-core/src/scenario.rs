@@ -1034,10 +1034,12 @@ impl NicRx {
             "workload.nic_rx.mtu",
             "expected an MTU of 64..=65536 bytes",
         )?;
+        // Drivers size rings in powers of two: mlx5e_ethtool_set_ringparam() takes order_base_2 of the
+        // request, ENA's ena_set_ringparam() rounds down to a power of two.
         check(
-            (2..=65536).contains(&nic.ring_size),
+            (2..=65536).contains(&nic.ring_size) && nic.ring_size.is_power_of_two(),
             "workload.nic_rx.ring_size",
-            "expected 2..=65536 descriptors",
+            "expected a power of two from 2 to 65536 descriptors (drivers size rings in powers of two)",
         )?;
         check(
             (1..=PP_MAX_POOL_SIZE).contains(&nic.pool_size),
