@@ -76,6 +76,14 @@ def format_replay(res: dict[str, Any]) -> str:
              f"({res['policy_reason']})",
              f"lines {res['lines']['total']} · events {res['lines']['events']} · unreadable {res['lines']['bad']}"]
     lines += [f"  unreadable line {e}" for e in res["lines"]["bad_examples"]]
+    an = res.get("anomalies", {})
+    names = {"unaligned": "IOVAs not 4 KiB aligned", "time_backwards": "events stamped before the one before",
+             "unmatched_markers": "TB_END of a phase not begun",
+             "untraced_unmapped_pages": "pages unmapped that the trace never mapped (mapped before tracing, or map "
+                                        "events lost)"}
+    odd = [f"{an[k]} {v}" for k, v in names.items() if an.get(k)]
+    if odd:
+        lines.append("anomalies (replayed as they are): " + " · ".join(odd))
     lines.append("")
     lines.append(" ".join(f"{n:>{w}}" if i else f"{n:<{w}}" for i, (n, w) in enumerate(cols)))
     fits = []

@@ -208,6 +208,21 @@ pub struct Lines {
     pub bad_examples: Vec<String>,
 }
 
+/// Oddities of a trace that a real host can produce (lost events, merged buffers), replayed as they are and
+/// counted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Anomalies {
+    /// Map or unmap events whose IOVA is not 4 KiB aligned (iommu_map and iommu_unmap refuse those).
+    pub unaligned: u64,
+    /// Events stamped earlier than the event before them.
+    pub time_backwards: u64,
+    /// TB_END markers of a phase not begun.
+    pub unmatched_markers: u64,
+    /// Unmapped pages the trace never mapped: mapped before tracing began, or map events lost (replayed as
+    /// mapped then).
+    pub untraced_unmapped_pages: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplayResult {
     pub iommu: String,
@@ -216,6 +231,7 @@ pub struct ReplayResult {
     pub policy_reason: String,
     pub hz: u32,
     pub lines: Lines,
+    pub anomalies: Anomalies,
     /// Walk-cache locality of the traced kernel's IOVA allocations, over the whole trace.
     pub iova_locality: IovaLocality,
     pub phases: Phases,
@@ -270,6 +286,9 @@ struct Replayer {
     sg_phases: BTreeSet<Option<String>>,
     /// Phases whose device uses ATS (empty: all).
     ats_phases: Vec<String>,
+    /// Unmapped pages the trace never mapped, and TB_END markers of a phase not begun.
+    untraced_pages: u64,
+    unmatched_markers: u64,
 }
 
 /// Split `c` around [a, b): the segments before it, those overlapping it, those after it.
@@ -561,6 +580,7 @@ impl Replayer {
                     .take_while(|&q| c.iommu.iova_to_phys(c.dom, q).is_none())
                     .count() as u64;
                 c.iommu.map_untraced(c.dom, p, p, run);
+                self.untraced_pages += run;
                 p += run;
             }
         }
@@ -586,6 +606,7 @@ impl Replayer {
                 self.commit();
                 self.phase = None;
             }
+            "TB_END" => self.unmatched_markers += 1,
             _ => {}
         }
     }
@@ -610,6 +631,11 @@ pub struct ReplaySession {
     partial: Vec<u8>,
     /// The IOMMU's input address space, in bytes: IOVAs at or above it cannot be mapped.
     iova_limit: u64,
+    anomalies: Anomalies,
+    last_ts: u64,
+    /// Phases the trace began (for --ats-phases).
+    seen_phases: BTreeSet<String>,
+    ats_phases: Vec<String>,
 }
 
 impl ReplaySession {
@@ -682,6 +708,8 @@ impl ReplaySession {
                 seq: 0,
                 sg_phases: BTreeSet::new(),
                 ats_phases: opts.ats_phases.clone(),
+                untraced_pages: 0,
+                unmatched_markers: 0,
             };
             r.mark = r.counters();
             (phase, r)
@@ -712,6 +740,10 @@ impl ReplaySession {
             walk_cache_entries: sc.platform.iommu.last_walk_cache_entries(),
             partial: Vec::new(),
             iova_limit,
+            anomalies: Anomalies::default(),
+            last_ts: 0,
+            seen_phases: BTreeSet::new(),
+            ats_phases: opts.ats_phases.clone(),
         })
     }
 
@@ -771,6 +803,22 @@ impl ReplaySession {
             }
         };
         self.lines.events += 1;
+        if ev.ts_ns < self.last_ts {
+            self.anomalies.time_backwards += 1;
+        }
+        self.last_ts = self.last_ts.max(ev.ts_ns);
+        match &rec {
+            Record::Map { iova, .. } | Record::Unmap { iova, .. } if iova % 4096 != 0 => {
+                self.anomalies.unaligned += 1;
+            }
+            Record::Marker { text, .. } => {
+                let mut w = text.split_whitespace();
+                if let (Some("TB_BEGIN"), Some(name)) = (w.next(), w.next()) {
+                    self.seen_phases.insert(name.to_string());
+                }
+            }
+            _ => {}
+        }
         if let Record::Map { iova, .. } = &rec {
             self.locality.allocated(pfn(*iova));
         }
@@ -840,6 +888,29 @@ impl ReplaySession {
                 ),
             ));
         }
+        if let Some(p) = self
+            .ats_phases
+            .iter()
+            .find(|p| !self.seen_phases.contains(*p))
+        {
+            let seen: Vec<&str> = self.seen_phases.iter().map(String::as_str).collect();
+            return Err(InputError::new(
+                &self.name,
+                format!(
+                    "--ats-phases {p}: the trace has no phase of that name (its phases: {})",
+                    if seen.is_empty() {
+                        "none".to_string()
+                    } else {
+                        seen.join(", ")
+                    }
+                ),
+            ));
+        }
+        let mut anomalies = self.anomalies;
+        if let Some((_, r)) = self.rs.first() {
+            anomalies.untraced_unmapped_pages = r.untraced_pages;
+            anomalies.unmatched_markers = r.unmatched_markers;
+        }
         let fit = self.rs.len() > 1;
         let mut done: Vec<(u64, Phases)> = self
             .rs
@@ -863,6 +934,7 @@ impl ReplaySession {
             policy_reason: self.policy_reason,
             hz: self.hz,
             lines,
+            anomalies,
             iova_locality: IovaLocality::new(&self.locality.counts, self.walk_cache_entries),
             phases,
         })
@@ -1011,6 +1083,38 @@ mod tests {
             r.lines.bad_examples
         );
         assert!(r.lines.bad_examples[0].contains("beyond the IOMMU's input address space"));
+    }
+
+    /// Oddities a real host's trace can hold are replayed and counted: unaligned IOVAs, timestamps going
+    /// backwards, TB_END of a phase never begun, unmaps of ranges the trace never mapped.
+    #[test]
+    fn a_traces_oddities_are_counted() {
+        let t = [
+            mark(1_000, "TB_END net"),
+            map(2_000, 0xfff0_0800, 0x10_0000, 4096),
+            unmap(1_500, 0xfff0_0800, 4096),
+            unmap(3_000, 0xfff8_0000, 8192),
+        ]
+        .concat();
+        let a = run(&t, &ReplayOptions::default()).anomalies;
+        assert_eq!(
+            (
+                a.unaligned,
+                a.time_backwards,
+                a.unmatched_markers,
+                a.untraced_unmapped_pages
+            ),
+            (2, 1, 1, 2)
+        );
+        // --ats-phases naming a phase the trace does not have is an error, not a silent nothing.
+        let opts = ReplayOptions {
+            ats_phases: vec!["net".into()],
+            ..Default::default()
+        };
+        let mut s = ReplaySession::new("t", &opts).unwrap();
+        s.feed(t.as_bytes());
+        let e = s.finish().unwrap_err().to_string();
+        assert!(e.contains("--ats-phases net"), "{e}");
     }
 
     #[test]
