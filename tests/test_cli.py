@@ -309,3 +309,24 @@ def test_combinations_no_kernel_or_hardware_has_are_refused(args, word):
     # All of these used to be accepted without a word.
     p = cli(*args)
     assert p.returncode == 2 and word in p.stderr and "\n" not in p.stderr.strip(), p.stderr
+
+
+def test_compare_twice_in_one_folder_keeps_both_plots(tmp_path):
+    # The second run used to fail because the default plot name existed.
+    import subprocess
+    import sys
+    args = [sys.executable, "-m", "iommulab", "compare", "--policies", "strict,lazy", *SHORT]
+    for _ in range(2):
+        p = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+    assert sorted(f.name for f in tmp_path.glob("*.svg")) == ["compare-default-2.svg", "compare-default.svg"]
+
+
+def test_the_table_says_what_the_command_line_set_and_labels_flags_by_key():
+    # `run --set os.policy=strict` kept the scenario's "passthrough vs lazy vs strict" title alone and labelled
+    # its rows `false` / `true`; `run c9` did not say which names exist.
+    p = cli("run", *SHORT, "--set", "os.policy=strict", check_rc=0)
+    assert "set: " in p.stdout and "os.policy=strict" in p.stdout
+    assert any(line.startswith("page_pool=false") for line in p.stdout.splitlines()), p.stdout
+    p = cli("run", "c9")
+    assert p.returncode == 2 and "built-ins: default" in p.stderr, p.stderr

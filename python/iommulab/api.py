@@ -60,9 +60,12 @@ def load(scenario: str | os.PathLike | Mapping[str, Any] | None = None, override
     if not isinstance(scenario, (str, os.PathLike)):
         raise ScenarioError(f"scenario {scenario!r}: expected a built-in name, a TOML path or a dict")
     path = os.fspath(scenario)
-    builtin = {n for n, _ in _core.builtin_scenarios()}
+    builtin = [n for n, _ in _core.builtin_scenarios()]
     if path in builtin and not os.path.exists(path):
         return _core.load("builtin", path, pairs)
+    if not os.path.exists(path) and not path.endswith(".toml") and os.sep not in path:
+        raise ScenarioError(f"{path}: no such scenario file, and no built-in scenario of that name "
+                            f"(built-ins: {', '.join(builtin)})")
     return _core.load("file", path, pairs)
 
 

@@ -205,7 +205,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sc = json.loads(variants[0].scenario_json())
-        sys.stdout.write(format_table(sc, results))
+        sys.stdout.write(format_table(sc, results, list(a.sets)))
     return 0
 
 
@@ -224,6 +224,12 @@ def _cmd_compare(a: argparse.Namespace) -> int:
     plot = None
     if not a.no_plot:
         plot = a.plot or f"compare-{name}.svg"
+        if a.plot is None and os.path.exists(plot) and not a.force:
+            # The default name is taken (an earlier run's plot): the next free one, never overwriting it.
+            k = 2
+            while os.path.exists(f"compare-{name}-{k}.svg"):
+                k += 1
+            plot = f"compare-{name}-{k}.svg"
         if os.path.exists(plot) and not a.force:
             raise ScenarioError(f"{plot}: exists; pass --force to overwrite it, or --plot FILE.svg")
     progress = None if (a.json or a.no_progress) else stderr_progress()
@@ -239,7 +245,7 @@ def _cmd_compare(a: argparse.Namespace) -> int:
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(format_compare(sc, results, plot))
+        sys.stdout.write(format_compare(sc, results, plot, list(a.sets)))
     return 0
 
 

@@ -69,15 +69,19 @@ COLUMNS = [
 ]
 
 
-def format_compare(scenario: dict[str, Any], results: list[RunResult], plot: str | None = None) -> str:
+def format_compare(scenario: dict[str, Any], results: list[RunResult], plot: str | None = None,
+                   sets: list[tuple[str, str]] | None = None) -> str:
     lines = [
         f"iommulab {__version__} · compare · {scenario.get('name') or 'scenario'}: "
         f"{scenario.get('description', '')}".rstrip(": "),
         f"platform {scenario['platform']['profile']} ({scenario['platform']['vendor']}) · kernel "
         f"{scenario['os']['kernel']} · {scenario['run']['duration_ms']:g} ms after {scenario['run']['warmup_ms']:g} ms "
         f"warm-up · seed {scenario['run']['seed']}",
-        "",
     ]
+    if sets:
+        # The description is the scenario's own; say what the command line changed in it.
+        lines.append("set: " + " ".join(f"{k}={v}" for k, v in sets))
+    lines.append("")
     lw = max([len("run")] + [len(r.label) for r in results])
     head = f"{'run':<{lw}}" + "".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
     lines += [head, "-" * len(head)]

@@ -53,7 +53,7 @@ def _contention(results: list, lw: int) -> list[str]:
     return ["", "most contended shared state (spin and cache-line transfers):"] + out if out else []
 
 
-def format_table(scenario: dict[str, Any], results: list) -> str:
+def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, str]] | None = None) -> str:
     columns = COLUMNS
     if any(getattr(r, "latency", None) for r in results):
         columns = COLUMNS[:1] + LATENCY_COLUMNS + COLUMNS[1:]
@@ -64,6 +64,11 @@ def format_table(scenario: dict[str, Any], results: list) -> str:
         f"iommulab {__version__} · {scenario.get('name') or 'scenario'}: {scenario.get('description', '')}".rstrip(": "),
         f"platform {plat['profile']} ({plat['vendor']}) · kernel {os_['kernel']} {os_['arch']} · "
         f"{run['duration_ms']:g} ms simulated after {run['warmup_ms']:g} ms warm-up · seed {run['seed']}",
+    ]
+    if sets:
+        # The description is the scenario's own; say what the command line changed in it.
+        lines.append("set: " + " ".join(f"{k}={v}" for k, v in sets))
+    lines += [
         "",
     ]
     lw = max([len("run")] + [len(r.label) for r in results])

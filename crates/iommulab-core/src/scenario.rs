@@ -1590,7 +1590,8 @@ pub fn load(
                 None => origins.error(&p, &m),
             }
         })?;
-        let label = if ov.len() == 1 {
+        // One axis of names (policies, kernels) reads as its value; a flag or a number needs its key.
+        let label = if ov.len() == 1 && ov[0].1.is_str() {
             value_label(&ov[0].1)
         } else {
             ov.iter()
