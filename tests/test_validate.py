@@ -111,3 +111,32 @@ def test_the_locality_target_is_the_median_of_fs_figure_3e():
     assert beyond(rings[2048], 32) + 0.05 == pytest.approx(0.86, abs=0.01)
     # Emptied by each of one PSI per 23 accesses, the cache would miss every first use after it: 0.61 or more.
     assert sum(beyond(rings[256], i) for i in range(23)) / 23 > 0.6
+
+
+# Targets the model misses today, with why (docs: README "Published targets"). A miss that starts to pass
+# fails the run too (strict xfail), so an improvement is seen and this list updated; every other target must
+# stay within its tolerance.
+KNOWN_MISSES = {
+    "C3.strict_pwc_l3_misses_per_page": "the rings' IOVA layout does not age as F&S's Figure 3d needs",
+    "C3.strict_throughput_share": "fewer walk reads than measured leave the DMA engine less held back",
+    "C3.strict_drop_rate": "DCTCP senders back off on fewer losses than F&S measured",
+    "C3.strict_iova_reuse_distance_p50": "the model's allocations are ACK heads the rcache hands back at once",
+    "C2.strict_inv_per_page": "every strict RX unmap is one page with its own PSI",
+    "C2.fands_inv_per_page": "one PSI per 64-page block plus one per ACK head",
+    "C2.xsmmu_inv_per_page": "more churned pages than published",
+}
+
+
+@pytest.fixture(scope="module")
+def all_targets():
+    return {r["id"]: r for r in json.loads(cli("validate", "--json", check_rc=0).stdout)["targets"]}
+
+
+@pytest.mark.parametrize("target", [t.id for t in load_targets().targets])
+def test_every_target_holds_its_current_standing(all_targets, target):
+    r = all_targets[target]
+    if target in KNOWN_MISSES:
+        if r["ok"]:
+            pytest.fail(f"{target} now within tolerance ({r['error']:+.1%}): remove it from KNOWN_MISSES")
+        pytest.xfail(f"{target} {r['error']:+.1%}: {KNOWN_MISSES[target]}")
+    assert r["ok"], f"{target}: model {r['model']} against {r['published']} ({r['error']:+.1%}, tolerance {r['tolerance']:.0%})"
