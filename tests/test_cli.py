@@ -330,3 +330,10 @@ def test_the_table_says_what_the_command_line_set_and_labels_flags_by_key():
     assert any(line.startswith("page_pool=false") for line in p.stdout.splitlines()), p.stdout
     p = cli("run", "c9")
     assert p.returncode == 2 and "built-ins: default" in p.stderr, p.stderr
+
+
+def test_fands_without_multi_packet_wqes_says_it_is_strict():
+    # It used to print rows that looked like FANDS's and were strict's.
+    doc = cli_json("tx", *SHORT, "--set", "os.policy=fands")
+    assert "every mapping is strict" in doc["policy_note"]
+    assert cli_json("tx", *SHORT, "--set", "os.policy=strict")["policy_note"] == ""

@@ -94,6 +94,8 @@ def format_compare(scenario: dict[str, Any], results: list[RunResult], plot: str
         "(0: none exposed) · stale hits: device translations served by an entry the page table no longer held "
         "· sub-page: other data sharing the pages of mapped small buffers, reachable on average at any instant",
     ]
+    notes = sorted({r.policy_note for r in results if getattr(r, "policy_note", "")})
+    lines += [f"note: {n}" for n in notes]
     if plot:
         lines.append(f"plot: {plot}")
     return "\n".join(lines) + "\n"

@@ -53,10 +53,17 @@ def _contention(results: list, lw: int) -> list[str]:
     return ["", "most contended shared state (spin and cache-line transfers):"] + out if out else []
 
 
+IOPS_COLUMNS = [
+    ("kIOPS", 9, lambda r: f"{r.packets_per_sec / 1e3:.0f}"),
+]
+
+
 def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, str]] | None = None) -> str:
     columns = COLUMNS
     if any(getattr(r, "latency", None) for r in results):
         columns = COLUMNS[:1] + LATENCY_COLUMNS + COLUMNS[1:]
+    elif scenario.get("workload", {}).get("nvme"):
+        columns = COLUMNS[:1] + IOPS_COLUMNS + COLUMNS[1:]
     run = scenario["run"]
     plat = scenario["platform"]
     os_ = scenario["os"]
@@ -79,6 +86,9 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
     for r in results:
         lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in columns[:-1])
                      + "  " + _by_type(r))
+    notes = sorted({r.policy_note for r in results if getattr(r, "policy_note", "")})
+    if notes:
+        lines += [""] + [f"note: {n}" for n in notes]
     lines += _contention(results, lw)
     lines += [
         "",
@@ -87,7 +97,9 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
         "invalidations: IOMMU TLB invalidation descriptors/commands (by type: psi/dsi/global for VT-d) · inv/page: "
         "invalidations per IOVA page unmapped · IOTLB miss/pg: IOTLB misses per 4 KiB of data delivered",
     ]
-    if columns is not COLUMNS:
+    if columns[1] is LATENCY_COLUMNS[0]:
         lines.append("kreq/s: responses per second · p50/p99 µs: request latency as the client sees it (at a fixed "
                      "rate, from when each request was due)")
+    elif columns[1] is IOPS_COLUMNS[0]:
+        lines.append("kIOPS: I/Os completed per second (fio's IOPS)")
     return "\n".join(lines) + "\n"

@@ -30,6 +30,8 @@ pub struct Simulation {
     label: String,
     policy: PolicyName,
     policy_reason: String,
+    /// What the user should know about the policy on this workload (empty: nothing).
+    policy_note: String,
     seed: u64,
     /// Entries of the platform's last walk cache (PTcache-L3), for the IOVA locality result.
     walk_cache_entries: u64,
@@ -128,6 +130,17 @@ impl Simulation {
         let sc = &v.scenario;
         let p = &sc.platform;
         let (mut host, policy, policy_reason) = build_host(sc);
+        // FANDS changes only how mlx5's multi-packet RX WQEs are mapped: say so where there are none.
+        let fands_blocks = sc
+            .workload
+            .nic_rx
+            .as_ref()
+            .is_some_and(|n| n.rq == crate::scenario::RqKind::Mlx5Striding);
+        let policy_note = if policy == PolicyName::Fands && !fands_blocks {
+            "FANDS maps mlx5 striding-RQ WQEs as IOVA blocks; this workload has none, so every mapping is strict (with the F&S dmar.c IH change)".to_string()
+        } else {
+            String::new()
+        };
         let w = &sc.workload;
         let (link, slots) = (p.pcie.link_gbps, p.pcie.translation_slots);
         let mut workload: Box<dyn Workload> = if let Some(nic) = &w.nic_rx {
@@ -179,6 +192,7 @@ impl Simulation {
             label: v.label.clone(),
             policy,
             policy_reason,
+            policy_note,
             seed: sc.run.seed,
             walk_cache_entries: p.iommu.last_walk_cache_entries(),
         })
@@ -313,6 +327,7 @@ impl Simulation {
             label: &self.label,
             policy: self.policy.as_str(),
             policy_reason: &self.policy_reason,
+            policy_note: &self.policy_note,
             iommu: self.host.dma.core.iommu.name(),
             inv_kinds: self.host.dma.core.iommu.inv_kinds(),
             seed: self.seed,
