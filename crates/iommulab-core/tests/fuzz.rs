@@ -93,15 +93,17 @@ fn options() -> impl Strategy<Value = ReplayOptions> {
         prop::sample::select(vec!["5.15", "6.1", "6.8", "6.12", "6.18"]),
         prop::option::of(0u64..10_000_000),
     )
-        .prop_map(|(vendor, ats, mode, kernel, jiffy_phase_ns)| ReplayOptions {
-            vendor,
-            caching_mode: vendor == Vendor::Vtd && ats,
-            ats,
-            kernel: kernel.into(),
-            mode,
-            jiffy_phase_ns,
-            ..ReplayOptions::default()
-        })
+        .prop_map(
+            |(vendor, ats, mode, kernel, jiffy_phase_ns)| ReplayOptions {
+                vendor,
+                caching_mode: vendor == Vendor::Vtd && ats,
+                ats,
+                kernel: kernel.into(),
+                mode,
+                jiffy_phase_ns,
+                ..ReplayOptions::default()
+            },
+        )
 }
 
 proptest! {

@@ -240,6 +240,12 @@ pub struct ReplayResult {
 /// The phase events outside every marker pair belong to.
 pub const OUTSIDE: &str = "_outside";
 const BAD_EXAMPLES: usize = 5;
+/// The most leaf entries one map event may write in the replay: 2^26 (256 GiB at 4 KiB, about 512 MiB of
+/// modelled page table). A modelling bound that keeps an event within a second and a gigabyte; VFIO's
+/// guest-RAM maps, larger than that in bytes, use 2 MiB or 1 GiB leaves and stay far below it.
+pub const REPLAY_MAX_EVENT_PAGES: u64 = 1 << 26;
+/// The most 4 KiB pages one unmap event may clear in the replay (1 TiB), for the same reason.
+pub const REPLAY_MAX_UNMAP_PAGES: u64 = 1 << 28;
 
 /// `map` events that may be one mapping call (one `iotlb_sync_map`), until their unmaps tell.
 #[derive(Debug, Clone)]
@@ -631,6 +637,8 @@ pub struct ReplaySession {
     partial: Vec<u8>,
     /// The IOMMU's input address space, in bytes: IOVAs at or above it cannot be mapped.
     iova_limit: u64,
+    /// The page-table format, to count the leaf entries a map writes.
+    fmt: hw::PtFormat,
     anomalies: Anomalies,
     last_ts: u64,
     /// Phases the trace began (for --ats-phases).
@@ -740,11 +748,28 @@ impl ReplaySession {
             walk_cache_entries: sc.platform.iommu.last_walk_cache_entries(),
             partial: Vec::new(),
             iova_limit,
+            fmt,
             anomalies: Anomalies::default(),
             last_ts: 0,
             seen_phases: BTreeSet::new(),
             ats_phases: opts.ats_phases.clone(),
         })
+    }
+
+    /// Leaf entries a map of [iova, iova + size) at `paddr` writes, page sizes chosen as iommu_pgsize() does.
+    fn leaves(&self, iova: u64, paddr: u64, size: u64) -> u64 {
+        let g = self.fmt.granule_shift;
+        let (mut i, mut p, mut left) = (iova >> g, paddr >> g, size.div_ceil(1 << g));
+        let mut n = 0;
+        while left > 0 {
+            let (level, count) = self.fmt.pgsize(i, p, left);
+            let step = (count << self.fmt.span_shift(level)).clamp(1, left);
+            n += count.max(1);
+            i += step;
+            p += step;
+            left -= step;
+        }
+        n
     }
 
     /// Why an event cannot be what the kernel did to this IOMMU, if it cannot: an empty range, or one that
@@ -761,6 +786,8 @@ impl ReplaySession {
                     Some("a map beyond the IOMMU's input address space")
                 } else if paddr.checked_add(size).is_none() {
                     Some("a map whose physical range wraps past 2^64")
+                } else if self.leaves(iova, paddr, size) > REPLAY_MAX_EVENT_PAGES {
+                    Some("a map of more leaf entries than one event may write in the replay (2^26)")
                 } else {
                     None
                 }
@@ -773,6 +800,8 @@ impl ReplaySession {
             } => {
                 if !within(iova, size.max(unmapped)) {
                     Some("an unmap beyond the IOMMU's input address space")
+                } else if size.max(unmapped) / 4096 > REPLAY_MAX_UNMAP_PAGES {
+                    Some("an unmap of more than 1 TiB, more than one event may clear in the replay")
                 } else {
                     None
                 }
