@@ -1044,7 +1044,7 @@ mod tests {
             ts,
             &format!(
                 "map: IOMMU: iova=0x{iova:016x} - 0x{:016x} paddr=0x{pa:016x} size={size}",
-                iova + size
+                iova.wrapping_add(size)
             ),
         )
     }
@@ -1053,7 +1053,7 @@ mod tests {
             ts,
             &format!(
                 "unmap: IOMMU: iova=0x{iova:016x} - 0x{:016x} size={size} unmapped_size={size}",
-                iova + size
+                iova.wrapping_add(size)
             ),
         )
     }
