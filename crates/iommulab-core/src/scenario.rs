@@ -872,9 +872,9 @@ impl Scenario {
             )?;
         }
         check(
-            finite_pos(pcie.link_gbps),
+            (MIN_LINE_RATE_GBPS..=1e6).contains(&pcie.link_gbps),
             "platform.pcie.link_gbps",
-            "expected a positive, finite bandwidth",
+            format!("expected a bandwidth in [{MIN_LINE_RATE_GBPS}, 1000000] Gbps"),
         )?;
         let cpu = &self.platform.cpu;
         check(
