@@ -16,6 +16,7 @@ pub mod dma;
 pub mod host;
 pub mod hw;
 pub mod input;
+pub mod kernel;
 pub mod metrics;
 pub mod replay;
 pub mod run;

@@ -1253,7 +1253,7 @@ pub fn parse_kernel(v: &str) -> Result<(u32, u32), String> {
 /// The oldest kernel modelled: 5.15 introduced the DMA-FQ domain type (IOMMU_DOMAIN_DMA_FQ) that the
 /// default-domain rules and the flush queue follow.
 pub const KERNEL_OLDEST: (u32, u32) = (5, 15);
-/// The newest kernel whose changes the model knows (the qi_desc_iotlb IH fix, dma::kernel).
+/// The newest kernel whose changes the model knows (the qi_desc_iotlb IH fix, kernel.rs).
 pub const KERNEL_NEWEST: (u32, u32) = (6, 18);
 
 /// Where a scenario comes from.

@@ -11,7 +11,6 @@ pub mod fands;
 pub mod flush_queue;
 pub mod fns;
 pub mod iova;
-pub mod kernel;
 pub mod locality;
 pub mod passthrough;
 pub mod per_cpu;

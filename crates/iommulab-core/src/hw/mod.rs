@@ -11,7 +11,7 @@ pub mod translator;
 pub mod virtio;
 pub mod vtd;
 
-use crate::dma::kernel::KernelVersion;
+use crate::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, Platform, Vendor};
 use crate::sim::{LockStats, Time};
 pub use pgtable::PtFormat;

@@ -5,7 +5,7 @@
 
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
-use crate::dma::kernel::KernelVersion;
+use crate::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, PsiNonLeaf, VtdProfile};
 use crate::sim::{Coherence, FifoServer, LockStats, SpinLock, Time, QSPINLOCK_HANDOFF_TRANSFERS};
 

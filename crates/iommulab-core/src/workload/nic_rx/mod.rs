@@ -20,7 +20,7 @@ use super::napi::{Moderation, Napi, RX_CQ, TX_CQ};
 use super::net::{self, ACK_FRAME, ETH_HLEN};
 use super::sq::{HeadSlab, SendQueue, CQE_BYTES, DS_BYTES};
 use super::{event, Device, Workload, WorkloadStats};
-use crate::dma::kernel::KernelVersion;
+use crate::kernel::KernelVersion;
 use crate::host::Host;
 use crate::scenario::{NicRx, Readers, RingFill, RqKind, SenderModel};
 use crate::sim::{Ctx, Path, Time};
