@@ -3,7 +3,7 @@
 //! naming: 2 MiB of IOVA with 4 KiB pages) were used since its own entry last was. That is the entry's LRU
 //! stack distance in the sequence: at or above the walk cache's size, the device's walk likely misses.
 
-use crate::metrics::hist::Histogram;
+use crate::sim::hist::Histogram;
 
 /// What a `ReuseDistance` has counted. Cumulative: a window is the difference of two (`since`).
 #[derive(Debug, Clone, Default, PartialEq)]

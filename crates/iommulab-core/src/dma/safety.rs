@@ -8,7 +8,7 @@
 //! ahead on their own clocks, so an invalidation handled later may carry an earlier time; the range counts
 //! as covered at the later of the invalidation's completion and its own clear.
 
-use crate::metrics::hist::Histogram;
+use crate::sim::hist::Histogram;
 use crate::sim::Time;
 use std::collections::{BTreeMap, HashMap};
 

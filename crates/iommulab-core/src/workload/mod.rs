@@ -12,8 +12,8 @@ pub mod rxq;
 pub mod sq;
 
 use crate::host::{Event, Host};
-use crate::metrics::hist::Histogram;
 use crate::metrics::RxPageCache;
+use crate::sim::hist::Histogram;
 use crate::sim::{DmaEngine, Path, Time};
 use desc_ring::DescRing;
 use serde::Serialize;

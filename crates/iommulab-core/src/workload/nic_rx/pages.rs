@@ -15,8 +15,8 @@
 //!   no longer holds it.
 
 use crate::host::Host;
-use crate::metrics::hist::Histogram;
 use crate::metrics::RxPageCache;
+use crate::sim::hist::Histogram;
 use crate::sim::Time;
 use std::collections::VecDeque;
 
