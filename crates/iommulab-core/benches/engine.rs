@@ -10,9 +10,15 @@ use iommulab_core::scenario::{load, Platform, Source};
 
 /// The platform of the default scenario on `profile`, optionally with an ATS device.
 fn platform(profile: &str, ats: bool) -> Platform {
+    let arch = if profile.starts_with("smmuv3") {
+        "arm64"
+    } else {
+        "x86_64"
+    };
     let ov = vec![
         ("platform.profile".to_string(), profile.to_string()),
         ("platform.pcie.ats".to_string(), ats.to_string()),
+        ("os.arch".to_string(), arch.to_string()),
     ];
     let v = load(Source::Builtin("default"), &ov).expect("default loads");
     v[0].scenario.platform.clone()
