@@ -748,6 +748,37 @@ mod tests {
         assert!(!c2("passthrough", "1").safety.protected);
     }
 
+    /// Where the timer decides it: at 1 Gbps no per-CPU ring of 255 fills within the 10 ms timeout, so every
+    /// flush is the timer's and a page waits up to the timeout (rounded up to jiffies, HZ=250) after its
+    /// unmap. A timer that fired early, late or never would move the window out of this band.
+    #[test]
+    fn at_a_low_rate_the_flush_timer_sets_the_lazy_exposure_window() {
+        let ov = [
+            ("os.policy", "lazy"),
+            ("workload.nic_rx.page_pool", "false"),
+            ("workload.nic_rx.line_rate_gbps", "1"),
+            ("run.duration_ms", "60"),
+            ("run.warmup_ms", "5"),
+        ];
+        let r = run_variant(&default_with(&ov)[0]);
+        assert_eq!(r.flush_queue_flushes.full, 0, "{:?}", r.flush_queue_flushes);
+        assert!(
+            r.flush_queue_flushes.timer >= 4,
+            "{:?}",
+            r.flush_queue_flushes
+        );
+        let w = r.safety.window.as_ref().expect("lazy exposes pages");
+        // IOVA_DEFAULT_FQ_TIMEOUT 10 ms plus the wheel's rounding (up to two 4 ms jiffies) and the flush.
+        assert!(
+            w.max_us > 10_000.0 && w.max_us <= 10_000.0 + 2.0 * 4_000.0 + 1_000.0,
+            "{w:?}"
+        );
+        assert!(
+            w.p50_us > 1_000.0,
+            "pages wait for the timer, not for a full ring: {w:?}"
+        );
+    }
+
     #[test]
     fn a_replaying_device_reaches_released_pages_only_under_lazy_and_passthrough() {
         let by = |p: &str| {
