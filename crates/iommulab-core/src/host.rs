@@ -315,15 +315,11 @@ impl Host {
     /// ATS, nothing more on an ATC hit and a translation-request round trip on a miss; one memory read per
     /// page-walk level the walk caches did not cover) and whether it faulted.
     pub fn dma_page(&mut self, now: Time, iova_pfn: u64) -> (u64, bool) {
+        // Through the domain that holds the IOMMU: the one the device's last DMA-layer call lent it to.
+        let tr = self.layer(self.iommu_at).translate(now, iova_pfn);
         let pcie = &self.platform.pcie;
         let base = pcie.dma_base_ns;
-        let d = self.iommu_at;
-        let layer = if d == 0 {
-            &mut self.dma
-        } else {
-            &mut self.others[d - 1]
-        };
-        match layer.translate(now, iova_pfn) {
+        match tr {
             None => (base, false),
             Some(tr) => {
                 let ats = if tr.ats_request {

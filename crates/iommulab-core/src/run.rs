@@ -233,28 +233,28 @@ impl Simulation {
             locks: d.iommu.lock_stats(),
             ..Default::default()
         };
-        let mut iova_locks: Vec<(&'static str, crate::sim::LockStats)> = Vec::new();
+        // The domains' own locks (the allocator's, the flush queue's), the same name summed over domains.
+        let mut domain_locks: Vec<(&'static str, crate::sim::LockStats)> = Vec::new();
         for l in self.host.layers() {
             let c = &l.core;
             s.dma.add(&c.stats);
             s.iova.add(&c.iovad.stats);
             s.safety.add(&c.safety.stats);
             s.exposed_open += c.safety.exposed_open(at);
-            s.iova_lock_wait_ns += c.iovad.rbtree_lock.stats.wait_ns;
             for (name, st) in c
                 .iovad
                 .lock_stats()
                 .into_iter()
                 .chain(l.policy.lock_stats())
             {
-                match iova_locks.iter_mut().find(|(n, _)| *n == name) {
+                match domain_locks.iter_mut().find(|(n, _)| *n == name) {
                     Some((_, acc)) => acc.add(&st),
-                    None => iova_locks.push((name, st)),
+                    None => domain_locks.push((name, st)),
                 }
             }
         }
-        iova_locks.append(&mut s.locks);
-        s.locks = iova_locks;
+        domain_locks.append(&mut s.locks);
+        s.locks = domain_locks;
         s
     }
 

@@ -17,12 +17,12 @@
 //! descriptor.
 
 use super::chunks::IovaChunks;
-use super::per_cpu::PerCpu;
 use super::safety::Ticket;
 use super::xsmmu::XSMMU_PENDING_THRESHOLD;
 use super::{DmaCore, DmaPolicy};
 use crate::hw::IotlbGather;
 use crate::scenario::PolicyName;
+use crate::sim::PerCpu;
 use crate::sim::Time;
 
 /// Held pages per CPU that force the invalidations before the batch ends: the same bound as xSMMU's

@@ -6,8 +6,8 @@
 //! of a chunk is handed out twice while a translation of it may still be cached, so the caller must only
 //! `put` a range after the invalidation covering it completed.
 
-use super::per_cpu::PerCpu;
 use super::DmaCore;
+use crate::sim::PerCpu;
 use crate::sim::Time;
 use std::collections::BTreeMap;
 

@@ -3,9 +3,9 @@
 //! a 10 ms timer, or, for devices whose IOTLB flushes a hypervisor shadows (`shadow_on_flush`), one ring of
 //! 32768 with a 1 s timer.
 
-use super::per_cpu::PerCpu;
 use super::{DmaCore, DmaPolicy};
 use crate::scenario::PolicyName;
+use crate::sim::PerCpu;
 use crate::sim::{LockStats, SpinLock, Time, NS_PER_MS};
 use std::collections::VecDeque;
 
@@ -219,12 +219,11 @@ impl DmaPolicy for FlushQueue {
     }
 
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
-        let mut l = LockStats::default();
-        for x in &self.locks {
-            l.add(&x.stats);
-        }
         vec![
-            ("flush queue fq->lock", l),
+            (
+                "flush queue fq->lock",
+                self.locks.iter().map(|l| &l.stats).sum(),
+            ),
             ("flush queue cookie counters", self.cookie.stats.clone()),
         ]
     }

@@ -13,7 +13,6 @@ pub mod fns;
 pub mod iova;
 pub mod locality;
 pub mod passthrough;
-pub mod per_cpu;
 pub mod safety;
 pub mod strict;
 pub mod xsmmu;

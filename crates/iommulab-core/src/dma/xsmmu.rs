@@ -9,10 +9,10 @@
 //! cached non-leaf entries"), so the DSI drops the domain's paging-structure caches like any DSI. On
 //! SMMUv3 the same call is a TLBI by ASID.
 
-use super::per_cpu::PerCpu;
 use super::safety::Ticket;
 use super::{DmaCore, DmaPolicy};
 use crate::scenario::PolicyName;
+use crate::sim::PerCpu;
 use crate::sim::Time;
 
 /// iommu_napi_poll_threshold: pending pages per queue that force a sync before the poll ends (the xSMMU

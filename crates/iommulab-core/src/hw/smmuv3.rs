@@ -167,20 +167,6 @@ impl Smmuv3 {
         }
     }
 
-    /// The CPU-side lines of the shared command queue, the command queues and the cmpxchg's attempts.
-    fn locks(&self) -> Vec<(&'static str, LockStats)> {
-        let mut q = self.consumer.stats.clone();
-        for l in &self.queues {
-            q.add(&l.stats);
-        }
-        vec![
-            ("smmu cmdq llq", self.llq.stats.clone()),
-            ("smmu cmdq lock/owner_prod", self.lock_owner.stats.clone()),
-            ("smmu cmdq valid_map", self.valid_map.stats.clone()),
-            ("smmu command queue", q),
-        ]
-    }
-
     fn by_va(&self) -> InvKind {
         if self.cfg.stage == 2 {
             InvKind::TlbiS2Ipa
@@ -387,8 +373,18 @@ impl Iommu for Smmuv3 {
         &mut self.tr
     }
 
+    /// The CPU-side lines of the shared command queue, and the command queues as the SMMU consumes them.
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
-        self.locks()
+        let queues = std::iter::once(&self.consumer)
+            .chain(&self.queues)
+            .map(|q| &q.stats)
+            .sum();
+        vec![
+            ("smmu cmdq llq", self.llq.stats.clone()),
+            ("smmu cmdq lock/owner_prod", self.lock_owner.stats.clone()),
+            ("smmu cmdq valid_map", self.valid_map.stats.clone()),
+            ("smmu command queue", queues),
+        ]
     }
 
     fn unmap_pages(

@@ -7,7 +7,9 @@ use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, PsiNonLeaf, VtdProfile};
-use crate::sim::{Coherence, FifoServer, LockStats, SpinLock, Time, QSPINLOCK_HANDOFF_TRANSFERS};
+use crate::sim::{
+    Coherence, FifoServer, LockStats, PerCpu, SpinLock, Time, QSPINLOCK_HANDOFF_TRANSFERS,
+};
 
 /// intel/iommu.h QI_MAX_BATCHED_DESC_COUNT: descriptors gathered before a qi_submit_sync().
 pub const QI_MAX_BATCHED_DESC_COUNT: usize = 16;
@@ -75,7 +77,7 @@ pub struct Vtd {
     q_lock: SpinLock,
     /// Per CPU, its last wait-descriptor poll: (from, until its status is written). A CPU polls one at a
     /// time (interrupts off).
-    pollers: Vec<(Time, Time)>,
+    pollers: PerCpu<(Time, Time)>,
     coh: Coherence,
     /// The uncontended lock cost (the pollers' turn on q_lock).
     lock_ns: u64,
@@ -105,7 +107,7 @@ impl Vtd {
             ats_inv_ns,
             cache_lock: Vec::new(),
             q_lock: SpinLock::new(coh),
-            pollers: Vec::new(),
+            pollers: PerCpu::default(),
             coh,
             lock_ns,
             hw: FifoServer::default(),
@@ -200,29 +202,12 @@ impl Vtd {
             self.apply(at, d);
         }
         if cpu != crate::sim::NO_CPU {
-            let c = cpu as usize;
-            if self.pollers.len() <= c {
-                self.pollers.resize(c + 1, (0, 0));
-            }
-            self.pollers[c] = (written, done);
+            *self.pollers.get_mut(cpu as usize) = (written, done);
         }
         self.tr.c.syncs += 1;
         self.tr.c.submissions += 1;
         // The poll that sees QI_DONE holds q_lock; reclaim_free_desc() and the unlock follow.
         self.q_lock.lock_on(done, cpu, self.lock_ns).1
-    }
-
-    /// q_lock and every domain's cache_lock.
-    fn locks(&self) -> Vec<(&'static str, LockStats)> {
-        let mut cache = LockStats::default();
-        for l in &self.cache_lock {
-            cache.add(&l.stats);
-        }
-        vec![
-            ("vt-d qi q_lock", self.q_lock.stats.clone()),
-            ("vt-d domain cache_lock", cache),
-            ("vt-d invalidation queue", self.hw.stats.clone()),
-        ]
     }
 
     /// iommu.c iommu_flush_write_buffer(): GCMD.WBF and wait, on hardware with CAP.RWBF; a no-op elsewhere.
@@ -335,8 +320,16 @@ impl Iommu for Vtd {
         &mut self.tr
     }
 
+    /// q_lock, every domain's cache_lock, and the invalidation queue.
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
-        self.locks()
+        vec![
+            ("vt-d qi q_lock", self.q_lock.stats.clone()),
+            (
+                "vt-d domain cache_lock",
+                self.cache_lock.iter().map(|l| &l.stats).sum(),
+            ),
+            ("vt-d invalidation queue", self.hw.stats.clone()),
+        ]
     }
 
     fn unmap_pages(

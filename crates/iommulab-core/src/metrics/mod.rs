@@ -23,7 +23,6 @@ pub struct Snapshot {
     pub wl: WorkloadStats,
     /// Busy ns of each CPU the workload uses.
     pub cpu_busy_ns: Vec<u64>,
-    pub iova_lock_wait_ns: u64,
     /// Every shared lock and line of the DMA path, by name (the same name summed over domains).
     pub locks: Vec<(&'static str, LockStats)>,
     /// The workload's CPUs, in `cpu_busy_ns` order.

@@ -641,9 +641,6 @@ pub struct ReplaySession {
     fmt: hw::PtFormat,
     anomalies: Anomalies,
     last_ts: u64,
-    /// Phases the trace began (for --ats-phases).
-    seen_phases: BTreeSet<String>,
-    ats_phases: Vec<String>,
 }
 
 impl ReplaySession {
@@ -751,8 +748,6 @@ impl ReplaySession {
             fmt,
             anomalies: Anomalies::default(),
             last_ts: 0,
-            seen_phases: BTreeSet::new(),
-            ats_phases: opts.ats_phases.clone(),
         })
     }
 
@@ -800,7 +795,7 @@ impl ReplaySession {
             } => {
                 if !within(iova, size.max(unmapped)) {
                     Some("an unmap beyond the IOMMU's input address space")
-                } else if size.max(unmapped) / 4096 > REPLAY_MAX_UNMAP_PAGES {
+                } else if size.max(unmapped) / hw::PAGE_SIZE > REPLAY_MAX_UNMAP_PAGES {
                     Some("an unmap of more than 1 TiB, more than one event may clear in the replay")
                 } else {
                     None
@@ -836,17 +831,10 @@ impl ReplaySession {
             self.anomalies.time_backwards += 1;
         }
         self.last_ts = self.last_ts.max(ev.ts_ns);
-        match &rec {
-            Record::Map { iova, .. } | Record::Unmap { iova, .. } if iova % 4096 != 0 => {
+        if let Record::Map { iova, .. } | Record::Unmap { iova, .. } = &rec {
+            if iova % hw::PAGE_SIZE != 0 {
                 self.anomalies.unaligned += 1;
             }
-            Record::Marker { text, .. } => {
-                let mut w = text.split_whitespace();
-                if let (Some("TB_BEGIN"), Some(name)) = (w.next(), w.next()) {
-                    self.seen_phases.insert(name.to_string());
-                }
-            }
-            _ => {}
         }
         if let Record::Map { iova, .. } = &rec {
             self.locality.allocated(pfn(*iova));
@@ -917,29 +905,10 @@ impl ReplaySession {
                 ),
             ));
         }
-        if let Some(p) = self
-            .ats_phases
-            .iter()
-            .find(|p| !self.seen_phases.contains(*p))
-        {
-            let seen: Vec<&str> = self.seen_phases.iter().map(String::as_str).collect();
-            return Err(InputError::new(
-                &self.name,
-                format!(
-                    "--ats-phases {p}: the trace has no phase of that name (its phases: {})",
-                    if seen.is_empty() {
-                        "none".to_string()
-                    } else {
-                        seen.join(", ")
-                    }
-                ),
-            ));
-        }
         let mut anomalies = self.anomalies;
-        if let Some((_, r)) = self.rs.first() {
-            anomalies.untraced_unmapped_pages = r.untraced_pages;
-            anomalies.unmatched_markers = r.unmatched_markers;
-        }
+        let ats_phases = self.rs[0].1.ats_phases.clone();
+        anomalies.untraced_unmapped_pages = self.rs[0].1.untraced_pages;
+        anomalies.unmatched_markers = self.rs[0].1.unmatched_markers;
         let fit = self.rs.len() > 1;
         let mut done: Vec<(u64, Phases)> = self
             .rs
@@ -956,6 +925,26 @@ impl ReplaySession {
         } else {
             done.swap_remove(0).1
         };
+        // Every phase the trace began has an entry (the replay commits it at its end).
+        if let Some(p) = ats_phases.iter().find(|p| phases.get(p).is_none()) {
+            let names: Vec<&str> = phases
+                .0
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .filter(|n| *n != OUTSIDE)
+                .collect();
+            let names = if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            };
+            return Err(InputError::new(
+                &self.name,
+                format!(
+                    "--ats-phases {p}: the trace has no phase of that name (its phases: {names})"
+                ),
+            ));
+        }
         Ok(ReplayResult {
             iommu: self.iommu,
             kernel: self.kernel,

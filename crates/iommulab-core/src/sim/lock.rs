@@ -1,5 +1,6 @@
 use super::coherence::{Coherence, NO_CPU};
 use super::hist::Histogram;
+use super::per_cpu::PerCpu;
 use super::Time;
 use std::collections::VecDeque;
 
@@ -68,13 +69,27 @@ impl LockStats {
             self.transfers += 1;
             self.transfer_ns += xfer;
         }
-        if cpu != NO_CPU && wait + xfer > 0 {
+        self.stall(cpu, wait + xfer);
+    }
+    /// `cpu` lost `ns` spinning or waiting for a line.
+    fn stall(&mut self, cpu: u32, ns: u64) {
+        if cpu != NO_CPU && ns > 0 {
             let c = cpu as usize;
             if self.spin_by_cpu.len() <= c {
                 self.spin_by_cpu.resize(c + 1, 0);
             }
-            self.spin_by_cpu[c] += wait + xfer;
+            self.spin_by_cpu[c] += ns;
         }
+    }
+}
+
+/// The figures of several locks together (a lock of every domain, every command queue).
+impl<'a> std::iter::Sum<&'a LockStats> for LockStats {
+    fn sum<I: Iterator<Item = &'a LockStats>>(iter: I) -> LockStats {
+        iter.fold(LockStats::default(), |mut acc, s| {
+            acc.add(s);
+            acc
+        })
     }
 }
 
@@ -102,9 +117,9 @@ pub struct SpinLock {
     /// The last holder of everything forgotten.
     owner: u32,
     coh: Coherence,
-    /// Writes so far, and per CPU the write count when it last read the line (`read_on`).
+    /// Writes so far, and per CPU the write count when it last had the line (`read_on`).
     version: u64,
-    seen: Vec<u64>,
+    seen: PerCpu<u64>,
     pub stats: LockStats,
 }
 
@@ -153,23 +168,17 @@ impl SpinLock {
         if cpu == NO_CPU {
             return at;
         }
-        let c = cpu as usize;
-        if self.seen.len() <= c {
-            self.seen.resize(c + 1, 0);
-        }
-        if self.seen[c] == self.version {
+        let seen = self.seen.get_mut(cpu as usize);
+        if *seen == self.version {
             return at;
         }
-        self.seen[c] = self.version;
+        *seen = self.version;
         let last = self.busy.back().map_or(self.owner, |b| b.cpu);
         let xfer = self.coh.transfer_ns(last, cpu);
         if xfer > 0 {
             self.stats.transfers += 1;
             self.stats.transfer_ns += xfer;
-            if self.stats.spin_by_cpu.len() <= c {
-                self.stats.spin_by_cpu.resize(c + 1, 0);
-            }
-            self.stats.spin_by_cpu[c] += xfer;
+            self.stats.stall(cpu, xfer);
         }
         at + xfer
     }
@@ -178,11 +187,7 @@ impl SpinLock {
     fn take(&mut self, at: Time, cpu: u32, hold: u64, handoff: u64) -> (Time, Time) {
         self.version += 1;
         if cpu != NO_CPU {
-            let c = cpu as usize;
-            if self.seen.len() <= c {
-                self.seen.resize(c + 1, 0);
-            }
-            self.seen[c] = self.version;
+            *self.seen.get_mut(cpu as usize) = self.version;
         }
         self.latest = self.latest.max(at);
         let floor = self.latest.saturating_sub(LOOKBEHIND_NS);

@@ -11,6 +11,7 @@ mod events;
 mod fifo;
 pub mod hist;
 mod lock;
+mod per_cpu;
 mod rng;
 mod sched;
 
@@ -20,6 +21,7 @@ pub use dma_engine::{DmaEngine, Path};
 pub use events::EventQueue;
 pub use fifo::FifoServer;
 pub use lock::{LockStats, SpinLock, LOOKBEHIND_NS, QSPINLOCK_HANDOFF_TRANSFERS};
+pub use per_cpu::PerCpu;
 pub use rng::Rng;
 pub use sched::{Cfs, Ctx, RunQueue};
 

@@ -1,8 +1,15 @@
-//! Per-CPU state of a DMA policy (flush-queue rings, IOVA chunks, held unmaps), grown on demand for CPUs
-//! beyond those the layer was built for: a replayed trace names its own CPUs.
+//! Per-CPU state (a DMA policy's flush-queue rings, IOVA chunks and held unmaps; a lock's readers; VT-d's
+//! pollers), grown on demand for CPUs beyond those it was built for: a replayed trace names its own CPUs.
 
 #[derive(Debug, Clone)]
 pub struct PerCpu<T>(Vec<T>);
+
+/// No CPU has state yet.
+impl<T> Default for PerCpu<T> {
+    fn default() -> Self {
+        PerCpu(Vec::new())
+    }
+}
 
 impl<T: Default> PerCpu<T> {
     pub fn new(cpus: usize) -> Self {
