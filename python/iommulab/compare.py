@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from . import __version__
 from .api import ProgressFn, RunResult, load, run_variants
+from .report import note_lines, set_lines
 
 # Every policy the simulator has, cheapest protection first.
 POLICIES = ["passthrough", "lazy", "xsmmu", "blocks", "fns", "fands", "strict"]
@@ -78,10 +79,7 @@ def format_compare(scenario: dict[str, Any], results: list[RunResult], plot: str
         f"{scenario['os']['kernel']} · {scenario['run']['duration_ms']:g} ms after {scenario['run']['warmup_ms']:g} ms "
         f"warm-up · seed {scenario['run']['seed']}",
     ]
-    if sets:
-        # The description is the scenario's own; say what the command line changed in it.
-        lines.append("set: " + " ".join(f"{k}={v}" for k, v in sets))
-    lines.append("")
+    lines += set_lines(sets) + [""]
     lw = max([len("run")] + [len(r.label) for r in results])
     head = f"{'run':<{lw}}" + "".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
     lines += [head, "-" * len(head)]
@@ -94,8 +92,7 @@ def format_compare(scenario: dict[str, Any], results: list[RunResult], plot: str
         "(0: none exposed) · stale hits: device translations served by an entry the page table no longer held "
         "· sub-page: other data sharing the pages of mapped small buffers, reachable on average at any instant",
     ]
-    notes = sorted({r.policy_note for r in results if getattr(r, "policy_note", "")})
-    lines += [f"note: {n}" for n in notes]
+    lines += note_lines(results)
     if plot:
         lines.append(f"plot: {plot}")
     return "\n".join(lines) + "\n"

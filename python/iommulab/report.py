@@ -37,6 +37,16 @@ LATENCY_COLUMNS = [
 ]
 
 
+def set_lines(sets: list[tuple[str, str]] | None) -> list[str]:
+    """What the command line changed in the scenario (its description is the scenario's own)."""
+    return ["set: " + " ".join(f"{k}={v}" for k, v in sets)] if sets else []
+
+
+def note_lines(results: list) -> list[str]:
+    """What to know about a policy on this workload, once per distinct note."""
+    return [f"note: {n}" for n in sorted({r.policy_note for r in results if getattr(r, "policy_note", "")})]
+
+
 def _contention(results: list, lw: int) -> list[str]:
     """The most contended shared lock or cache line of each run (by the CPU time its takers lost)."""
     out = []
@@ -72,12 +82,7 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
         f"platform {plat['profile']} ({plat['vendor']}) · kernel {os_['kernel']} {os_['arch']} · "
         f"{run['duration_ms']:g} ms simulated after {run['warmup_ms']:g} ms warm-up · seed {run['seed']}",
     ]
-    if sets:
-        # The description is the scenario's own; say what the command line changed in it.
-        lines.append("set: " + " ".join(f"{k}={v}" for k, v in sets))
-    lines += [
-        "",
-    ]
+    lines += set_lines(sets) + [""]
     lw = max([len("run")] + [len(r.label) for r in results])
     head = f"{'run':<{lw}}" + "".join(f"{h:>{w}}" for h, w, _ in columns)
     width = max([len(head)] + [len(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in columns[:-1]))
@@ -86,9 +91,9 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
     for r in results:
         lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in columns[:-1])
                      + "  " + _by_type(r))
-    notes = sorted({r.policy_note for r in results if getattr(r, "policy_note", "")})
+    notes = note_lines(results)
     if notes:
-        lines += [""] + [f"note: {n}" for n in notes]
+        lines += [""] + notes
     lines += _contention(results, lw)
     lines += [
         "",
