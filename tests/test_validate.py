@@ -140,3 +140,19 @@ def test_every_target_holds_its_current_standing(all_targets, target):
             pytest.fail(f"{target} now within tolerance ({r['error']:+.1%}): remove it from KNOWN_MISSES")
         pytest.xfail(f"{target} {r['error']:+.1%}: {KNOWN_MISSES[target]}")
     assert r["ok"], f"{target}: model {r['model']} against {r['published']} ({r['error']:+.1%}, tolerance {r['tolerance']:.0%})"
+
+
+def test_validate_marks_targets_run_under_assumed_settings():
+    from iommulab.validate import Runner
+    ts = load_targets()
+    c2 = ts.get("C2.strict_unmapped_pages_per_sec")
+    assert "platform.pcie.translation_slots" in Runner().assumed(c2)
+    # Setting the key replaces the assumed value with the user's own: the mark goes with it.
+    pinned = Runner({"platform.pcie.translation_slots": 1}).assumed(c2)
+    assert "platform.pcie.translation_slots" not in pinned and "workload.nic_rx.flows" in pinned
+    assert "workload.nic_rx.channels" in Runner().assumed(ts.get("C3.strict_drop_rate"))
+    row = json.loads(cli("validate", "C2.strict_unmapped_pages_per_sec", "--json", "--seeds", "1",
+                         check_rc=0).stdout)["targets"][0]
+    assert "platform.pcie.translation_slots" in row["assumed"]
+    text = cli("validate", "C2.strict_unmapped_pages_per_sec", "--seeds", "1", check_rc=0).stdout
+    assert "assumed: " in text and "translation_slots" in text

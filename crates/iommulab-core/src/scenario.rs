@@ -51,6 +51,63 @@ pub struct Scenario {
     /// Consumed by the loader (see [`load`]); always empty in a loaded scenario.
     #[serde(default, skip_serializing)]
     pub compare: toml::Table,
+    /// Where a setting's value comes from, for settings a scenario sets beyond its profile: dotted key to
+    /// `"source: …"`, `"assumed: …"` (no source gives it) or `"fitted: TARGET …"`. `validate` marks targets whose
+    /// scenario carries an assumed or fitted setting as not independent. A `--set` or `[compare]` value for a
+    /// key drops its entry (the value is no longer the one described).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub provenance: BTreeMap<String, String>,
+}
+
+/// The kinds of `[provenance]` entry.
+pub const PROVENANCE_KINDS: &[&str] = &["source", "assumed", "fitted"];
+
+/// Every `[provenance]` key names a setting the scenario holds, and every value starts with its kind.
+fn check_provenance(table: &toml::Table) -> Result<(), (Vec<String>, String)> {
+    let Some(prov) = table.get("provenance") else {
+        return Ok(());
+    };
+    let Some(prov) = prov.as_table() else {
+        return Err((
+            vec!["provenance".into()],
+            "expected a table of `\"dotted.key\" = \"source|assumed|fitted: why\"`".into(),
+        ));
+    };
+    for (k, v) in prov {
+        let at = vec!["provenance".to_string(), k.clone()];
+        let path = input::split_key(k).map_err(|m| (at.clone(), m))?;
+        let mut cur = Some(table);
+        let mut found = None;
+        for (i, seg) in path.iter().enumerate() {
+            match cur.and_then(|t| t.get(seg)) {
+                Some(toml::Value::Table(t)) if i + 1 < path.len() => cur = Some(t),
+                Some(toml::Value::Table(_)) | None => break,
+                Some(v) if i + 1 == path.len() => found = Some(v),
+                Some(_) => break,
+            }
+        }
+        if found.is_none() || path[0] == "provenance" || path[0] == "compare" {
+            return Err((at, format!("`{k}` is not a setting of this scenario")));
+        }
+        let kind = v.as_str().and_then(|s| s.split_once(':')).map(|(kind, why)| (kind, why.trim()));
+        match kind {
+            Some((kind, why)) if PROVENANCE_KINDS.contains(&kind) && !why.is_empty() => {}
+            _ => {
+                return Err((
+                    at,
+                    format!("expected \"{}: why\"", PROVENANCE_KINDS.join("|")),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A new value for `path` drops what `[provenance]` said about the old one.
+fn forget_provenance(table: &mut toml::Table, path: &[String]) {
+    if let Some(toml::Value::Table(p)) = table.get_mut("provenance") {
+        p.remove(&path.join("."));
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -293,8 +350,13 @@ pub struct CpuProfile {
     /// queue_iova(): append to this CPU's flush-queue ring.
     pub fq_entry_ns: u64,
     /// Sending one small packet (a TCP ACK) down the stack and driver, without its DMA mapping.
-    #[serde(default = "default_tx_packet_ns")]
     pub tx_packet_ns: u64,
+    /// Submitting one block I/O: the application's submission (io_uring/libaio), blk-mq, nvme_queue_rq() and
+    /// the doorbell, without the DMA mapping.
+    pub nvme_submit_ns: u64,
+    /// Completing one block I/O: the interrupt, nvme_irq()/blk_mq_complete_request() and the application's
+    /// reap, without the DMA unmapping.
+    pub nvme_complete_ns: u64,
 }
 impl CpuProfile {
     /// What moving a line between two of these cores costs.
@@ -311,12 +373,6 @@ impl CpuProfile {
     pub fn rx_lone_packet_ns(&self) -> u64 {
         self.stack_ns_per_packet + self.stack_ns_per_skb
     }
-}
-
-/// Estimate: tcp_send_ack() through __tcp_transmit_skb, dev_queue_xmit and the driver's xmit.
-const TX_PACKET_NS: u64 = 600;
-fn default_tx_packet_ns() -> u64 {
-    TX_PACKET_NS
 }
 
 /// The DMA-mapping policy of the device's default domain.
@@ -429,8 +485,8 @@ pub struct Rr {
     /// each was due. 0: closed loop, each connection sends its next request when its response arrives.
     #[serde(default)]
     pub rate_rps: f64,
-    /// Server CPU per request besides the network stack and the send (parse, look up, build), ns.
-    #[serde(default = "default_service_ns")]
+    /// The server application's own CPU per request besides the network stack and the send (parse, look
+    /// up, build), ns: part of the workload, as fio's think time is.
     pub service_ns: u64,
     /// Client-to-server round trip outside the host (wire, switch, the client's stack), µs.
     #[serde(default = "default_rtt_us")]
@@ -455,11 +511,6 @@ fn default_request_bytes() -> u32 {
 }
 fn default_response_bytes() -> u32 {
     1024
-}
-/// Estimate: a key-value lookup or a small static HTTP response, ~2 µs of application work per request.
-pub const RR_SERVICE_NS: u64 = 2000;
-fn default_service_ns() -> u64 {
-    RR_SERVICE_NS
 }
 fn default_rr_irq_usecs() -> u32 {
     3
@@ -548,13 +599,6 @@ pub struct Nvme {
     pub latency_us: f64,
     /// Data bandwidth of one drive, Gbps (its PCIe link and media, whichever is lower).
     pub drive_gbps: f64,
-    /// CPU time to submit one I/O: fio, io_uring/libaio, blk-mq, nvme_queue_rq() (without the DMA mapping).
-    #[serde(default = "default_nvme_submit_ns")]
-    pub submit_ns: u64,
-    /// CPU time to complete one I/O: interrupt, nvme_irq/blk_mq_complete_request, fio's reap (without the
-    /// DMA unmapping).
-    #[serde(default = "default_nvme_complete_ns")]
-    pub complete_ns: u64,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -567,16 +611,6 @@ pub enum NvmeRw {
 }
 fn default_rw() -> NvmeRw {
     NvmeRw::Randread
-}
-/// Estimate: io_uring submission through blk-mq to the NVMe doorbell, ~1.5 µs per I/O on a server core.
-pub const NVME_SUBMIT_NS: u64 = 1500;
-/// Estimate: NVMe interrupt, completion and fio's reap, ~1 µs per I/O.
-pub const NVME_COMPLETE_NS: u64 = 1000;
-fn default_nvme_submit_ns() -> u64 {
-    NVME_SUBMIT_NS
-}
-fn default_nvme_complete_ns() -> u64 {
-    NVME_COMPLETE_NS
 }
 
 /// A multi-queue NIC receiving bulk TCP (iperf3-like) into page_pool-backed rings.
@@ -1375,6 +1409,7 @@ fn compare_axes(
 }
 
 fn deserialize(table: toml::Table) -> Result<Scenario, (Vec<String>, String)> {
+    check_provenance(&table)?;
     let de = toml::Value::Table(table);
     let sc: Scenario = serde_path_to_error::deserialize(de).map_err(|e| {
         let path: Vec<String> = e
@@ -1452,6 +1487,7 @@ pub fn load(
             input::split_key(k).map_err(|m| InputError::new(format!("--set {k}={raw}"), m))?;
         input::set_path(&mut table, &path, input::parse_value(raw))
             .map_err(|m| InputError::new(format!("--set {k}={raw}"), m))?;
+        forget_provenance(&mut table, &path);
         // Pinning a key on the command line removes it from the comparison.
         if path.first().map(String::as_str) != Some("compare") {
             if let Some(toml::Value::Table(c)) = table.get_mut("compare") {
@@ -1575,6 +1611,7 @@ pub fn load(
                 cp.extend(path.iter().cloned());
                 origins.error(&cp, &m)
             })?;
+            forget_provenance(&mut t, path);
             ov.push((path.join("."), vals[vi].clone()));
         }
         let sc = deserialize(t).map_err(|(p, m)| {
@@ -1736,6 +1773,45 @@ mod tests {
             e.origin.starts_with("t.toml:4:") && e.msg.contains("vtd-server"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn provenance_names_settings_and_their_kind_and_a_new_value_drops_it() {
+        let prov = |body: &str| format!("{MIN}[provenance]\n{body}\n");
+        let v = text(&prov("\"workload.nic_rx.queues\" = \"assumed: one per flow\"")).unwrap();
+        assert_eq!(v[0].scenario.provenance["workload.nic_rx.queues"], "assumed: one per flow");
+        // A profile key the scenario inherits is a setting too.
+        assert!(text(&prov("\"platform.pcie.link_gbps\" = \"source: PCIe 3.0 x16\"")).is_ok());
+        let e = text(&prov("\"workload.nic_rx.queue\" = \"assumed: x\"")).unwrap_err();
+        assert!(e.to_string().contains("provenance") && e.msg.contains("not a setting"), "{e}");
+        let e = text(&prov("\"workload.nic_rx.queues\" = \"guessed: x\"")).unwrap_err();
+        assert!(e.msg.contains("source|assumed|fitted"), "{e}");
+        let e = text(&prov("\"workload.nic_rx.queues\" = \"assumed:\"")).unwrap_err();
+        assert!(e.msg.contains("source|assumed|fitted"), "{e}");
+        let set = vec![("workload.nic_rx.queues".to_string(), "4".to_string())];
+        let src = prov("\"workload.nic_rx.queues\" = \"assumed: one per flow\"");
+        let v = load(Source::Text { name: "t.toml", text: &src }, &set).unwrap();
+        assert!(v[0].scenario.provenance.is_empty());
+        let cmp = format!("{src}[compare]\n\"workload.nic_rx.queues\" = [1, 2]\n");
+        assert!(text(&cmp).unwrap().iter().all(|v| v.scenario.provenance.is_empty()));
+    }
+
+    #[test]
+    fn builtin_scenarios_say_where_every_platform_override_comes_from() {
+        for (name, body) in BUILTIN_SCENARIOS {
+            let t: toml::Table = toml::from_str(body).unwrap();
+            let mut keys = vec![];
+            if let Some(toml::Value::Table(p)) = t.get("platform") {
+                setting_keys(p, "platform", &mut keys);
+            }
+            let prov = t.get("provenance").and_then(|p| p.as_table());
+            for k in keys.iter().filter(|k| *k != "platform.profile") {
+                assert!(
+                    prov.is_some_and(|p| p.contains_key(k)),
+                    "scenario {name}: {k} overrides its profile without a [provenance] entry"
+                );
+            }
+        }
     }
 
     #[test]

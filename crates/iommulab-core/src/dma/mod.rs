@@ -479,6 +479,8 @@ pub(crate) mod tests {
             line_remote_ns: 0,
             fq_entry_ns: 10,
             tx_packet_ns: 0,
+            nvme_submit_ns: 0,
+            nvme_complete_ns: 0,
         }
     }
 

@@ -72,7 +72,7 @@ impl NvmeWorkload {
     /// CPU's release time; the drive sees the command then.
     fn submit(&mut self, host: &mut Host, s: usize, t: Time) -> Time {
         let (cpu, phys) = (self.slots[s].cpu, self.slots[s].phys);
-        let t = t + self.cfg.submit_ns;
+        let t = t + host.platform.cpu.nvme_submit_ns;
         let Some((dma, t)) = host.dma_map_in(self.dom(s), t, cpu, phys, self.pages) else {
             // IOVA space exhausted: fio retries after the I/Os in flight complete.
             host.schedule(t + self.latency_ns.max(1), event(EV_SUBMIT, s));
@@ -116,7 +116,7 @@ impl NvmeWorkload {
             .dma
             .take()
             .expect("completion of a submitted I/O");
-        let t = now + self.cfg.complete_ns;
+        let t = now + host.platform.cpu.nvme_complete_ns;
         let dom = self.dom(s);
         let t = host.dma_unmap_in(dom, t, cpu, dma, self.pages);
         // A batch of one I/O for a policy that batches invalidations per completion batch (xSMMU).
