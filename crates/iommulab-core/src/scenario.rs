@@ -1906,6 +1906,19 @@ mod tests {
                 missing.is_empty(),
                 "profile {name}: no source for {missing:?}"
             );
+            // A figure taken from a simulator's defaults or another machine is an estimate for this one.
+            let borrowed: Vec<_> = sources
+                .iter()
+                .filter_map(|(k, v)| Some((k, v.as_str()?)))
+                .filter(|(_, v)| {
+                    (v.contains("gem5") || v.contains("borrowed") || v.contains("reused"))
+                        && !v.starts_with("estimate")
+                })
+                .collect();
+            assert!(
+                borrowed.is_empty(),
+                "profile {name}: borrowed figures not marked as estimates: {borrowed:?}"
+            );
             let extra: Vec<_> = sources.keys().filter(|k| !keys.contains(k)).collect();
             assert!(
                 extra.is_empty(),
@@ -1927,6 +1940,10 @@ mod tests {
                 .replace("[os]\n", &format!("[os]\narch = \"{arch}\"\n"));
             let v = text(&sc).unwrap();
             assert_eq!(v[0].scenario.platform.profile, *name);
+            // ... and simulates it: traffic flows.
+            let r = crate::run::run_variant(&v[0]);
+            assert!(r.throughput_gbps > 1.0, "profile {name}: {} Gbps", r.throughput_gbps);
+            assert!(r.sim_seconds > 0.0, "profile {name}");
         }
     }
 }
