@@ -89,7 +89,10 @@ fn check_provenance(table: &toml::Table) -> Result<(), (Vec<String>, String)> {
         if found.is_none() || path[0] == "provenance" || path[0] == "compare" {
             return Err((at, format!("`{k}` is not a setting of this scenario")));
         }
-        let kind = v.as_str().and_then(|s| s.split_once(':')).map(|(kind, why)| (kind, why.trim()));
+        let kind = v
+            .as_str()
+            .and_then(|s| s.split_once(':'))
+            .map(|(kind, why)| (kind, why.trim()));
         match kind {
             Some((kind, why)) if PROVENANCE_KINDS.contains(&kind) && !why.is_empty() => {}
             _ => {
@@ -1778,22 +1781,44 @@ mod tests {
     #[test]
     fn provenance_names_settings_and_their_kind_and_a_new_value_drops_it() {
         let prov = |body: &str| format!("{MIN}[provenance]\n{body}\n");
-        let v = text(&prov("\"workload.nic_rx.queues\" = \"assumed: one per flow\"")).unwrap();
-        assert_eq!(v[0].scenario.provenance["workload.nic_rx.queues"], "assumed: one per flow");
+        let v = text(&prov(
+            "\"workload.nic_rx.queues\" = \"assumed: one per flow\"",
+        ))
+        .unwrap();
+        assert_eq!(
+            v[0].scenario.provenance["workload.nic_rx.queues"],
+            "assumed: one per flow"
+        );
         // A profile key the scenario inherits is a setting too.
-        assert!(text(&prov("\"platform.pcie.link_gbps\" = \"source: PCIe 3.0 x16\"")).is_ok());
+        assert!(text(&prov(
+            "\"platform.pcie.link_gbps\" = \"source: PCIe 3.0 x16\""
+        ))
+        .is_ok());
         let e = text(&prov("\"workload.nic_rx.queue\" = \"assumed: x\"")).unwrap_err();
-        assert!(e.to_string().contains("provenance") && e.msg.contains("not a setting"), "{e}");
+        assert!(
+            e.to_string().contains("provenance") && e.msg.contains("not a setting"),
+            "{e}"
+        );
         let e = text(&prov("\"workload.nic_rx.queues\" = \"guessed: x\"")).unwrap_err();
         assert!(e.msg.contains("source|assumed|fitted"), "{e}");
         let e = text(&prov("\"workload.nic_rx.queues\" = \"assumed:\"")).unwrap_err();
         assert!(e.msg.contains("source|assumed|fitted"), "{e}");
         let set = vec![("workload.nic_rx.queues".to_string(), "4".to_string())];
         let src = prov("\"workload.nic_rx.queues\" = \"assumed: one per flow\"");
-        let v = load(Source::Text { name: "t.toml", text: &src }, &set).unwrap();
+        let v = load(
+            Source::Text {
+                name: "t.toml",
+                text: &src,
+            },
+            &set,
+        )
+        .unwrap();
         assert!(v[0].scenario.provenance.is_empty());
         let cmp = format!("{src}[compare]\n\"workload.nic_rx.queues\" = [1, 2]\n");
-        assert!(text(&cmp).unwrap().iter().all(|v| v.scenario.provenance.is_empty()));
+        assert!(text(&cmp)
+            .unwrap()
+            .iter()
+            .all(|v| v.scenario.provenance.is_empty()));
     }
 
     #[test]
@@ -1942,7 +1967,11 @@ mod tests {
             assert_eq!(v[0].scenario.platform.profile, *name);
             // ... and simulates it: traffic flows.
             let r = crate::run::run_variant(&v[0]);
-            assert!(r.throughput_gbps > 1.0, "profile {name}: {} Gbps", r.throughput_gbps);
+            assert!(
+                r.throughput_gbps > 1.0,
+                "profile {name}: {} Gbps",
+                r.throughput_gbps
+            );
             assert!(r.sim_seconds > 0.0, "profile {name}");
         }
     }

@@ -74,9 +74,14 @@ impl Simulation {
         self.inner.done()
     }
     /// Process events up to simulated time `ns` (the GIL is released meanwhile).
-    fn advance_to(&mut self, py: Python<'_>, ns: u64) {
+    /// Raises ScenarioError when the watchdog stops a run whose event rate explodes.
+    fn advance_to(&mut self, py: Python<'_>, ns: u64) -> PyResult<()> {
         let sim = &mut self.inner;
         py.allow_threads(|| sim.advance_to(ns));
+        match sim.stopped() {
+            Some(why) => Err(ScenarioError::new_err(why.to_string())),
+            None => Ok(()),
+        }
     }
     /// The result so far (after warm-up) as JSON text.
     fn result_json(&self) -> String {
