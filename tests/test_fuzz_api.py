@@ -10,7 +10,7 @@ import iommulab
 from iommulab.api import run_variants
 
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("long", max_examples=50_000, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 KEYS = ["os.policy", "os.kernel", "os.arch", "os.cmdline", "os.hz", "run.seed", "workload.nic_rx.queues",

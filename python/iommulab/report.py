@@ -63,6 +63,25 @@ def _contention(results: list, lw: int) -> list[str]:
     return ["", "most contended shared state (spin and cache-line transfers):"] + out if out else []
 
 
+def _vm_exits(results: list, lw: int) -> list[str]:
+    """A guest's exits to the hypervisor per run: by cause with their mean vCPU cost, the share of vCPU time
+    they took, the emulator's and the device thread's busy shares, and the device's own IOTLB (vhost's)
+    misses."""
+    out = []
+    for r in results:
+        vm = getattr(r, "vm_exits", None)
+        if not vm:
+            continue
+        causes = ", ".join(f"{c['cause']} {c['per_sec'] / 1e3:.1f}k at {c['mean_us']:.1f} µs"
+                           for c in vm["by_cause"] if c["count"])
+        atc = (getattr(r, "caches", None) or {}).get("atc")
+        dev = f" · device IOTLB misses {atc['misses']}" if atc and atc["hits"] + atc["misses"] else ""
+        out.append(f"{r.label:<{lw}}  {vm['per_sec'] / 1e3:.1f}k exits/s ({causes or 'none'}) · vCPU time in exits "
+                   f"{vm['vcpu_share'] * 100:.1f}% · emulator busy {vm['emulator_busy'] * 100:.1f}% · device thread busy "
+                   f"{vm['device_busy'] * 100:.1f}%{dev}")
+    return ["", "guest exits to the hypervisor:"] + out if out else []
+
+
 IOPS_COLUMNS = [
     ("kIOPS", 9, lambda r: f"{r.packets_per_sec / 1e3:.0f}"),
 ]
@@ -95,6 +114,7 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
     if notes:
         lines += [""] + notes
     lines += _contention(results, lw)
+    lines += _vm_exits(results, lw)
     lines += [
         "",
         "Gbps: application goodput · CPU busy: mean over the workload's CPUs · inv wait: share of CPU busy time "

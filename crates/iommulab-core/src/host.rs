@@ -333,6 +333,13 @@ impl Host {
         }
     }
 
+    /// A software device (the VMM's or vhost's thread) reads or writes the guest page at `iova_pfn`: the
+    /// translation its IOMMU lookup made (None: no translation, the device uses guest-physical addresses).
+    pub fn sw_translate(&mut self, now: Time, iova_pfn: u64) -> Option<crate::hw::Translation> {
+        self.lend(0).data_access(iova_pfn);
+        self.layer(self.iommu_at).translate(now, iova_pfn)
+    }
+
     /// Device side of a descriptor or completion-entry access: only what its translation adds (ATS round
     /// trip, page-walk reads), not the per-packet DMA base; and whether it faulted.
     pub fn dma_translation(&mut self, now: Time, iova_pfn: u64) -> (u64, bool) {

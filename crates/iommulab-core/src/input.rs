@@ -159,6 +159,21 @@ pub fn set_path(
     Ok(())
 }
 
+/// Whether `path` names a value (not a table) in `table`.
+pub fn has_path(table: &toml::Table, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut cur = table;
+    for seg in parents {
+        match cur.get(seg).and_then(|v| v.as_table()) {
+            Some(t) => cur = t,
+            None => return false,
+        }
+    }
+    cur.get(last).is_some_and(|v| !v.is_table())
+}
+
 /// Remove `path` from `table` if present (empty parents are left in place).
 pub fn remove_path(table: &mut toml::Table, path: &[String]) -> Option<toml::Value> {
     let (last, parents) = path.split_last()?;

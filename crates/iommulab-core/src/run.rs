@@ -9,7 +9,8 @@ use crate::metrics::{RunInfo, RunResult, Snapshot};
 use crate::scenario::{PolicyName, Scenario, Variant};
 use crate::sim::{Ctx, Rng, Time, NS_PER_MS};
 use crate::workload::{
-    nic_rx::NicRxWorkload, nic_tx::NicTxWorkload, nvme::NvmeWorkload, rr::RrWorkload, Workload,
+    nic_rx::NicRxWorkload, nic_tx::NicTxWorkload, nvme::NvmeWorkload, rr::RrWorkload,
+    virtio_net::VirtioNetWorkload, Workload,
 };
 
 /// The malicious device replays in rounds this far apart (a modelling batch like the wire chunk, not a device
@@ -55,10 +56,25 @@ fn ms_to_ns(ms: f64) -> Time {
     (ms * NS_PER_MS as f64).round() as Time
 }
 
+/// The platform as the device sees it: vhost-net's device IOTLB is the guest's device TLB (QEMU's
+/// intel_iommu with device-iotlb=on, its misses and invalidations messages between vhost and QEMU).
+fn device_platform(sc: &Scenario) -> crate::scenario::Platform {
+    let mut p = sc.platform.clone();
+    if let (Some(vn), Some(h)) = (&sc.workload.virtio_net, &p.hypervisor) {
+        if vn.vhost {
+            p.pcie.ats = true;
+            p.pcie.atc_entries = h.vhost_iotlb_entries;
+            p.pcie.atc_ways = h.vhost_iotlb_entries;
+            p.pcie.ats_inv_ns = h.vhost_invalidate_ns;
+        }
+    }
+    p
+}
+
 /// The simulated machine of a scenario: its IOMMU with the device attached, the DMA layer under the
 /// resolved policy (and why it was chosen), CPUs and memory.
 pub(crate) fn build_host(sc: &Scenario) -> (Host, PolicyName, String) {
-    let p = &sc.platform;
+    let p = &device_platform(sc);
     let kernel = crate::scenario::parse_kernel(&sc.os.kernel).expect("validated");
     let (policy, policy_reason) = match sc.os.policy {
         PolicyName::Auto => {
@@ -174,6 +190,8 @@ impl Simulation {
             Box::new(RrWorkload::new(rr, link, slots))
         } else if let Some(nvme) = &w.nvme {
             Box::new(NvmeWorkload::new(nvme, link, slots))
+        } else if let (Some(vn), Some(h)) = (&w.virtio_net, &p.hypervisor) {
+            Box::new(VirtioNetWorkload::new(vn, h, p.cpu.cores as usize))
         } else {
             unreachable!("validated: a workload is present")
         };
@@ -250,6 +268,12 @@ impl Simulation {
             locks: d.iommu.lock_stats(),
             ..Default::default()
         };
+        // A guest's exits: its emulated IOMMU's doorbells and the workload's virtqueue kicks.
+        if self.host.platform.hypervisor.is_some() {
+            let mut e = d.iommu.exit_stats().unwrap_or_default();
+            e.add(&s.wl.exits);
+            s.exits = Some(e);
+        }
         // The domains' own locks (the allocator's, the flush queue's), the same name summed over domains.
         let mut domain_locks: Vec<(&'static str, crate::sim::LockStats)> = Vec::new();
         for l in self.host.layers() {

@@ -16,6 +16,14 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
     ("c3", include_str!("../data/scenarios/c3.toml")),
     ("nvme", include_str!("../data/scenarios/nvme.toml")),
     ("seed004", include_str!("../data/scenarios/seed004.toml")),
+    (
+        "seed001-x86",
+        include_str!("../data/scenarios/seed001-x86.toml"),
+    ),
+    (
+        "seed001-arm",
+        include_str!("../data/scenarios/seed001-arm.toml"),
+    ),
     ("tx", include_str!("../data/scenarios/tx.toml")),
     ("rr", include_str!("../data/scenarios/rr.toml")),
 ];
@@ -31,6 +39,18 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
         "virtio-guest",
         include_str!("../data/profiles/virtio-guest.toml"),
+    ),
+    (
+        "kvm-vtd-guest",
+        include_str!("../data/profiles/kvm-vtd-guest.toml"),
+    ),
+    (
+        "kvm-smmuv3-guest",
+        include_str!("../data/profiles/kvm-smmuv3-guest.toml"),
+    ),
+    (
+        "virtio-guest-arm64",
+        include_str!("../data/profiles/virtio-guest-arm64.toml"),
     ),
 ];
 
@@ -166,6 +186,9 @@ pub struct Platform {
     pub memory: MemoryProfile,
     pub pcie: PcieProfile,
     pub cpu: CpuProfile,
+    /// A guest: its IOMMU is emulated by the hypervisor, and the CPUs are vCPUs (absent: bare metal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor: Option<HypervisorProfile>,
     /// Where each number comes from: `"section.key" = "source"`.
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
@@ -207,13 +230,42 @@ impl IommuProfile {
     }
 }
 
+/// The hypervisor a guest platform runs under (KVM with QEMU as the VMM).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HypervisorProfile {
+    /// Round trip of an MMIO write the VMM handles in user space: VM exit, KVM's return to the VMM,
+    /// dispatch to the device's handler and back, re-entry (without the handler's own work).
+    pub mmio_exit_ns: u64,
+    /// Round trip of a virtqueue notification KVM completes in the kernel (ioeventfd): exit, eventfd
+    /// signal, re-entry.
+    pub kick_exit_ns: u64,
+    /// From the device's interrupt (irqfd) to the guest vCPU running its handler.
+    pub irq_inject_ns: u64,
+    /// Device-thread CPU per packet (one GSO skb), besides translation and copying: QEMU's virtio-net
+    /// (virtqueue_pop, the tap read or write) and vhost-net (handle_rx/handle_tx, the socket call).
+    pub qemu_packet_ns: u64,
+    pub vhost_packet_ns: u64,
+    /// QEMU's translation of one guest page through the vIOMMU on a hit in its IOTLB (address_space_map
+    /// through the IOMMU region, the IOTLB hash lookup).
+    pub qemu_translate_ns: u64,
+    /// vhost's device-IOTLB lookup on a hit (vhost_iotlb_itree_first), per page.
+    pub vhost_iotlb_lookup_ns: u64,
+    /// A vhost device-IOTLB miss: VHOST_IOTLB_MISS read by QEMU, its translation, VHOST_IOTLB_UPDATE
+    /// written back, vhost resuming (the walk's reads are added at `memory.walk_read_ns`, which on a guest
+    /// platform is the emulator's software read of one guest page-table entry).
+    pub vhost_iotlb_miss_ns: u64,
+    /// QEMU writing one VHOST_IOTLB_INVALIDATE to vhost (its IOMMU notifier, per invalidated range).
+    pub vhost_invalidate_ns: u64,
+    /// vhost's device-IOTLB capacity (drivers/vhost/vhost.c max_iotlb_entries).
+    pub vhost_iotlb_entries: u32,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct VirtioProfile {
     /// Guest CPU time to add one request to the request virtqueue (under viommu->request_lock).
     pub add_req_ns: u64,
-    /// Notification of the host (the kick: a VM exit and the host thread's wake-up).
-    pub kick_ns: u64,
     /// Host time to process one MAP or UNMAP request (and write its status).
     pub req_ns: u64,
     /// Smallest page in the device's page_size_mask, in KiB; every larger power of two is supported too
@@ -279,6 +331,10 @@ pub struct Smmuv3Profile {
     pub ecmdq_parallel: bool,
     /// Translation stage of DMA domains: 1 (TLBI_NH_*, by ASID) or 2 (TLBI_S2_IPA / S12_VMALL, by VMID).
     pub stage: u32,
+    /// A "caching mode" for an emulated SMMUv3 (E. Auger's vSMMUv3 series, a firmware quirk): the driver
+    /// also invalidates after every map, so the VMM sees new mappings (for VFIO). No hardware has it.
+    #[serde(default)]
+    pub caching_mode: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -464,6 +520,53 @@ pub struct Workload {
     pub nic_tx: Option<NicTx>,
     pub rr: Option<Rr>,
     pub nvme: Option<Nvme>,
+    pub virtio_net: Option<VirtioNet>,
+}
+
+/// Which way a guest's TCP stream runs, from the guest's side.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// The guest receives (netperf TCP_MAERTS / iperf3 -R from the guest's view).
+    Rx,
+    /// The guest sends (netperf TCP_STREAM).
+    Tx,
+}
+
+/// A guest's virtio-net device (virtio-net-pci with VIRTIO_F_ACCESS_PLATFORM, so its buffers go through
+/// the guest's DMA API and the vIOMMU) carrying one bulk TCP stream to or from a peer host. The device is
+/// the VMM's (QEMU's virtio-net, vhost = false) or the host kernel's (vhost-net, vhost = true). Needs a
+/// guest platform (a profile with `[hypervisor]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct VirtioNet {
+    /// The peer's link (the host's NIC).
+    pub line_rate_gbps: f64,
+    pub direction: Direction,
+    /// vhost-net does the device's work in a host kernel thread, translating through its own device
+    /// IOTLB; without it QEMU's virtio-net does, translating through the vIOMMU's emulated translation.
+    #[serde(default)]
+    pub vhost: bool,
+    /// Descriptors per virtqueue (QEMU's rx_queue_size / tx_queue_size default: 256).
+    #[serde(default = "default_virtqueue_size")]
+    pub queue_size: u32,
+    /// TSO/GRO size: the guest's largest TSO skb, and the host's GRO'd skbs handed to the tap.
+    #[serde(default = "default_gro_max")]
+    pub gso_max_bytes: u32,
+    pub mtu: u32,
+    /// TCP Small Queues budget of the guest's sending socket (direction tx), as `workload.nic_tx`.
+    #[serde(default = "default_tsq_bytes")]
+    pub tsq_bytes: u64,
+    /// The receiver ACKs once per this many bytes (about once per GRO skb).
+    #[serde(default = "default_gro_max_u64")]
+    pub ack_bytes: u64,
+    /// From the guest's data leaving the host's NIC to the peer's ACK arriving, µs.
+    #[serde(default = "default_rtt_us")]
+    pub rtt_us: f64,
+}
+/// QEMU hw/net/virtio-net.c VIRTIO_NET_RX_QUEUE_DEFAULT_SIZE / VIRTIO_NET_TX_QUEUE_DEFAULT_SIZE.
+fn default_virtqueue_size() -> u32 {
+    256
 }
 
 /// Request/response over TCP (memcached- or HTTP-like): small requests in, a server thread per queue sends
@@ -838,10 +941,10 @@ impl Scenario {
                 && io
                     .pwc_entries
                     .iter()
-                    .all(|n| (1..=MAX_PWC_ENTRIES).contains(n)),
+                    .all(|n| (0..=MAX_PWC_ENTRIES).contains(n)),
             "platform.iommu.pwc_entries",
             format!(
-                "expected one entry count (1..={MAX_PWC_ENTRIES}) per non-leaf level of the {}-level table: {} values",
+                "expected one entry count (0..={MAX_PWC_ENTRIES}; 0: no such cache) per non-leaf level of the {}-level table: {} values",
                 fmt.levels,
                 fmt.levels - 1
             ),
@@ -964,19 +1067,71 @@ impl Scenario {
                 Vendor::Virtio => "expected x86_64 or arm64 for a virtio-iommu guest",
             },
         )?;
+        check(
+            self.platform.hypervisor.is_some() || self.platform.vendor != Vendor::Virtio,
+            "platform.hypervisor",
+            "expected a [hypervisor] section: a virtio-iommu platform is a guest (its kick is an exit)",
+        )?;
+        check(
+            self.platform.hypervisor.is_some()
+                || !io.smmuv3.as_ref().is_some_and(|s| s.caching_mode),
+            "platform.iommu.smmuv3.caching_mode",
+            "expected false on bare metal: only an emulated SMMUv3 has the caching-mode quirk",
+        )?;
+        if let Some(h) = &self.platform.hypervisor {
+            // virtio-iommu's requests keep their own costs ([iommu.virtio]); QEMU's VT-d and SMMUv3 trap.
+            check(
+                !io.smmuv3.as_ref().is_some_and(|s| s.ecmdq),
+                "platform.iommu.smmuv3.ecmdq",
+                "expected false in a guest: QEMU's SMMUv3 emulates no ECMDQ",
+            )?;
+            check(
+                h.mmio_exit_ns <= 10_000_000,
+                "platform.hypervisor.mmio_exit_ns",
+                "expected at most 10 ms",
+            )?;
+        }
         let w = &self.workload;
         let sections = w.nic_rx.is_some() as u32
             + w.nic_tx.is_some() as u32
             + w.rr.is_some() as u32
-            + w.nvme.is_some() as u32;
+            + w.nvme.is_some() as u32
+            + w.virtio_net.is_some() as u32;
         check(
             sections == 1,
             "workload",
             format!(
                 "expected exactly one workload section ([workload.nic_rx], [workload.nic_tx], \
-                 [workload.rr] or [workload.nvme]), found {sections}"
+                 [workload.rr], [workload.nvme] or [workload.virtio_net]), found {sections}"
             ),
         )?;
+        // A physical device behind an emulated VT-d or SMMUv3 is VFIO's, every guest mapping shadowed into
+        // the host IOMMU: not modelled yet. virtio-iommu's requests already stand for the host's work.
+        let hw_device =
+            w.nic_rx.is_some() || w.nic_tx.is_some() || w.rr.is_some() || w.nvme.is_some();
+        check(
+            !(hw_device
+                && self.platform.hypervisor.is_some()
+                && self.platform.vendor != Vendor::Virtio),
+            "workload",
+            format!(
+                "expected [workload.virtio_net] on guest profile {}: a physical device behind an emulated \
+                 IOMMU is a VFIO-assigned one, whose shadow mappings are not modelled yet",
+                self.platform.profile
+            ),
+        )?;
+        if let Some(vn) = &w.virtio_net {
+            check(
+                self.platform.hypervisor.is_some(),
+                "workload.virtio_net",
+                format!(
+                    "expected a guest platform (a profile with [hypervisor], e.g. kvm-vtd-guest): \
+                     profile {} is bare metal",
+                    self.platform.profile
+                ),
+            )?;
+            vn.validate()?;
+        }
         if let Some(nic) = &w.nic_rx {
             nic.validate(cpu.cores)?;
             let blocks = matches!(self.os.policy, PolicyName::Fands | PolicyName::Fns)
@@ -1002,6 +1157,43 @@ impl Scenario {
             nvme.validate(cpu.cores)?;
         }
         Ok(())
+    }
+}
+
+impl VirtioNet {
+    fn validate(&self) -> Result<(), (Vec<String>, String)> {
+        check(
+            self.line_rate_gbps.is_finite()
+                && (MIN_LINE_RATE_GBPS..=1e6).contains(&self.line_rate_gbps),
+            "workload.virtio_net.line_rate_gbps",
+            format!("expected {MIN_LINE_RATE_GBPS}..=1000000 Gbps"),
+        )?;
+        check(
+            self.queue_size.is_power_of_two() && (2..=1024).contains(&self.queue_size),
+            "workload.virtio_net.queue_size",
+            "expected a power of two from 2 to 1024 (a split virtqueue; QEMU's VIRTQUEUE_MAX_SIZE)",
+        )?;
+        check(
+            (68..=65535).contains(&self.mtu),
+            "workload.virtio_net.mtu",
+            "expected an MTU of 68..=65535 bytes",
+        )?;
+        check(
+            self.gso_max_bytes >= self.mtu && self.gso_max_bytes <= 65536,
+            "workload.virtio_net.gso_max_bytes",
+            "expected at least one MTU and at most 65536 (GSO_MAX_SIZE)",
+        )?;
+        check(
+            self.tsq_bytes >= self.gso_max_bytes as u64 && self.tsq_bytes <= 1 << 30,
+            "workload.virtio_net.tsq_bytes",
+            "expected at least gso_max_bytes and at most 1 GiB",
+        )?;
+        check(
+            self.ack_bytes >= 1,
+            "workload.virtio_net.ack_bytes",
+            "expected at least 1 byte",
+        )?;
+        check_rtt(self.rtt_us, "workload.virtio_net.rtt_us")
     }
 }
 
@@ -1396,6 +1588,37 @@ fn compare_axes(
         let mut path = prefix.to_vec();
         path.extend(input::split_key(k).map_err(|m| (prefix.to_vec(), m))?);
         match v {
+            // A named axis: `[[compare.NAME]]` tables, each a `label` and the keys it sets.
+            toml::Value::Array(a) if !a.is_empty() && a.iter().all(|x| x.is_table()) => {
+                let mut labels = std::collections::BTreeSet::new();
+                for (i, x) in a.iter().enumerate() {
+                    let mut at = vec!["compare".to_string()];
+                    at.extend(path.iter().cloned());
+                    at.push(i.to_string());
+                    let tbl = x.as_table().expect("checked");
+                    let label = tbl.get("label").and_then(|l| l.as_str());
+                    let Some(label) =
+                        label.filter(|l| !l.is_empty() && !l.contains(char::is_whitespace))
+                    else {
+                        at.push("label".into());
+                        return Err((at, "expected a label: one word naming this setting".into()));
+                    };
+                    if !labels.insert(label.to_string()) {
+                        at.push("label".into());
+                        return Err((at, format!("label `{label}` is used twice")));
+                    }
+                    if tbl.len() < 2 {
+                        return Err((
+                            at,
+                            "expected at least one `\"key.path\" = value` besides label".into(),
+                        ));
+                    }
+                    for k in tbl.keys().filter(|k| *k != "label") {
+                        input::split_key(k).map_err(|m| (at.clone(), m))?;
+                    }
+                }
+                out.push((path, a.clone()))
+            }
             toml::Value::Array(a) if !a.is_empty() => out.push((path, a.clone())),
             toml::Value::Table(sub) => compare_axes(sub, &path, out)?,
             _ => {
@@ -1409,6 +1632,26 @@ fn compare_axes(
         }
     }
     Ok(())
+}
+
+/// The part of `over` whose keys `base` has (tables recursively; `profile` always).
+fn shared_keys(over: &toml::Table, base: &toml::Table) -> toml::Table {
+    let mut out = toml::Table::new();
+    for (k, v) in over {
+        match (v, base.get(k)) {
+            (toml::Value::Table(o), Some(toml::Value::Table(b))) => {
+                out.insert(k.clone(), toml::Value::Table(shared_keys(o, b)));
+            }
+            (v, Some(_)) => {
+                out.insert(k.clone(), v.clone());
+            }
+            (v, None) if k == "profile" => {
+                out.insert(k.clone(), v.clone());
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 fn deserialize(table: toml::Table) -> Result<Scenario, (Vec<String>, String)> {
@@ -1516,6 +1759,8 @@ pub fn load(
         overrides,
     };
     let profile_doc;
+    // The scenario's own [platform] keys (with --set's), to merge over another profile a variant names.
+    let mut own_platform = toml::Table::new();
     match table
         .get("platform")
         .and_then(|p| p.as_table())
@@ -1532,6 +1777,7 @@ pub fn load(
             })?;
             let mut merged = profile_doc.table()?;
             if let Some(toml::Value::Table(p)) = table.remove("platform") {
+                own_platform = p.clone();
                 input::merge(&mut merged, p);
             }
             table.insert("platform".into(), toml::Value::Table(merged));
@@ -1607,16 +1853,84 @@ pub fn load(
     for combo in combos {
         let mut t = table.clone();
         let mut ov = Vec::new();
+        // Label parts, in axis order: a named setting's label, or (key, value).
+        let mut parts: Vec<Result<String, (String, toml::Value)>> = Vec::new();
         for (ai, vi) in combo {
             let (path, vals) = &axes[ai];
-            input::set_path(&mut t, path, vals[vi].clone()).map_err(|m| {
+            let cp = || {
                 let mut cp = vec!["compare".to_string()];
                 cp.extend(path.iter().cloned());
-                origins.error(&cp, &m)
-            })?;
+                cp
+            };
+            if let toml::Value::Table(named) = &vals[vi] {
+                for (k, v) in named.iter().filter(|(k, _)| *k != "label") {
+                    let kp = input::split_key(k).map_err(|m| origins.error(&cp(), &m))?;
+                    // A key pinned with --set keeps the user's value.
+                    if overrides
+                        .iter()
+                        .any(|(o, _)| input::split_key(o).is_ok_and(|op| op == kp))
+                    {
+                        continue;
+                    }
+                    input::set_path(&mut t, &kp, v.clone())
+                        .map_err(|m| origins.error(&cp(), &m))?;
+                    forget_provenance(&mut t, &kp);
+                    ov.push((k.clone(), v.clone()));
+                }
+                parts.push(Ok(named["label"].as_str().unwrap_or_default().to_string()));
+                continue;
+            }
+            input::set_path(&mut t, path, vals[vi].clone())
+                .map_err(|m| origins.error(&cp(), &m))?;
             forget_provenance(&mut t, path);
             ov.push((path.join("."), vals[vi].clone()));
+            parts.push(Err((path.join("."), vals[vi].clone())));
         }
+        // A variant naming another profile: that profile, under the scenario's own platform keys and the
+        // variant's.
+        let profile_of = |t: &toml::Table| {
+            t.get("platform")
+                .and_then(|p| p.get("profile"))
+                .and_then(|p| p.as_str())
+                .map(str::to_string)
+        };
+        if let Some(pname) = profile_of(&t).filter(|n| Some(n) != profile_of(&table).as_ref()) {
+            let doc = load_profile(&pname, base.as_deref()).map_err(|e| {
+                InputError::new(
+                    doc.locate(&["compare".into()]).0,
+                    format!("platform.profile {pname}: {}", e.msg),
+                )
+            })?;
+            let mut merged = doc.table()?;
+            // The scenario's platform keys the named profile has; one it lacks configures another vendor
+            // (an [iommu.smmuv3] key beside a virtio-iommu variant) and is left out of that variant.
+            let shared = shared_keys(&own_platform, &merged);
+            input::merge(&mut merged, shared);
+            let mut fresh = t.clone();
+            fresh.insert("platform".into(), toml::Value::Table(merged));
+            for (k, v) in ov.iter().filter(|(k, _)| k.starts_with("platform.")) {
+                let kp = input::split_key(k).map_err(|m| InputError::new("compare", m))?;
+                input::set_path(&mut fresh, &kp, v.clone())
+                    .map_err(|m| InputError::new("compare", m))?;
+            }
+            // What [provenance] said of keys the variant's profile lacks goes with them.
+            let gone: Vec<Vec<String>> = fresh
+                .get("provenance")
+                .and_then(|p| p.as_table())
+                .map(|p| {
+                    p.keys()
+                        .filter_map(|k| input::split_key(k).ok())
+                        .filter(|kp| kp[0] == "platform" && !input::has_path(&fresh, kp))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for kp in gone {
+                forget_provenance(&mut fresh, &kp);
+            }
+            t = fresh;
+        }
+        // Named settings lead the label ("strict-cm rx vhost=on").
+        parts.sort_by_key(|p| p.is_err());
         let sc = deserialize(t).map_err(|(p, m)| {
             let axis = ov.iter().find(|(k, _)| p.join(".").starts_with(k.as_str()));
             match axis {
@@ -1630,8 +1944,26 @@ pub fn load(
                 None => origins.error(&p, &m),
             }
         })?;
-        // One axis of names (policies, kernels) reads as its value; a flag or a number needs its key.
-        let label = if ov.len() == 1 && ov[0].1.is_str() {
+        // With a named axis: its labels, names as they are, flags as key=on|off, numbers as key=value
+        // ("strict-cm rx vhost=on"). Otherwise one axis of names (policies, kernels) reads as its value; a
+        // flag or a number needs its key.
+        let label = if parts.iter().any(|p| p.is_ok()) {
+            parts
+                .iter()
+                .map(|p| match p {
+                    Ok(l) => l.clone(),
+                    Err((_, toml::Value::String(v))) => v.clone(),
+                    Err((k, v)) => {
+                        let k = k.rsplit('.').next().unwrap_or(k);
+                        match v.as_bool() {
+                            Some(b) => format!("{k}={}", if b { "on" } else { "off" }),
+                            None => format!("{k}={}", value_label(v)),
+                        }
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        } else if ov.len() == 1 && ov[0].1.is_str() {
             value_label(&ov[0].1)
         } else {
             ov.iter()
@@ -1649,8 +1981,24 @@ pub fn load(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Hypervisor costs for unit tests across the crate.
+    pub(crate) fn hypervisor() -> HypervisorProfile {
+        HypervisorProfile {
+            mmio_exit_ns: 5000,
+            kick_exit_ns: 1000,
+            irq_inject_ns: 2000,
+            qemu_packet_ns: 2000,
+            vhost_packet_ns: 1000,
+            qemu_translate_ns: 100,
+            vhost_iotlb_lookup_ns: 100,
+            vhost_iotlb_miss_ns: 10000,
+            vhost_invalidate_ns: 1000,
+            vhost_iotlb_entries: 2048,
+        }
+    }
 
     fn text(s: &str) -> Result<Vec<Variant>, InputError> {
         load(
@@ -1952,17 +2300,26 @@ mod tests {
         }
     }
 
+    const GUEST_NET: &str =
+        "[workload.virtio_net]\nline_rate_gbps = 10\ndirection = \"rx\"\nmtu = 1500\n";
+
     #[test]
     fn every_builtin_profile_runs_the_minimal_scenario() {
         for (name, _) in BUILTIN_PROFILES {
-            let arch = if name.starts_with("smmuv3") {
+            let arch = if name.contains("smmuv3") {
                 "arm64"
             } else {
                 "x86_64"
             };
-            let sc = MIN
+            let mut sc = MIN
                 .replace("vtd-server", name)
                 .replace("[os]\n", &format!("[os]\narch = \"{arch}\"\n"));
+            if name.starts_with("kvm-") {
+                // A guest with an emulated IOMMU runs a virtio device.
+                let at = sc.find("[workload.nic_rx]").unwrap();
+                sc.truncate(at);
+                sc.push_str(GUEST_NET);
+            }
             let v = text(&sc).unwrap();
             assert_eq!(v[0].scenario.platform.profile, *name);
             // ... and simulates it: traffic flows.

@@ -2,7 +2,8 @@
 //! Each entry holds a tag and the value it caches (a physical pfn, a table pointer), so a cached entry that
 //! outlived its mapping returns the old value, as hardware would.
 
-/// A set-associative cache of 64-bit tags with a value each (a fully associative cache is one set).
+/// A set-associative cache of 64-bit tags with a value each (a fully associative cache is one set; a cache
+/// of 0 entries holds nothing, as an emulated IOMMU's absent walk caches).
 #[derive(Debug, Clone)]
 pub struct TagCache<V = u64> {
     sets: usize,
@@ -19,8 +20,12 @@ const EMPTY: u64 = u64::MAX;
 
 impl<V: Copy + Default> TagCache<V> {
     pub fn new(entries: usize, ways: usize) -> Self {
-        let ways = ways.max(1).min(entries.max(1));
-        let sets = (entries / ways).max(1);
+        let ways = if entries == 0 {
+            0
+        } else {
+            ways.max(1).min(entries)
+        };
+        let sets = (entries / ways.max(1)).max(1);
         TagCache {
             sets,
             set_mask: sets.is_power_of_two().then_some(sets as u64 - 1),
@@ -72,6 +77,9 @@ impl<V: Copy + Default> TagCache<V> {
     /// Insert `tag` → `val` (not present), evicting the least recently used way of its set.
     #[inline]
     pub fn insert(&mut self, tag: u64, index: u64, val: V) {
+        if self.ways == 0 {
+            return;
+        }
         self.clock += 1;
         let base = self.set_of(tag, index);
         let set = &mut self.tags[base..base + self.ways];

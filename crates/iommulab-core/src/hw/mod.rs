@@ -5,6 +5,7 @@
 //! A vendor is one file implementing it.
 
 pub mod cache;
+pub mod emul;
 pub mod pgtable;
 pub mod smmuv3;
 pub mod translator;
@@ -88,25 +89,22 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
     let tr = translator::Translator::new(&p.iommu, fmt, atc);
     let coh = p.cpu.coherence();
     match p.vendor {
-        Vendor::Vtd => Box::new(vtd::Vtd::new(
-            &p.iommu,
-            tr,
-            p.pcie.ats_inv_ns,
-            kernel,
-            coh,
-            p.cpu.lock_ns,
-        )),
-        Vendor::Smmuv3 => Box::new(smmuv3::Smmuv3::new(
-            &p.iommu,
-            tr,
-            cpus,
-            p.pcie.ats_inv_ns,
-            coh,
-        )),
+        Vendor::Vtd => Box::new(
+            vtd::Vtd::new(&p.iommu, tr, p.pcie.ats_inv_ns, kernel, coh, p.cpu.lock_ns)
+                .emulated(p.hypervisor.as_ref().map(emul::Trap::new)),
+        ),
+        Vendor::Smmuv3 => Box::new(
+            smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns, coh)
+                .emulated(p.hypervisor.as_ref().map(emul::Trap::new)),
+        ),
         Vendor::Virtio => Box::new(virtio::VirtioIommu::new(
             &p.iommu,
             tr,
             kernel.virtio_deferred_flush(),
+            p.hypervisor
+                .as_ref()
+                .expect("validated: a virtio-iommu platform is a guest"),
+            p.cpu.wakeup_ns,
         )),
     }
 }
@@ -424,6 +422,10 @@ pub trait Iommu: Send + Sync {
     /// The shared lines and locks of the invalidation path, by name, with what they cost their users.
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
         Vec::new()
+    }
+    /// An emulated IOMMU's exits to the hypervisor (None on bare metal).
+    fn exit_stats(&self) -> Option<emul::ExitStats> {
+        None
     }
 }
 

@@ -5,6 +5,7 @@
 //! CFGI_CD on attach; one queue shared by all CPUs (the lock-free insertion still serialises on the
 //! producer index) or per-CPU ECMDQs.
 
+use super::emul::{ExitCause, ExitStats, Trap};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, Smmuv3Profile};
@@ -129,6 +130,9 @@ pub struct Smmuv3 {
     /// With ECMDQs executed one after another: one consumer for every queue, and when each queue is free.
     consumer: FifoServer,
     queue_free: Vec<Time>,
+    /// In a guest: the doorbell (CMDQ_PROD) write exits to the VMM, whose handler is the SMMU (`queues`:
+    /// its work under the BQL, at the profile's per-command costs).
+    trap: Option<Trap>,
 }
 
 /// A command for [`Smmuv3::issue`]: what it costs the SMMU.
@@ -164,7 +168,14 @@ impl Smmuv3 {
             consumer: FifoServer::default(),
             gathering: (0, 0, 0),
             queue_free: vec![0; queues],
+            trap: None,
         }
+    }
+
+    /// The same SMMU emulated by a hypervisor (QEMU's smmuv3), when `trap` is given.
+    pub fn emulated(mut self, trap: Option<Trap>) -> Self {
+        self.trap = trap;
+        self
     }
 
     fn by_va(&self) -> InvKind {
@@ -178,8 +189,35 @@ impl Smmuv3 {
     /// Time the SMMU takes to consume one command of `what`.
     fn cmd_ns(&self, what: Cmd) -> u64 {
         match what {
+            Cmd::Tlbi if self.notifies_vhost() => self.cfg.cmd_ns + self.ats_inv_ns,
             Cmd::Tlbi | Cmd::Cfgi => self.cfg.cmd_ns,
             Cmd::AtcInv => self.cfg.cmd_ns + self.ats_inv_ns,
+        }
+    }
+
+    /// Emulated with vhost's device IOTLB behind it: QEMU's SMMUv3 has no ATS (IDR0.ATS = 0), so the
+    /// guest sends no ATC_INV; each TLBI reaches vhost through QEMU's IOMMU notifier
+    /// (smmuv3_inv_notifiers_iova), at the cost of one VHOST_IOTLB_INVALIDATE.
+    fn notifies_vhost(&self) -> bool {
+        self.trap.is_some() && self.tr.has_atc()
+    }
+
+    /// A command's effect on the caches when the SMMU consumes it at `at` (and on vhost's IOTLB when QEMU
+    /// notifies it).
+    fn consumed(&mut self, at: Time, inv: CacheInval) {
+        self.tr.invalidate(at, inv);
+        if self.notifies_vhost() {
+            let atc = match inv {
+                CacheInval::Range { dom, pfn, n, .. } => CacheInval::Atc {
+                    dom,
+                    range: Some((pfn, n)),
+                },
+                CacheInval::Domain { dom } | CacheInval::WalkCaches { dom } => {
+                    CacheInval::Atc { dom, range: None }
+                }
+                other => other,
+            };
+            self.tr.invalidate(at, atc);
         }
     }
 
@@ -192,6 +230,7 @@ impl Smmuv3 {
         let c = cpu as u32;
         let nq = self.queues.len();
         let q = if self.cfg.ecmdq { cpu % nq } else { 0 };
+        let gathered = self.tr.c.cmdq_gathered;
         let written = if self.cfg.ecmdq {
             // An ECMDQ is this CPU's own: write the commands, then its PROD register; nothing shared.
             now + cmds * self.cfg.submit_cmd_ns
@@ -200,6 +239,27 @@ impl Smmuv3 {
         };
         let work = n as u64 * self.cmd_ns(what);
         let sync_ns = if sync { self.cfg.sync_ns } else { 0 };
+        if let Some(trap) = self.trap.as_mut() {
+            // In a guest the PROD write exits to QEMU's smmuv3_cmdq_consume(), which consumes every command
+            // up to PROD, CMD_SYNCs included, before the vCPU re-enters; a CPU whose commands an owner
+            // gathered spins in the guest until CONS passes its CMD_SYNC.
+            let rang = self.tr.c.cmdq_gathered == gathered;
+            let (start, done) = self.queues[q].serve(trap.exit(written), work + sync_ns);
+            self.tr.c.submissions += 1;
+            self.tr.c.syncs += sync as u64;
+            let back = if rang {
+                trap.resume(ExitCause::CmdqProd, written, done, work + sync_ns)
+            } else {
+                trap.stats.emulator_ns += work + sync_ns;
+                done
+            };
+            if !sync {
+                return (start, if rang { back } else { written });
+            }
+            let rel = self.lock_owner.rmw_on(back, c);
+            self.tr.c.inv_wait_ns += rel - now;
+            return (start, rel);
+        }
         let (start, done) = if self.cfg.ecmdq && !self.cfg.ecmdq_parallel {
             // One consumer takes every queue's commands in turn; a CMD_SYNC then holds only its own queue.
             let ready = written.max(self.queue_free[q]);
@@ -274,7 +334,7 @@ impl Smmuv3 {
     fn issue_one(&mut self, now: Time, cpu: usize, what: Cmd, inv: Option<CacheInval>) -> Time {
         let (start, done) = self.issue(now, cpu, 1, what, true);
         if let Some(inv) = inv {
-            self.tr.invalidate(start + self.cmd_ns(what), inv);
+            self.consumed(start + self.cmd_ns(what), inv);
         }
         done
     }
@@ -288,7 +348,7 @@ impl Smmuv3 {
         for (b, batch) in invs.chunks(CMDQ_BATCH_ENTRIES).enumerate() {
             let (start, rel) = self.issue(t, cpu, batch.len(), Cmd::Tlbi, b + 1 == batches);
             for (k, &inv) in batch.iter().enumerate() {
-                self.tr.invalidate(start + (k as u64 + 1) * per_cmd, inv);
+                self.consumed(start + (k as u64 + 1) * per_cmd, inv);
             }
             t = rel;
         }
@@ -297,7 +357,7 @@ impl Smmuv3 {
 
     /// arm_smmu_atc_inv_domain(): one ATC_INV for the device (all of its ATC when `range` is None), synced.
     fn atc_inv(&mut self, now: Time, cpu: usize, dom: DomainId, range: Option<(u64, u64)>) -> Time {
-        if !self.tr.has_atc() {
+        if !self.tr.has_atc() || self.trap.is_some() {
             return now;
         }
         let span = range.map(|(pfn, n)| {
@@ -374,6 +434,10 @@ impl Iommu for Smmuv3 {
     }
 
     /// The CPU-side lines of the shared command queue, and the command queues as the SMMU consumes them.
+    fn exit_stats(&self) -> Option<ExitStats> {
+        self.trap.as_ref().map(|t| t.stats)
+    }
+
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
         let queues = std::iter::once(&self.consumer)
             .chain(&self.queues)
@@ -412,13 +476,18 @@ impl Iommu for Smmuv3 {
     fn iotlb_sync_map(
         &mut self,
         now: Time,
-        _cpu: usize,
-        _dom: DomainId,
-        _iova_pfn: u64,
-        _n: u64,
+        cpu: usize,
+        dom: DomainId,
+        iova_pfn: u64,
+        n: u64,
     ) -> Time {
-        // arm-smmu-v3 has no iotlb_sync_map.
-        now
+        // arm-smmu-v3 has no iotlb_sync_map; with the emulated SMMU's caching-mode quirk the new range is
+        // invalidated (leaf, with a CMD_SYNC) as VT-d's caching mode does.
+        if !self.cfg.caching_mode {
+            return now;
+        }
+        let tg = self.tr.format().granule_shift;
+        self.inv_range(now, cpu, dom, (iova_pfn, n), tg, true)
     }
 
     fn iotlb_sync(&mut self, now: Time, cpu: usize, dom: DomainId, g: &IotlbGather) -> Time {
@@ -481,6 +550,7 @@ pub(crate) mod tests {
                 ecmdq,
                 ecmdq_parallel: false,
                 stage: 1,
+                caching_mode: false,
             }),
             virtio: None,
         }
@@ -528,6 +598,27 @@ pub(crate) mod tests {
         // Non-leaf with a lone NUM of 1 rounds up, TTL 0.
         let c = tlbi_range_cmds(0x200, 1, 12, 12, false, true);
         assert_eq!((fields(&c), c[0].ttl), (vec![(1, 0, 2)], 0));
+    }
+
+    #[test]
+    fn in_a_guest_every_prod_write_traps_and_the_emulator_consumes_every_command() {
+        let trap = Some(Trap::new(&crate::scenario::HypervisorProfile {
+            mmio_exit_ns: 5000,
+            ..crate::scenario::tests::hypervisor()
+        }));
+        // No RIL (QEMU's SMMUv3 before range invalidation): 130 pages are 130 TLBIs in three batches, each
+        // issue ringing CMDQ_PROD: three exits, the last one's handler completing the CMD_SYNC.
+        let mut s = smmu(&cfg(false, false), 2).emulated(trap);
+        s.map_pages(1, 0, 0, 1);
+        let mut g = IotlbGather::new();
+        g.add_range(0x1000, 130);
+        let t = s.iotlb_sync(0, 0, 1, &g);
+        let st = s.exit_stats().unwrap();
+        assert_eq!(st.count, [0, 3, 0]);
+        let per_cmd = s.cmd_ns(Cmd::Tlbi);
+        assert_eq!(st.emulator_ns, 130 * per_cmd + s.cfg.sync_ns);
+        assert!(t >= 3 * 5000 + 130 * per_cmd + s.cfg.sync_ns, "{t}");
+        assert_eq!(s.tr.c.get(InvKind::TlbiNhVa), 130);
     }
 
     #[test]

@@ -175,7 +175,7 @@ impl Translator {
                 .iter()
                 .map(|&n| {
                     let ways = if p.pwc_ways == 0 { n } else { p.pwc_ways };
-                    TagCache::new(n.max(1) as usize, ways.max(1) as usize)
+                    TagCache::new(n as usize, ways as usize)
                 })
                 .collect(),
             atc: atc.map(|(n, w)| Tlb::new(n as usize, w as usize)),

@@ -5,9 +5,10 @@
 //! when the host processes it. From 6.8 MAPs are queued too and synced in `iotlb_sync_map`, `iotlb_sync` and
 //! `flush_iotlb_all` (deferred flush: lazy domains possible); before, each MAP was sent synchronously.
 
+use super::emul::{ExitCause, ExitStats};
 use super::translator::{CacheInval, Translator};
 use super::{iommu_pgsize, DomainId, InvKind, Iommu, IotlbGather};
-use crate::scenario::{IommuProfile, VirtioProfile};
+use crate::scenario::{HypervisorProfile, IommuProfile, VirtioProfile};
 use crate::sim::{SpinLock, Time};
 use std::collections::BTreeMap;
 
@@ -29,10 +30,25 @@ pub struct VirtioIommu {
     request_lock: SpinLock,
     /// The host processing the request queue.
     host: SpinLock,
+    /// The kick: the guest's virtqueue notification (an ioeventfd exit), then the host thread's wake-up.
+    kick_exit_ns: u64,
+    wakeup_ns: u64,
+    /// With vhost's device IOTLB behind it: QEMU's cost to forward one UNMAP to vhost
+    /// (VHOST_IOTLB_INVALIDATE through its IOMMU notifier).
+    notify_ns: u64,
+    /// Kicks, as exits to the hypervisor.
+    exits: ExitStats,
 }
 
 impl VirtioIommu {
-    pub fn new(p: &IommuProfile, tr: Translator, deferred: bool) -> Self {
+    /// A virtio-iommu whose host side runs under `h` (a woken host thread takes `wakeup_ns`).
+    pub fn new(
+        p: &IommuProfile,
+        tr: Translator,
+        deferred: bool,
+        h: &HypervisorProfile,
+        wakeup_ns: u64,
+    ) -> Self {
         let cfg = p
             .virtio
             .clone()
@@ -49,6 +65,10 @@ impl VirtioIommu {
             unsynced_maps: 0,
             request_lock: SpinLock::default(),
             host: SpinLock::default(),
+            kick_exit_ns: h.kick_exit_ns,
+            wakeup_ns,
+            notify_ns: h.vhost_invalidate_ns,
+            exits: ExitStats::default(),
         }
     }
 
@@ -62,8 +82,20 @@ impl VirtioIommu {
     /// effect on the device.
     fn sync_req(&mut self, now: Time) -> Time {
         let n = std::mem::take(&mut self.queued);
-        let (_, kicked) = self.request_lock.acquire(now, self.cfg.kick_ns);
-        let (_, done) = self.host.acquire(kicked, n * self.cfg.req_ns);
+        let (_, kicked) = self.request_lock.acquire(now, self.kick_exit_ns);
+        // With vhost behind the device, QEMU forwards each UNMAP to vhost's IOTLB.
+        let vhost = self.tr.has_atc();
+        let notify = if vhost {
+            self.queued_unmaps.len() as u64 * self.notify_ns
+        } else {
+            0
+        };
+        let work = n * self.cfg.req_ns + notify;
+        let (_, done) = self.host.acquire(kicked + self.wakeup_ns, work);
+        let k = ExitCause::Kick as usize;
+        self.exits.count[k] += 1;
+        self.exits.vcpu_ns[k] += self.kick_exit_ns;
+        self.exits.emulator_ns += work;
         // Simplification: the queued UNMAPs act when the host has done the whole batch.
         for (dom, pfn, n) in std::mem::take(&mut self.queued_unmaps) {
             let inv = CacheInval::Range {
@@ -73,6 +105,15 @@ impl VirtioIommu {
                 leaf_only: false,
             };
             self.tr.invalidate(done, inv);
+            if vhost {
+                self.tr.invalidate(
+                    done,
+                    CacheInval::Atc {
+                        dom,
+                        range: Some((pfn, n)),
+                    },
+                );
+            }
         }
         self.tr.c.syncs += 1;
         self.tr.c.submissions += 1;
@@ -140,6 +181,10 @@ impl Iommu for VirtioIommu {
 
     fn translator_mut(&mut self) -> &mut Translator {
         &mut self.tr
+    }
+
+    fn exit_stats(&self) -> Option<ExitStats> {
+        Some(self.exits)
     }
 
     /// __iommu_map(): one viommu_map_pages() — one MAP request — per iommu_pgsize() chunk.
@@ -250,7 +295,6 @@ pub(crate) mod tests {
         IommuProfile {
             virtio: Some(VirtioProfile {
                 add_req_ns: 50,
-                kick_ns: 5000,
                 req_ns: 1000,
                 min_page_kb: 4,
             }),
@@ -262,7 +306,11 @@ pub(crate) mod tests {
     pub(crate) fn virtio(deferred: bool) -> VirtioIommu {
         let p = cfg();
         let tr = Translator::new(&p, PtFormat::vtd(48, false).unwrap(), None);
-        VirtioIommu::new(&p, tr, deferred)
+        let h = crate::scenario::HypervisorProfile {
+            kick_exit_ns: 2000,
+            ..crate::scenario::tests::hypervisor()
+        };
+        VirtioIommu::new(&p, tr, deferred, &h, 3000)
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! device-TLB descriptors gathered into batches of up to 16 (qi_batch) and submitted with a wait descriptor
 //! through one hardware queue, all under the domain's cache_lock; caching mode and RWBF after maps.
 
+use super::emul::{ExitCause, ExitStats, Trap};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::kernel::KernelVersion;
@@ -86,6 +87,9 @@ pub struct Vtd {
     /// qi_flush_iotlb() takes IH from bit 6 of the address (the F&S / FANDS dmar.c change), whatever the
     /// kernel version.
     psi_ih_patched: bool,
+    /// In a guest: the tail write exits to the VMM, whose handler is the "hardware" (`hw`: its work under
+    /// the BQL, at the profile's per-descriptor costs).
+    trap: Option<Trap>,
 }
 
 impl Vtd {
@@ -112,7 +116,14 @@ impl Vtd {
             lock_ns,
             hw: FifoServer::default(),
             psi_ih_patched: false,
+            trap: None,
         }
+    }
+
+    /// The same IOMMU emulated by a hypervisor (QEMU's intel_iommu), when `trap` is given.
+    pub fn emulated(mut self, trap: Option<Trap>) -> Self {
+        self.trap = trap;
+        self
     }
 
     /// Hardware time to process one descriptor.
@@ -194,14 +205,26 @@ impl Vtd {
         let (_, written) = self.q_lock.lock_on(t, cpu, n * self.cfg.submit_desc_ns);
         // The hardware drains the queue in order, one descriptor after another.
         let work: u64 = descs.iter().map(|d| self.desc_ns(d)).sum::<u64>() + self.cfg.inv_wait_ns;
-        let (_, done) = self.hw.serve(written, work);
+        // In a guest the tail write exits, with q_lock held, to QEMU's vtd_handle_iqt_write(), which
+        // processes every descriptor and the wait's status write before the vCPU re-enters.
+        let arrive = self.trap.as_ref().map_or(written, |tr| tr.exit(written));
+        let (_, done) = self.hw.serve(arrive, work);
+        let done = match self.trap.as_mut() {
+            Some(tr) => {
+                let back = tr.resume(ExitCause::QiTail, written, done, work);
+                self.q_lock.extend(written, back);
+                back
+            }
+            None => done,
+        };
         // The hardware reaches each descriptor in turn; the wait descriptor completes after the last.
         let mut at = done - work;
         for &d in descs {
             at += self.desc_ns(&d);
             self.apply(at, d);
         }
-        if cpu != crate::sim::NO_CPU {
+        // A trapped vCPU holds q_lock through its exit (extended above) and finds QI_DONE on return.
+        if cpu != crate::sim::NO_CPU && self.trap.is_none() {
             *self.pollers.get_mut(cpu as usize) = (written, done);
         }
         self.tr.c.syncs += 1;
@@ -321,6 +344,10 @@ impl Iommu for Vtd {
     }
 
     /// q_lock, every domain's cache_lock, and the invalidation queue.
+    fn exit_stats(&self) -> Option<ExitStats> {
+        self.trap.as_ref().map(|t| t.stats)
+    }
+
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
         vec![
             ("vt-d qi q_lock", self.q_lock.stats.clone()),
@@ -603,6 +630,44 @@ pub(crate) mod tests {
             a + 600,
             "descriptors written while the first batch runs; processed after it"
         );
+    }
+
+    #[test]
+    fn in_a_guest_each_tail_write_traps_once_and_holds_q_lock_through_the_exit() {
+        let trap = || {
+            Some(Trap::new(&crate::scenario::HypervisorProfile {
+                mmio_exit_ns: 5000,
+                ..crate::scenario::tests::hypervisor()
+            }))
+        };
+        let mut v = vtd(&cfg()).emulated(trap());
+        // One submission of 17 descriptors' worth: two batches (16 + 1), each with its wait: two exits.
+        let descs: Vec<InvDesc> = (0..17)
+            .map(|i| InvDesc::Psi {
+                dom: 1,
+                addr_pfn: i,
+                am: 0,
+                ih: false,
+            })
+            .collect();
+        v.flush_descs(0, 0, 1, &descs);
+        let st = v.exit_stats().unwrap();
+        assert_eq!(st.count, [2, 0, 0]);
+        // The emulator consumed every descriptor and both waits.
+        assert_eq!(st.emulator_ns, 17 * 400 + 2 * 200);
+        assert_eq!(v.tr.c.get(InvKind::Psi), 17);
+        // A second CPU's submission waits for q_lock until the first vCPU is back from its exit.
+        let mut v = vtd(&cfg()).emulated(trap());
+        let a = v.flush_iotlb_all(0, 0, 1);
+        let b = v.flush_iotlb_all(0, 1, 2);
+        // Write 2 descriptors (80), exit and re-entry (5000), DSI and wait (600), the lock's last turn (10).
+        assert_eq!(a, 80 + 5000 + 600 + 10);
+        assert!(
+            b >= a + 5000 + 600,
+            "the second exit starts after the first vCPU released q_lock"
+        );
+        // Bare metal: no exits.
+        assert!(vtd(&cfg()).exit_stats().is_none());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::dma::iova::IovaStats;
 use crate::dma::locality::ReuseCounts;
 use crate::dma::safety::SafetyStats;
 use crate::dma::DmaStats;
+use crate::hw::emul::{ExitCause, ExitStats};
 use crate::hw::{InvKind, IommuCounters};
 use crate::sim::LockStats;
 use crate::workload::WorkloadStats;
@@ -35,6 +36,55 @@ pub struct Snapshot {
     /// Walk-cache reuse of the IOVAs handed out, and of the device's data-page accesses.
     pub iova_reuse: ReuseCounts,
     pub dma_reuse: ReuseCounts,
+    /// An emulated IOMMU's exits to the hypervisor (a guest platform only).
+    pub exits: Option<ExitStats>,
+}
+
+/// What an emulated IOMMU cost a guest: its exits to the hypervisor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VmExits {
+    pub total: u64,
+    pub per_sec: f64,
+    /// Per cause (the doorbell that trapped): exits, exits per second, and the mean vCPU time one cost, µs
+    /// (exit, the emulator's work and any wait for the BQL, re-entry).
+    pub by_cause: Vec<ExitsOfCause>,
+    /// vCPU time lost to exits over the workload's vCPU time in the window.
+    pub vcpu_share: f64,
+    /// The emulator's work (consuming commands) over the window: the share of one host thread.
+    pub emulator_busy: f64,
+    /// The software device's thread (QEMU's virtio-net or vhost's worker) busy over the window.
+    pub device_busy: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExitsOfCause {
+    pub cause: &'static str,
+    pub count: u64,
+    pub per_sec: f64,
+    pub mean_us: f64,
+}
+
+impl VmExits {
+    fn new(d: &ExitStats, dt: u64, cpus: usize) -> Self {
+        let secs = dt as f64 / 1e9;
+        let vcpu_ns: u64 = d.vcpu_ns.iter().sum();
+        VmExits {
+            total: d.total(),
+            per_sec: r6(d.total() as f64 / secs),
+            by_cause: ExitCause::ALL
+                .iter()
+                .map(|&c| ExitsOfCause {
+                    cause: c.name(),
+                    count: d.count[c as usize],
+                    per_sec: r6(d.count[c as usize] as f64 / secs),
+                    mean_us: r6(ratio(d.vcpu_ns[c as usize], d.count[c as usize]) / 1e3),
+                })
+                .collect(),
+            vcpu_share: r6(ratio(vcpu_ns, dt * cpus.max(1) as u64)),
+            emulator_busy: r6(ratio(d.emulator_ns, dt)),
+            device_busy: r6(ratio(d.device_ns, dt)),
+        }
+    }
 }
 
 /// `{"total": n, "<type>": n, ...}` with the IOMMU's own invalidation types, in its order.
@@ -352,6 +402,9 @@ pub struct RunResult {
     /// Malicious-device replay counts (only with `attack.replay_per_sec`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attack: Option<Attack>,
+    /// A guest's exits to the hypervisor (only on a platform with `[hypervisor]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vm_exits: Option<VmExits>,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -558,6 +611,10 @@ impl RunResult {
                     reached_released: y.reached_released - x.reached_released,
                 }
             }),
+            vm_exits: b
+                .exits
+                .as_ref()
+                .map(|y| VmExits::new(&y.since(&a.exits.unwrap_or_default()), dt, b.cpus.len())),
         }
     }
 }

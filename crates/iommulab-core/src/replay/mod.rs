@@ -658,6 +658,9 @@ impl ReplaySession {
             ("os.arch".into(), arch.into()),
             ("os.hz".into(), opts.hz.to_string()),
             ("workload.nic_rx.page_pool".into(), "false".into()),
+            // The workload never runs; one queue fits every profile's CPUs (a guest's are few).
+            ("workload.nic_rx.queues".into(), "1".into()),
+            ("workload.nic_rx.flows".into(), "1".into()),
             ("os.policy".into(), "strict".into()),
         ];
         if opts.vendor == Vendor::Vtd {

@@ -10,8 +10,10 @@ pub mod nvme;
 pub mod rr;
 pub mod rxq;
 pub mod sq;
+pub mod virtio_net;
 
 use crate::host::{Event, Host};
+use crate::hw::emul::ExitStats;
 use crate::metrics::RxPageCache;
 use crate::sim::hist::Histogram;
 use crate::sim::{DmaEngine, Path, Time};
@@ -107,6 +109,8 @@ pub struct WorkloadStats {
     pub tx_packets: u64,
     /// DMA writes that hit no valid translation.
     pub dma_faults: u64,
+    /// A guest's virtqueue notifications (kicks), as exits to the hypervisor.
+    pub exits: ExitStats,
     /// Latency of each request served (request/response workloads), ns.
     #[serde(skip)]
     pub latency: Histogram,

@@ -1,0 +1,675 @@
+//! A guest's virtio-net device carrying one bulk TCP stream (netperf TCP_STREAM / TCP_MAERTS) through the
+//! guest's vIOMMU. With VIRTIO_F_ACCESS_PLATFORM the guest driver maps every buffer through the DMA API
+//! (drivers/virtio/virtio_ring.c vring_map_one_sg, one mapping per scatterlist entry; detach_buf unmaps
+//! it), so each RX buffer and each TX skb's head and frags is mapped when added to a virtqueue and
+//! unmapped when the device has used it.
+//!
+//! The device is software on the host: QEMU's virtio-net (`vhost = false`) or vhost-net (`vhost =
+//! true`), one thread serving both virtqueues. It translates every guest page it touches: QEMU through
+//! the vIOMMU's emulation (its IOTLB, a software walk of the guest's page table on a miss); vhost through
+//! its device IOTLB, whose misses are messages to QEMU (VHOST_IOTLB_MISS, QEMU's translation,
+//! VHOST_IOTLB_UPDATE) — the platform's ATC stands for it (`Host` builds it from `[hypervisor]`), and the
+//! guest's invalidations reach it through QEMU's IOMMU notifiers. Then it copies the data.
+//!
+//! Guest side (vCPU 0: the interrupt and NAPI; vCPU 1, when there is one: the application): RX NAPI
+//! unmaps the used buffers (receive_mergeable), hands each GSO skb to the stack, sends an ACK per
+//! `ack_bytes` (mapped, through the TX virtqueue) and refills the ring with fresh mergeable buffers, one
+//! page each (add_recvbuf_mergeable); TX: tcp_sendmsg copies into 32 KiB page frags, start_xmit maps the
+//! head and each frag (virtqueue_add_outbuf, indirect descriptors: one ring slot per skb) and kicks the
+//! device when it waits for work; TX completions (free_old_xmit_skbs) unmap and return the TCP Small
+//! Queues budget. Kicks are ioeventfd exits; a kick to an idle device thread wakes it (`cpu.wakeup_ns`).
+//!
+//! Simplifications: the host's own NIC and stack are not modelled (the tap side runs at the line rate);
+//! either sender keeps at most the receiver's window (3 MiB) unacknowledged and never backs off; one RX and one TX
+//! virtqueue; a mergeable buffer is one 4 KiB page (the driver's buffers are page-frag slices of up to a
+//! page); the device thread's translation and copy do not overlap.
+
+use super::net::{mss, ACK_FRAME};
+use super::{event, Workload, WorkloadStats};
+use crate::host::Host;
+use crate::hw::emul::ExitCause;
+use crate::hw::PAGE_SIZE as PAGE;
+use crate::scenario::{Direction, HypervisorProfile, Vendor, VirtioNet};
+use crate::sim::{Ctx, Time};
+use std::collections::VecDeque;
+
+/// struct virtio_net_hdr_mrg_rxbuf at the head of each mergeable RX buffer.
+const VNET_HDR_BYTES: u64 = 12;
+/// The TCP receive window a socket offers with Linux's default tcp_rmem[2] (6 MB) at tcp_adv_win_scale
+/// = 1: half of it (tcp_win_from_space).
+const RX_WINDOW_BYTES: u64 = 3 << 20;
+/// sk_page_frag chunks holding a sending socket's data (SKB_FRAG_PAGE_ORDER 3: 32 KiB).
+const FRAG_BYTES: u64 = super::sq::SKB_FRAG_PAGE_BYTES;
+/// NAPI's weight (NAPI_POLL_WEIGHT): skbs per poll.
+const NAPI_BUDGET: usize = 64;
+
+const EV_PEER: u16 = 0;
+const EV_DEV: u16 = 1;
+const EV_NAPI: u16 = 2;
+const EV_SEND: u16 = 3;
+const EV_TX_DONE: u16 = 4;
+const EV_READ: u16 = 5;
+const EV_PEER_ACK: u16 = 6;
+
+/// A mapped guest buffer: (DMA pfn, pages).
+type Map = (u64, u64);
+
+/// What the device took from the TX virtqueue: the skb's mappings and its bytes on the wire.
+struct TxSkb {
+    maps: Vec<Map>,
+    bytes: u64,
+    /// An ACK the guest sent (RX direction), not stream data.
+    ack: bool,
+}
+
+/// A packet the host's tap hands the device for the guest: bytes, and whether it is the peer's ACK.
+#[derive(Clone, Copy)]
+struct RxPkt {
+    bytes: u64,
+    ack: bool,
+}
+
+pub struct VirtioNetWorkload {
+    cfg: VirtioNet,
+    h: HypervisorProfile,
+    /// vCPUs: the interrupt and NAPI's, and the application's (the same on a one-vCPU guest).
+    irq_cpu: usize,
+    app_cpu: usize,
+    mss: u64,
+    /// Guest pages backing RX buffers (twice the ring), reused in turn as buffers are refilled.
+    rx_pages: Vec<u64>,
+    next_rx_page: usize,
+    /// Buffers posted in the RX virtqueue.
+    rx_avail: VecDeque<(u64, Map)>,
+    /// Filled by the device, waiting for NAPI: per packet its buffers and bytes.
+    rx_used: VecDeque<(Vec<(u64, Map)>, RxPkt)>,
+    /// Packets at the tap waiting for RX buffers.
+    tap: VecDeque<RxPkt>,
+    /// Added to the TX virtqueue, not yet taken by the device; taken and used, not yet reaped.
+    tx_avail: VecDeque<TxSkb>,
+    tx_used: VecDeque<TxSkb>,
+    /// The device thread: busy until; an EV_DEV pending; waiting for RX buffers (notifications on).
+    dev_free: Time,
+    dev_scheduled: bool,
+    dev_wants_rx: bool,
+    napi_scheduled: bool,
+    tx_irq_scheduled: bool,
+    /// RX: the peer's bytes in flight (sent, not yet read by the application) and its next send time.
+    peer_in_flight: u64,
+    peer_blocked: bool,
+    wire_free: Time,
+    /// Bytes received and not yet read; bytes since the last ACK (either side's).
+    unread: u64,
+    read_scheduled: bool,
+    unacked: u64,
+    /// TX: the guest socket's bytes below TCP (TSQ) and whether the sender waits for completions.
+    tsq_in_flight: u64,
+    /// TX: bytes sent and not yet acknowledged by the peer (at most the peer's receive window).
+    tx_unacked: u64,
+    sender_throttled: bool,
+    send_pages: Vec<u64>,
+    next_send_page: usize,
+    stats: WorkloadStats,
+}
+
+impl VirtioNetWorkload {
+    pub fn new(cfg: &VirtioNet, h: &HypervisorProfile, vcpus: usize) -> Self {
+        VirtioNetWorkload {
+            cfg: cfg.clone(),
+            h: h.clone(),
+            irq_cpu: 0,
+            app_cpu: if vcpus > 1 { 1 } else { 0 },
+            mss: mss(cfg.mtu),
+            rx_pages: Vec::new(),
+            next_rx_page: 0,
+            rx_avail: VecDeque::new(),
+            rx_used: VecDeque::new(),
+            tap: VecDeque::new(),
+            tx_avail: VecDeque::new(),
+            tx_used: VecDeque::new(),
+            dev_free: 0,
+            dev_scheduled: false,
+            dev_wants_rx: false,
+            napi_scheduled: false,
+            tx_irq_scheduled: false,
+            peer_in_flight: 0,
+            peer_blocked: false,
+            wire_free: 0,
+            unread: 0,
+            read_scheduled: false,
+            unacked: 0,
+            tsq_in_flight: 0,
+            tx_unacked: 0,
+            sender_throttled: false,
+            send_pages: Vec::new(),
+            next_send_page: 0,
+            stats: WorkloadStats::default(),
+        }
+    }
+
+    /// Payload bytes one mergeable buffer holds.
+    fn buf_payload() -> u64 {
+        PAGE - VNET_HDR_BYTES
+    }
+
+    /// ns the wire needs for `payload` bytes in MSS segments at the line rate.
+    fn wire_ns(&self, payload: u64) -> u64 {
+        let segs = payload.div_ceil(self.mss).max(1);
+        let bytes = payload + segs * (super::net::ETH_WIRE_OVERHEAD + super::net::TCPIP_HLEN);
+        (bytes as f64 * 8.0 / self.cfg.line_rate_gbps).ceil() as u64
+    }
+
+    /// A virtqueue notification from the guest (ioeventfd): the vCPU's exit, and the device thread woken
+    /// if it was idle. Returns the vCPU's release time.
+    fn kick(&mut self, host: &mut Host, t: Time) -> Time {
+        let back = t + self.h.kick_exit_ns;
+        self.stats.exits.count[ExitCause::Kick as usize] += 1;
+        self.stats.exits.vcpu_ns[ExitCause::Kick as usize] += self.h.kick_exit_ns;
+        let wake = host.platform.cpu.wakeup_ns;
+        self.wake_device(host, back.saturating_sub(self.h.kick_exit_ns / 2) + wake);
+        back
+    }
+
+    /// Make sure the device thread runs at or after `at`.
+    fn wake_device(&mut self, host: &mut Host, at: Time) {
+        if !self.dev_scheduled {
+            self.dev_scheduled = true;
+            host.schedule(at.max(self.dev_free), event(EV_DEV, 0));
+        }
+    }
+
+    /// The device thread idle and waiting for a kick (its notifications on)?
+    fn device_idle(&self, now: Time) -> bool {
+        !self.dev_scheduled && self.dev_free <= now
+    }
+
+    /// The device's translation of one guest page: the lookup, a vhost IOTLB miss's round trip to QEMU,
+    /// the emulator's walk reads.
+    fn translate(&mut self, host: &mut Host, t: Time, dma: u64) -> Time {
+        let h = &self.h;
+        let lookup = if self.cfg.vhost {
+            h.vhost_iotlb_lookup_ns
+        } else {
+            h.qemu_translate_ns
+        };
+        let Some(tr) = host.sw_translate(t, dma) else {
+            return t + lookup;
+        };
+        if tr.fault() {
+            self.stats.dma_faults += 1;
+        }
+        let miss = if tr.ats_request {
+            h.vhost_iotlb_miss_ns
+        } else {
+            0
+        };
+        // virtio-iommu's device keeps mappings in a tree (virtio_iommu_translate: g_tree_lookup), its cost
+        // the lookup's: no table to walk.
+        let walk = if host.platform.vendor == Vendor::Virtio {
+            0
+        } else {
+            tr.walk_reads as u64 * host.platform.memory.walk_read_ns
+        };
+        t + lookup + miss + walk
+    }
+
+    /// One unit of the device thread's work: the guest's TX skbs first, then packets for the guest.
+    fn device(&mut self, host: &mut Host, now: Time) {
+        self.dev_scheduled = false;
+        if self.dev_free > now {
+            self.wake_device(host, self.dev_free);
+            return;
+        }
+        let copy = host.platform.cpu.copy_ns_per_byte;
+        let per_pkt = if self.cfg.vhost {
+            self.h.vhost_packet_ns
+        } else {
+            self.h.qemu_packet_ns
+        };
+        if let Some(skb) = self.tx_avail.pop_front() {
+            let mut t = now + per_pkt;
+            for &(dma, pages) in &skb.maps {
+                for p in 0..pages {
+                    t = self.translate(host, t, dma + p);
+                }
+            }
+            t += (skb.bytes as f64 * copy).round() as u64;
+            self.stats.dma_pages += skb.maps.iter().map(|m| m.1).sum::<u64>();
+            if !skb.ack {
+                // The data leaves through the host's NIC at the line rate; the peer ACKs it a round trip
+                // later.
+                self.wire_free = self.wire_free.max(t) + self.wire_ns(skb.bytes);
+                self.unacked += skb.bytes;
+                while self.unacked >= self.cfg.ack_bytes {
+                    self.unacked -= self.cfg.ack_bytes;
+                    let rtt = (self.cfg.rtt_us * 1000.0).round() as u64;
+                    host.schedule(self.wire_free + rtt, event(EV_PEER_ACK, 0));
+                }
+            }
+            self.tx_used.push_back(skb);
+            self.stats.exits.device_ns += t - now;
+            self.dev_free = t;
+            if !self.tx_irq_scheduled {
+                self.tx_irq_scheduled = true;
+                host.schedule(t + self.h.irq_inject_ns, event(EV_TX_DONE, 0));
+            }
+        } else if let Some(&pkt) = self.tap.front() {
+            let need = (pkt.bytes + VNET_HDR_BYTES).div_ceil(PAGE).max(1) as usize;
+            if self.rx_avail.len() < need {
+                // Out of buffers: the device enables notifications and waits for the guest's refill kick.
+                self.dev_wants_rx = true;
+                return;
+            }
+            self.tap.pop_front();
+            let mut t = now + per_pkt;
+            let mut bufs = Vec::with_capacity(need);
+            let mut left = pkt.bytes;
+            for _ in 0..need {
+                let (phys, (dma, pages)) = self.rx_avail.pop_front().expect("counted");
+                t = self.translate(host, t, dma);
+                let n = left.min(Self::buf_payload());
+                left -= n;
+                t += ((n + VNET_HDR_BYTES) as f64 * copy).round() as u64;
+                bufs.push((phys, (dma, pages)));
+            }
+            self.stats.dma_pages += need as u64;
+            self.stats.bytes_received += pkt.bytes;
+            self.rx_used.push_back((bufs, pkt));
+            self.stats.exits.device_ns += t - now;
+            self.dev_free = t;
+            if !self.napi_scheduled {
+                self.napi_scheduled = true;
+                host.schedule(t + self.h.irq_inject_ns, event(EV_NAPI, 0));
+            }
+        } else {
+            return;
+        }
+        if !self.tx_avail.is_empty() || !self.tap.is_empty() {
+            self.wake_device(host, self.dev_free);
+        }
+    }
+
+    /// A packet reaches the tap for the guest.
+    fn to_tap(&mut self, host: &mut Host, now: Time, pkt: RxPkt) {
+        self.tap.push_back(pkt);
+        if !self.dev_wants_rx && self.device_idle(now) {
+            // The tap's readiness wakes the device thread (vhost's socket poll, QEMU's fd handler).
+            let wake = host.platform.cpu.wakeup_ns;
+            self.wake_device(host, now + wake);
+        }
+    }
+
+    /// RX direction: the peer sends GSO-sized bursts at the line rate while its window allows.
+    fn peer_send(&mut self, host: &mut Host, now: Time) {
+        let g = self.cfg.gso_max_bytes as u64;
+        if self.peer_in_flight + g > RX_WINDOW_BYTES {
+            self.peer_blocked = true;
+            self.stats.window_closed += 1;
+            return;
+        }
+        let start = now.max(self.wire_free);
+        self.wire_free = start + self.wire_ns(g);
+        self.peer_in_flight += g;
+        self.stats.packets_offered += g.div_ceil(self.mss);
+        let arrive = self.wire_free;
+        self.to_tap(
+            host,
+            arrive.max(now),
+            RxPkt {
+                bytes: g,
+                ack: false,
+            },
+        );
+        host.schedule(self.wire_free, event(EV_PEER, 0));
+    }
+
+    /// RX NAPI on the interrupt vCPU: unmap the used buffers, the stack, ACKs, the refill.
+    fn napi(&mut self, host: &mut Host, now: Time) {
+        let cpu = self.irq_cpu;
+        if !host.cpu_acquire(cpu, now, event(EV_NAPI, 0), Ctx::Softirq) {
+            return;
+        }
+        let c = host.platform.cpu.clone();
+        let mut t = now;
+        let mut consumed = 0;
+        for _ in 0..NAPI_BUDGET {
+            let Some((bufs, pkt)) = self.rx_used.pop_front() else {
+                break;
+            };
+            for &(_, (dma, pages)) in &bufs {
+                t = host.dma_unmap(t, cpu, dma, pages);
+            }
+            consumed += bufs.len();
+            if pkt.ack {
+                // The peer's ACK opens the window (tcp_ack); a sender it held back goes on.
+                t += c.rx_lone_packet_ns();
+                self.tx_unacked -= self.cfg.ack_bytes.min(self.tx_unacked);
+                self.resume_sender(host, t);
+                continue;
+            }
+            let segs = pkt.bytes.div_ceil(self.mss);
+            t += c.stack_ns_per_skb + segs * c.stack_ns_per_packet;
+            self.unread += pkt.bytes;
+            self.stats.packets_delivered += segs;
+            // tcp_rcv_established's ACK: once per ack_bytes received, through the TX virtqueue.
+            self.unacked += pkt.bytes;
+            while self.unacked >= self.cfg.ack_bytes {
+                self.unacked -= self.cfg.ack_bytes;
+                t = self.xmit(host, t, cpu, ACK_FRAME, true);
+            }
+        }
+        t = host.dma_batch_end(t, cpu);
+        t = self.refill(host, t, cpu, consumed);
+        if self.unread > 0 && !self.read_scheduled {
+            self.read_scheduled = true;
+            host.schedule(t + c.wakeup_ns, event(EV_READ, 0));
+        }
+        if self.rx_used.is_empty() {
+            self.napi_scheduled = false;
+        } else {
+            host.schedule(t, event(EV_NAPI, 0));
+        }
+        host.cpus[cpu].account(now, t);
+    }
+
+    /// add_recvbuf_mergeable for `n` buffers, and a kick when the device waits for them.
+    fn refill(&mut self, host: &mut Host, now: Time, cpu: usize, n: usize) -> Time {
+        let mut t = now;
+        let page_alloc = host.platform.cpu.page_alloc_ns;
+        for _ in 0..n {
+            let phys = self.rx_pages[self.next_rx_page % self.rx_pages.len()];
+            self.next_rx_page += 1;
+            t += page_alloc;
+            let Some((dma, t2)) = host.dma_map(t, cpu, phys, 1) else {
+                break;
+            };
+            t = t2;
+            self.rx_avail.push_back((phys, (dma, 1)));
+        }
+        if self.dev_wants_rx && !self.rx_avail.is_empty() {
+            self.dev_wants_rx = false;
+            t = self.kick(host, t);
+        }
+        t
+    }
+
+    /// start_xmit of one skb of `bytes` from vCPU `cpu`: free_old_xmit_skbs, map head and frags, add, and
+    /// kick the device if it waits. Returns the release time.
+    fn xmit(&mut self, host: &mut Host, now: Time, cpu: usize, bytes: u64, ack: bool) -> Time {
+        let mut t = now + host.platform.cpu.tx_packet_ns;
+        t = self.reap_tx(host, t, cpu);
+        let mut maps = Vec::new();
+        // The head (headers, linear part): one page.
+        let head = self.send_page();
+        let Some((dma, t2)) = host.dma_map(t, cpu, head, 1) else {
+            return t;
+        };
+        t = t2;
+        maps.push((dma, 1));
+        if !ack {
+            let mut left = bytes;
+            while left > 0 {
+                let n = left.min(FRAG_BYTES);
+                let pages = n.div_ceil(PAGE);
+                let phys = self.send_page();
+                let Some((dma, t2)) = host.dma_map(t, cpu, phys, pages) else {
+                    break;
+                };
+                t = t2;
+                maps.push((dma, pages));
+                left -= n;
+            }
+        }
+        self.stats.tx_packets += 1;
+        let idle = self.device_idle(t);
+        self.tx_avail.push_back(TxSkb { maps, bytes, ack });
+        if idle {
+            t = self.kick(host, t);
+        } else {
+            self.wake_device(host, t);
+        }
+        t
+    }
+
+    /// The next guest page a TX skb's data sits in (the socket's frags, reused in turn).
+    fn send_page(&mut self) -> u64 {
+        let p = self.send_pages[self.next_send_page % self.send_pages.len()];
+        self.next_send_page += 1;
+        p
+    }
+
+    /// free_old_xmit_skbs: unmap every used TX skb and return its TSQ budget.
+    fn reap_tx(&mut self, host: &mut Host, now: Time, cpu: usize) -> Time {
+        let mut t = now;
+        let mut any = false;
+        while let Some(skb) = self.tx_used.pop_front() {
+            for &(dma, pages) in &skb.maps {
+                t = host.dma_unmap(t, cpu, dma, pages);
+            }
+            if !skb.ack {
+                self.tsq_in_flight -= skb.bytes;
+            }
+            any = true;
+        }
+        if any {
+            t = host.dma_batch_end(t, cpu);
+            self.resume_sender(host, t);
+        }
+        t
+    }
+
+    /// Whether the sender may hand down another skb: TSQ budget, the peer's window, a ring slot.
+    fn may_send(&self) -> bool {
+        let g = self.cfg.gso_max_bytes as u64;
+        self.tsq_in_flight + g <= self.cfg.tsq_bytes
+            && self.tx_unacked + g <= RX_WINDOW_BYTES
+            && self.tx_avail.len() + self.tx_used.len() < self.cfg.queue_size as usize
+    }
+
+    /// Wake a sender that waited for completions or ACKs, once it may send again.
+    fn resume_sender(&mut self, host: &mut Host, t: Time) {
+        if self.sender_throttled && self.may_send() {
+            self.sender_throttled = false;
+            host.schedule(t, event(EV_SEND, 0));
+        }
+    }
+
+    /// TX direction: the application writes one GSO skb's worth (tcp_sendmsg), TCP hands it down.
+    fn send(&mut self, host: &mut Host, now: Time) {
+        let cpu = self.app_cpu;
+        if !host.cpu_acquire(cpu, now, event(EV_SEND, 0), Ctx::Task) {
+            return;
+        }
+        let g = self.cfg.gso_max_bytes as u64;
+        if !self.may_send() {
+            self.sender_throttled = true;
+            self.stats.window_closed += 1;
+            return;
+        }
+        let c = host.platform.cpu.clone();
+        let mut t = now + (g as f64 * c.copy_ns_per_byte).round() as u64 + c.stack_ns_per_skb;
+        self.tsq_in_flight += g;
+        self.tx_unacked += g;
+        self.stats.packets_offered += g.div_ceil(self.mss);
+        t = self.xmit(host, t, cpu, g, false);
+        host.schedule(t, event(EV_SEND, 0));
+        host.cpus[cpu].account(now, t);
+    }
+
+    /// The TX interrupt's NAPI (virtnet_poll_tx) on the interrupt vCPU.
+    fn tx_done(&mut self, host: &mut Host, now: Time) {
+        let cpu = self.irq_cpu;
+        if !host.cpu_acquire(cpu, now, event(EV_TX_DONE, 0), Ctx::Softirq) {
+            return;
+        }
+        self.tx_irq_scheduled = false;
+        let t = self.reap_tx(host, now, cpu);
+        host.cpus[cpu].account(now, t);
+    }
+
+    /// The application reads what arrived (RX direction): the copy to user space; the window reopens.
+    fn read(&mut self, host: &mut Host, now: Time) {
+        let cpu = self.app_cpu;
+        if !host.cpu_acquire(cpu, now, event(EV_READ, 0), Ctx::Task) {
+            return;
+        }
+        self.read_scheduled = false;
+        let bytes = std::mem::take(&mut self.unread);
+        let t = now + (bytes as f64 * host.platform.cpu.copy_ns_per_byte).round() as u64;
+        self.stats.bytes_delivered += bytes;
+        self.peer_in_flight -= bytes.min(self.peer_in_flight);
+        if self.peer_blocked {
+            self.peer_blocked = false;
+            host.schedule(now.max(self.wire_free), event(EV_PEER, 0));
+        }
+        host.cpus[cpu].account(now, t);
+    }
+}
+
+impl Workload for VirtioNetWorkload {
+    fn start(&mut self, host: &mut Host, now: Time) -> Time {
+        let q = self.cfg.queue_size as usize;
+        let pages: Option<Vec<u64>> = (0..2 * q).map(|_| host.pages.alloc()).collect();
+        let Some(pages) = pages else {
+            return now;
+        };
+        self.rx_pages = pages;
+        // The socket's page frags: enough for the TSQ budget and the ring twice over.
+        let frag_pages = (self.cfg.tsq_bytes.div_ceil(PAGE) as usize + q) * 2;
+        let Some(send) = (0..frag_pages)
+            .map(|_| host.pages.alloc())
+            .collect::<Option<Vec<u64>>>()
+        else {
+            return now;
+        };
+        self.send_pages = send;
+        // virtnet_open → try_fill_recv: the whole RX ring posted.
+        let t = self.refill(host, now, self.irq_cpu, q);
+        match self.cfg.direction {
+            Direction::Rx => host.schedule(t, event(EV_PEER, 0)),
+            Direction::Tx => host.schedule(t, event(EV_SEND, 0)),
+        }
+        t
+    }
+
+    fn handle(&mut self, host: &mut Host, now: Time, kind: u16, _id: u32) {
+        match kind {
+            EV_PEER => self.peer_send(host, now),
+            EV_DEV => self.device(host, now),
+            EV_NAPI => self.napi(host, now),
+            EV_SEND => self.send(host, now),
+            EV_TX_DONE => self.tx_done(host, now),
+            EV_READ => self.read(host, now),
+            EV_PEER_ACK => {
+                // The peer has received ack_bytes more of the stream: goodput counts there.
+                self.stats.bytes_delivered += self.cfg.ack_bytes;
+                self.stats.packets_delivered += self.cfg.ack_bytes.div_ceil(self.mss);
+                self.to_tap(
+                    host,
+                    now,
+                    RxPkt {
+                        bytes: ACK_FRAME,
+                        ack: true,
+                    },
+                )
+            }
+            _ => unreachable!("virtio-net event kind {kind}"),
+        }
+    }
+
+    fn stats(&self) -> WorkloadStats {
+        self.stats.clone()
+    }
+
+    fn cpus(&self) -> Vec<usize> {
+        if self.app_cpu == self.irq_cpu {
+            vec![self.irq_cpu]
+        } else {
+            vec![self.irq_cpu, self.app_cpu]
+        }
+    }
+
+    fn line_rate_gbps(&self) -> f64 {
+        self.cfg.line_rate_gbps
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::metrics::RunResult;
+    use crate::run::{builtin_with, run_variant};
+
+    /// seed001-x86's runs of CONFIG (its named setting) with `ov` pinned.
+    fn x86(config: &str, ov: &[(&str, &str)]) -> RunResult {
+        let v = builtin_with("seed001-x86", ov);
+        let v = v
+            .iter()
+            .find(|v| v.label.split(' ').next() == Some(config))
+            .expect("config");
+        run_variant(v)
+    }
+
+    fn exits(r: &RunResult, cause: &str) -> u64 {
+        let vm = r.vm_exits.as_ref().expect("a guest reports its exits");
+        vm.by_cause
+            .iter()
+            .find(|c| c.cause == cause)
+            .map_or(0, |c| c.count)
+    }
+
+    const RX_OFF: &[(&str, &str)] = &[
+        ("workload.virtio_net.direction", "rx"),
+        ("workload.virtio_net.vhost", "false"),
+    ];
+    const RX_ON: &[(&str, &str)] = &[
+        ("workload.virtio_net.direction", "rx"),
+        ("workload.virtio_net.vhost", "true"),
+    ];
+
+    #[test]
+    fn strict_traps_once_per_invalidation_submission_and_caching_mode_doubles_them() {
+        let strict = x86("strict", RX_OFF);
+        let cm = x86("strict-cm", RX_OFF);
+        // One PSI per unmapped buffer; with caching mode one more per map: two per page.
+        assert_eq!(strict.inv_per_page, 1.0);
+        assert_eq!(cm.inv_per_page, 2.0);
+        // Every qi_submit_sync is one tail write, one exit.
+        assert_eq!(exits(&strict, "qi_tail"), strict.invalidations.total);
+        assert_eq!(exits(&cm, "qi_tail"), cm.invalidations.total);
+        // No vIOMMU: no IOMMU exits (the virtqueue kicks are the only ones left).
+        let none = x86("noiommu", RX_OFF);
+        assert_eq!(exits(&none, "qi_tail"), 0);
+    }
+
+    #[test]
+    fn a_vhost_iotlb_miss_is_a_round_trip_to_the_vmm() {
+        // Lazy with vhost: every fresh buffer IOVA misses vhost's IOTLB, and the device thread waits for
+        // QEMU's answer each time; doubling that round trip costs the device-bound stream accordingly.
+        let base = x86("lazy", RX_ON);
+        let slow = x86(
+            "lazy",
+            &[
+                RX_ON,
+                &[("platform.hypervisor.vhost_iotlb_miss_ns", "20000")],
+            ]
+            .concat(),
+        );
+        let misses = base.caches.atc.misses;
+        assert!(
+            misses as f64 > 0.9 * base.dma_pages as f64,
+            "{misses} of {}",
+            base.dma_pages
+        );
+        let vm = base.vm_exits.as_ref().unwrap();
+        assert!(
+            vm.device_busy > 0.9,
+            "the device thread is the bottleneck: {}",
+            vm.device_busy
+        );
+        assert!(slow.throughput_gbps < 0.65 * base.throughput_gbps);
+        // Without a vIOMMU vhost translates through its memory table: no misses, the line rate.
+        let none = x86("noiommu", RX_ON);
+        assert_eq!(none.caches.atc.misses, 0);
+        assert!(none.throughput_gbps > 0.9 * none.line_rate_gbps);
+    }
+}
