@@ -76,6 +76,11 @@ def _vm_exits(results: list, lw: int) -> list[str]:
                            for c in vm["by_cause"] if c["count"])
         atc = (getattr(r, "caches", None) or {}).get("atc")
         dev = f" · device IOTLB misses {atc['misses']}" if atc and atc["hits"] + atc["misses"] else ""
+        if vm.get("vfio_maps") or vm.get("vfio_unmaps"):
+            dev += (f" · VFIO maps {vm['vfio_maps']} unmaps {vm['vfio_unmaps']}, pages pinned "
+                    f"{vm['pages_pinned']} unpinned {vm['pages_unpinned']}")
+        if getattr(r, "syncs", 0):
+            dev += f" · invalidation wait {r.sync_wait_mean_us:.1f} µs per sync"
         out.append(f"{r.label:<{lw}}  {vm['per_sec'] / 1e3:.1f}k exits/s ({causes or 'none'}) · vCPU time in exits "
                    f"{vm['vcpu_share'] * 100:.1f}% · emulator busy {vm['emulator_busy'] * 100:.1f}% · device thread busy "
                    f"{vm['device_busy'] * 100:.1f}%{dev}")

@@ -327,7 +327,14 @@ impl Host {
                 } else {
                     0
                 };
-                let walk = tr.walk_reads as u64 * self.platform.memory.walk_read_ns;
+                let mut reads = tr.walk_reads as u64;
+                // Nested: every stage-1 table access, and the output address, is a stage-2 lookup.
+                if let Some(h) = self.platform.hypervisor.as_ref().filter(|h| h.nested) {
+                    if reads > 0 {
+                        reads += (reads + 1) * h.nested_s2_reads as u64;
+                    }
+                }
+                let walk = reads * self.platform.memory.walk_read_ns;
                 (base + ats + walk, tr.fault())
             }
         }

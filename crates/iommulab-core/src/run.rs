@@ -56,11 +56,22 @@ fn ms_to_ns(ms: f64) -> Time {
     (ms * NS_PER_MS as f64).round() as Time
 }
 
+/// A device on real hardware (a NIC, an NVMe drive) rather than the VMM's software: on a guest platform it is
+/// VFIO-assigned.
+fn hardware_device(sc: &Scenario) -> bool {
+    let w = &sc.workload;
+    w.nic_rx.is_some() || w.nic_tx.is_some() || w.rr.is_some() || w.nvme.is_some()
+}
+
 /// The platform as the device sees it: vhost-net's device IOTLB is the guest's device TLB (QEMU's
-/// intel_iommu with device-iotlb=on, its misses and invalidations messages between vhost and QEMU).
+/// intel_iommu with device-iotlb=on, its misses and invalidations messages between vhost and QEMU). (A
+/// VFIO-assigned device's host IOMMU is in the platform already: the loader takes it from the host profile.)
 fn device_platform(sc: &Scenario) -> crate::scenario::Platform {
     let mut p = sc.platform.clone();
-    if let (Some(vn), Some(h)) = (&sc.workload.virtio_net, &p.hypervisor) {
+    let Some(h) = p.hypervisor.clone() else {
+        return p;
+    };
+    if let Some(vn) = &sc.workload.virtio_net {
         if vn.vhost {
             p.pcie.ats = true;
             p.pcie.atc_entries = h.vhost_iotlb_entries;
@@ -90,7 +101,7 @@ pub(crate) fn build_host(sc: &Scenario) -> (Host, PolicyName, String) {
         other => (other, "set by os.policy".to_string()),
     };
     let cpus = p.cpu.cores as usize;
-    let mut iommu = crate::hw::build(p, cpus, kernel);
+    let mut iommu = crate::hw::build(p, cpus, kernel, hardware_device(sc));
     // The device is attached to its DMA domain at probe, before any traffic.
     iommu.attach_dev(0, 0, 1);
     let layer = |iommu, dom| {
@@ -429,6 +440,103 @@ pub fn run_variant(v: &Variant) -> RunResult {
 mod tests {
     use super::*;
     use crate::hw::InvKind;
+
+    /// The default NIC receive, VFIO-assigned to a guest behind QEMU's VT-d with caching mode.
+    fn vfio_guest(ov: &[(&str, &str)]) -> Simulation {
+        let mut all = vec![
+            ("platform.profile", "kvm-vtd-guest"),
+            ("platform.iommu.vtd.caching_mode", "true"),
+            ("workload.nic_rx.queues", "2"),
+            ("workload.nic_rx.flows", "2"),
+            ("workload.nic_rx.page_pool", "false"),
+            ("run.warmup_ms", "2"),
+            ("run.duration_ms", "3"),
+        ];
+        all.extend_from_slice(ov);
+        let v = builtin_with("default", &all);
+        let mut s = Simulation::new(&v[0]);
+        s.run_to_end();
+        s
+    }
+
+    #[test]
+    fn vfio_shadowing_pins_and_unpins_exactly_the_mapped_pages() {
+        // Lazy runs past its flush timer (10 ms) so that flushes unpin.
+        for (policy, ms) in [("strict", "3"), ("lazy", "15")] {
+            let s = vfio_guest(&[("os.policy", policy), ("run.duration_ms", ms)]);
+            let d = &s.host.dma;
+            let e = d.core.iommu.exit_stats().expect("a guest");
+            let mapped = d.core.stats.pages_mapped;
+            let unmapped = d.core.stats.iova_pages_unmapped;
+            // Caching mode shows QEMU every map: each page mapped is pinned once.
+            assert_eq!(e.pins, mapped, "{policy}");
+            // Strict: every unmap is invalidated, so unpinned, at once. Lazy: pages still waiting in a flush
+            // queue stay pinned until their flush; none is unpinned before its unmap.
+            if policy == "strict" {
+                assert_eq!(e.unpins, unmapped, "{policy}");
+            } else {
+                assert!(
+                    e.unpins <= unmapped && e.unpins > 0,
+                    "{policy}: {} of {unmapped}",
+                    e.unpins
+                );
+            }
+            // One VFIO map per 4 KiB leaf QEMU's walk finds.
+            assert_eq!(e.vfio_maps, e.pins);
+        }
+    }
+
+    #[test]
+    fn nested_translation_walks_two_dimensions_and_forwards_invalidations() {
+        let shadowed = vfio_guest(&[("os.policy", "strict")]);
+        let nested = vfio_guest(&[
+            ("os.policy", "strict"),
+            ("platform.hypervisor.nested", "true"),
+        ]);
+        let (es, en) = (
+            shadowed.host.dma.core.iommu.exit_stats().unwrap(),
+            nested.host.dma.core.iommu.exit_stats().unwrap(),
+        );
+        // No shadowing: nothing pinned per map; the guest's invalidations still trap.
+        assert!(es.pins > 0);
+        assert_eq!((en.pins, en.vfio_maps), (0, 0));
+        assert!(en.count[0] > 0);
+        // vCMDQ: the same guest invalidations, none of them trapping.
+        let v = builtin_with(
+            "default",
+            &[
+                ("os.policy", "strict"),
+                ("platform.profile", "kvm-smmuv3-guest"),
+                ("os.arch", "arm64"),
+                ("platform.hypervisor.nested", "true"),
+                ("platform.hypervisor.vcmdq", "true"),
+                ("workload.nic_rx.queues", "2"),
+                ("workload.nic_rx.flows", "2"),
+                ("workload.nic_rx.page_pool", "false"),
+                ("run.warmup_ms", "2"),
+                ("run.duration_ms", "3"),
+            ],
+        );
+        let mut vcmdq = Simulation::new(&v[0]);
+        vcmdq.run_to_end();
+        assert!(vcmdq.host.dma.core.iommu.exit_stats().is_none());
+        assert!(vcmdq.host.dma.core.iommu.counters().invalidations() > 0);
+        // A miss walks stage 1 and, for each of its reads and its output, stage 2 (nested_s2_reads = 1 in
+        // the profile): the walk's latency, not its counted stage-1 reads, grows.
+        let h = nested.host.platform.hypervisor.clone().unwrap();
+        let mut host = nested.host;
+        let mut flat = shadowed.host;
+        let iova = host.dma.map(0, 0, 0x5000, 1).unwrap().0;
+        let iova_flat = flat.dma.map(0, 0, 0x5000, 1).unwrap().0;
+        let (lat, _) = host.dma_page(crate::sim::NS_PER_SEC, iova);
+        let (lat_flat, _) = flat.dma_page(crate::sim::NS_PER_SEC, iova_flat);
+        let reads = (lat_flat - flat.platform.pcie.dma_base_ns) / flat.platform.memory.walk_read_ns;
+        assert!(reads > 0);
+        assert_eq!(
+            lat - host.platform.pcie.dma_base_ns,
+            (reads + (reads + 1) * h.nested_s2_reads as u64) * host.platform.memory.walk_read_ns
+        );
+    }
 
     #[test]
     fn the_watchdog_stops_a_run_whose_event_rate_exceeds_its_bound() {

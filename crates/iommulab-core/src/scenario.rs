@@ -24,6 +24,7 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
         "seed001-arm",
         include_str!("../data/scenarios/seed001-arm.toml"),
     ),
+    ("nested", include_str!("../data/scenarios/nested.toml")),
     ("tx", include_str!("../data/scenarios/tx.toml")),
     ("rr", include_str!("../data/scenarios/rr.toml")),
 ];
@@ -173,6 +174,16 @@ pub enum Vendor {
     Virtio,
 }
 
+impl Vendor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Vtd => "vtd",
+            Vendor::Smmuv3 => "smmuv3",
+            Vendor::Virtio => "virtio",
+        }
+    }
+}
+
 /// A hardware platform: the IOMMU, memory, PCIe path and CPU costs. Loaded from a profile file.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -259,6 +270,29 @@ pub struct HypervisorProfile {
     pub vhost_invalidate_ns: u64,
     /// vhost's device-IOTLB capacity (drivers/vhost/vhost.c max_iotlb_entries).
     pub vhost_iotlb_entries: u32,
+    /// The bare-metal profile of the host the guest runs on (built-in): its IOMMU hardware translates a
+    /// VFIO-assigned device's DMA, through shadow mappings or, with `nested`, two stages.
+    pub host_profile: String,
+    /// VFIO_IOMMU_MAP_DMA: the ioctl, and per 4 KiB page the pin (pin_user_pages) and the host's iommu_map.
+    pub vfio_map_ns: u64,
+    pub vfio_map_page_ns: u64,
+    /// VFIO_IOMMU_UNMAP_DMA: the ioctl with the host IOMMU's invalidation and wait, and per page the unpin.
+    pub vfio_unmap_ns: u64,
+    pub vfio_unmap_page_ns: u64,
+    /// Nested translation (a VFIO device): the guest's IOMMU tables are stage 1 in the host's hardware over
+    /// the host's stage 2; no shadowing, but a two-dimensional walk on a miss.
+    #[serde(default)]
+    pub nested: bool,
+    /// With `nested`: the VMM forwarding one trapped invalidation batch to the host (iommufd
+    /// IOMMU_HWPT_INVALIDATE, the host driver's commands and their wait).
+    pub nested_inv_ns: u64,
+    /// With `nested`: page-table reads of the stage-2 translation each stage-1 access needs after the
+    /// stage-2 caches (a 4-level by 4-level walk needs up to 24 reads in all with nothing cached).
+    pub nested_s2_reads: u32,
+    /// With `nested` on SMMUv3: the guest's command queue is a hardware one (NVIDIA's CMDQV, tegra241-cmdqv.c)
+    /// and its invalidations do not trap.
+    #[serde(default)]
+    pub vcmdq: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -1109,17 +1143,65 @@ impl Scenario {
         // the host IOMMU: not modelled yet. virtio-iommu's requests already stand for the host's work.
         let hw_device =
             w.nic_rx.is_some() || w.nic_tx.is_some() || w.rr.is_some() || w.nvme.is_some();
-        check(
-            !(hw_device
-                && self.platform.hypervisor.is_some()
-                && self.platform.vendor != Vendor::Virtio),
-            "workload",
-            format!(
-                "expected [workload.virtio_net] on guest profile {}: a physical device behind an emulated \
-                 IOMMU is a VFIO-assigned one, whose shadow mappings are not modelled yet",
-                self.platform.profile
-            ),
-        )?;
+        if let Some(h) = &self.platform.hypervisor {
+            let host = builtin_platform(&h.host_profile).filter(|p| p.hypervisor.is_none());
+            let Some(host) = host else {
+                return Err((
+                    vec![
+                        "platform".into(),
+                        "hypervisor".into(),
+                        "host_profile".into(),
+                    ],
+                    format!(
+                        "expected a built-in bare-metal profile, not `{}`",
+                        h.host_profile
+                    ),
+                ));
+            };
+            check(
+                self.platform.vendor == Vendor::Virtio || host.vendor == self.platform.vendor,
+                "platform.hypervisor.host_profile",
+                format!(
+                    "expected a host with the guest's IOMMU ({}): QEMU's vIOMMU passes a VFIO device to the \
+                     host's own",
+                    self.platform.vendor.as_str()
+                ),
+            )?;
+            let emulated = self.platform.vendor != Vendor::Virtio && !h.nested;
+            // QEMU refuses vfio-pci behind intel-iommu without caching-mode=on: it must see every map.
+            let sees_maps = match self.platform.vendor {
+                Vendor::Vtd => io.vtd.as_ref().is_some_and(|v| v.caching_mode),
+                Vendor::Smmuv3 => io.smmuv3.as_ref().is_some_and(|s| s.caching_mode),
+                Vendor::Virtio => true,
+            };
+            check(
+                !(hw_device && emulated && !sees_maps),
+                match self.platform.vendor {
+                    Vendor::Vtd => "platform.iommu.vtd.caching_mode",
+                    _ => "platform.iommu.smmuv3.caching_mode",
+                },
+                "expected true for a VFIO-assigned device behind an emulated IOMMU: QEMU shadows the \
+                 guest's mappings only if the driver invalidates after each map (or set \
+                 platform.hypervisor.nested)",
+            )?;
+            check(
+                !(h.nested && self.platform.vendor == Vendor::Virtio),
+                "platform.hypervisor.nested",
+                "expected false for virtio-iommu: nesting puts an emulated VT-d or SMMUv3's tables in hardware",
+            )?;
+            check(
+                !(h.nested && w.virtio_net.is_some()),
+                "platform.hypervisor.nested",
+                "expected false with [workload.virtio_net]: QEMU's and vhost's software device cannot use \
+                 hardware nested translation",
+            )?;
+            check(
+                !h.vcmdq || (h.nested && self.platform.vendor == Vendor::Smmuv3),
+                "platform.hypervisor.vcmdq",
+                "expected true only with nested = true on an SMMUv3 guest (a hardware command queue the \
+                 guest owns)",
+            )?;
+        }
         if let Some(vn) = &w.virtio_net {
             check(
                 self.platform.hypervisor.is_some(),
@@ -1555,6 +1637,14 @@ fn read_named(path: &Path) -> Result<String, InputError> {
         })
 }
 
+/// A built-in profile as a platform (the host a guest profile names).
+pub fn builtin_platform(name: &str) -> Option<Platform> {
+    let (n, text) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == name)?;
+    let mut t: toml::Table = toml::from_str(text).ok()?;
+    t.insert("profile".into(), toml::Value::String(n.to_string()));
+    toml::Value::Table(t).try_into().ok()
+}
+
 fn load_profile(name: &str, base: Option<&Path>) -> Result<SourceDoc, InputError> {
     if let Some((n, text)) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == name) {
         return SourceDoc::parse(&format!("profile:{n}"), text);
@@ -1632,6 +1722,67 @@ fn compare_axes(
         }
     }
     Ok(())
+}
+
+/// A VFIO-assigned device (a hardware workload) on a guest profile translates through the host's IOMMU:
+/// take the host profile's IOMMU caches and table format, walk latency and PCIe path (and, nested, its
+/// command costs: the hardware executes the guest's commands) into the guest's platform `profile`, before
+/// the scenario's own platform keys `own` go over them.
+fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&toml::Value>) {
+    let hardware = workload.and_then(|w| w.as_table()).is_some_and(|w| {
+        ["nic_rx", "nic_tx", "rr", "nvme"]
+            .iter()
+            .any(|k| w.contains_key(*k))
+    });
+    let hyp = |t: &toml::Table, k: &str| t.get("hypervisor").and_then(|h| h.get(k)).cloned();
+    let Some(host_name) = hyp(own, "host_profile").or_else(|| hyp(profile, "host_profile")) else {
+        return;
+    };
+    let host = host_name
+        .as_str()
+        .and_then(|n| BUILTIN_PROFILES.iter().find(|(b, _)| *b == n))
+        .and_then(|(_, text)| toml::from_str::<toml::Table>(text).ok());
+    let (true, Some(host)) = (hardware, host) else {
+        return;
+    };
+    let nested = hyp(own, "nested")
+        .or_else(|| hyp(profile, "nested"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    for section in ["pcie"] {
+        if let Some(v) = host.get(section) {
+            profile.insert(section.into(), v.clone());
+        }
+    }
+    let mut copy = |path: &[&str]| {
+        let p: Vec<String> = path.iter().map(|s| s.to_string()).collect();
+        let mut cur = Some(&host);
+        for seg in &p[..p.len() - 1] {
+            cur = cur.and_then(|t| t.get(seg)).and_then(|v| v.as_table());
+        }
+        if let Some(v) = cur.and_then(|t| t.get(&p[p.len() - 1])) {
+            let _ = input::set_path(profile, &p, v.clone());
+        }
+    };
+    copy(&["memory", "walk_read_ns"]);
+    for k in [
+        "iotlb_entries",
+        "iotlb_ways",
+        "pwc_entries",
+        "pwc_ways",
+        "ias_bits",
+        "granule_kb",
+        "large_pages",
+    ] {
+        copy(&["iommu", k]);
+    }
+    if nested {
+        for k in ["vtd", "smmuv3"] {
+            if let Some(v) = host.get("iommu").and_then(|i| i.get(k)) {
+                let _ = input::set_path(profile, &["iommu".into(), k.into()], v.clone());
+            }
+        }
+    }
 }
 
 /// The part of `over` whose keys `base` has (tables recursively; `profile` always).
@@ -1778,6 +1929,7 @@ pub fn load(
             let mut merged = profile_doc.table()?;
             if let Some(toml::Value::Table(p)) = table.remove("platform") {
                 own_platform = p.clone();
+                with_host(&mut merged, &p, table.get("workload"));
                 input::merge(&mut merged, p);
             }
             table.insert("platform".into(), toml::Value::Table(merged));
@@ -1904,6 +2056,7 @@ pub fn load(
             let mut merged = doc.table()?;
             // The scenario's platform keys the named profile has; one it lacks configures another vendor
             // (an [iommu.smmuv3] key beside a virtio-iommu variant) and is left out of that variant.
+            with_host(&mut merged, &own_platform, t.get("workload"));
             let shared = shared_keys(&own_platform, &merged);
             input::merge(&mut merged, shared);
             let mut fresh = t.clone();
@@ -1997,6 +2150,15 @@ pub(crate) mod tests {
             vhost_iotlb_miss_ns: 10000,
             vhost_invalidate_ns: 1000,
             vhost_iotlb_entries: 2048,
+            host_profile: "vtd-server".into(),
+            vfio_map_ns: 2000,
+            vfio_map_page_ns: 300,
+            vfio_unmap_ns: 4000,
+            vfio_unmap_page_ns: 100,
+            nested: false,
+            nested_inv_ns: 3000,
+            nested_s2_reads: 1,
+            vcmdq: false,
         }
     }
 

@@ -7,6 +7,7 @@
 //! keeps the guest driver's side (descriptors, batching, locks) and its queue of work, which the emulator
 //! serves in place of hardware; this module adds the exit and re-entry and counts them.
 
+use super::DomainId;
 use crate::scenario::HypervisorProfile;
 use crate::sim::Time;
 use serde::Serialize;
@@ -47,6 +48,12 @@ pub struct ExitStats {
     pub emulator_ns: u64,
     /// Time a software device's thread (QEMU's virtio-net, vhost's worker) was busy.
     pub device_ns: u64,
+    /// A VFIO device's shadow mappings: VFIO_IOMMU_MAP_DMA / UNMAP_DMA calls and the pages they pinned
+    /// and unpinned.
+    pub vfio_maps: u64,
+    pub vfio_unmaps: u64,
+    pub pins: u64,
+    pub unpins: u64,
 }
 
 impl ExitStats {
@@ -58,6 +65,10 @@ impl ExitStats {
         }
         d.emulator_ns -= e.emulator_ns;
         d.device_ns -= e.device_ns;
+        d.vfio_maps -= e.vfio_maps;
+        d.vfio_unmaps -= e.vfio_unmaps;
+        d.pins -= e.pins;
+        d.unpins -= e.unpins;
         d
     }
     pub fn total(&self) -> u64 {
@@ -70,6 +81,10 @@ impl ExitStats {
         }
         self.emulator_ns += o.emulator_ns;
         self.device_ns += o.device_ns;
+        self.vfio_maps += o.vfio_maps;
+        self.vfio_unmaps += o.vfio_unmaps;
+        self.pins += o.pins;
+        self.unpins += o.unpins;
     }
 }
 
@@ -80,6 +95,8 @@ pub struct Trap {
     exit_ns: u64,
     /// From the handler's return to the vCPU running guest code again.
     entry_ns: u64,
+    /// Nested: the handler's forwarding of the batch to the host (iommufd), on top of the commands' work.
+    forward_ns: u64,
     pub stats: ExitStats,
 }
 
@@ -90,6 +107,7 @@ impl Trap {
         Trap {
             exit_ns,
             entry_ns: h.mmio_exit_ns - exit_ns,
+            forward_ns: if h.nested { h.nested_inv_ns } else { 0 },
             stats: ExitStats::default(),
         }
     }
@@ -100,6 +118,11 @@ impl Trap {
         at + self.exit_ns
     }
 
+    /// What the handler adds to the commands' own work: the forwarding ioctl when nested.
+    pub fn handler_ns(&self) -> u64 {
+        self.forward_ns
+    }
+
     /// The handler that the doorbell written at `at` started returned at `done`, having consumed `work` ns
     /// of commands: when the vCPU runs guest code again.
     pub fn resume(&mut self, cause: ExitCause, at: Time, done: Time, work: u64) -> Time {
@@ -108,6 +131,120 @@ impl Trap {
         self.stats.vcpu_ns[cause as usize] += back - at;
         self.stats.emulator_ns += work;
         back
+    }
+}
+
+/// Above this many pages a range is synced by walking the whole address space, as QEMU does for a
+/// domain-wide invalidation. A modelling bound.
+const SHADOW_RANGE_MAX: u64 = 4096;
+
+/// QEMU's shadow of a VFIO device's mappings (vtd_sync_shadow_page_table_range, vfio_iommu_map_notify):
+/// on each invalidation the guest's table is walked over the range, every new leaf entry mapped into the
+/// host IOMMU with its own VFIO_IOMMU_MAP_DMA (pinning the page), every range gone unmapped with one
+/// VFIO_IOMMU_UNMAP_DMA (the host's invalidation and wait, then the unpin). The translator's table stands
+/// for both the guest's table and the host's shadow of it: the host side adds cost, not state.
+#[derive(Debug, Clone)]
+pub struct Shadow {
+    mapped: std::collections::BTreeSet<(DomainId, u64)>,
+    map_ns: u64,
+    map_page_ns: u64,
+    unmap_ns: u64,
+    unmap_page_ns: u64,
+    /// QEMU's walk of the guest table, per page looked at.
+    walk_ns: u64,
+}
+
+impl Shadow {
+    pub fn new(h: &HypervisorProfile) -> Self {
+        Shadow {
+            mapped: Default::default(),
+            map_ns: h.vfio_map_ns,
+            map_page_ns: h.vfio_map_page_ns,
+            unmap_ns: h.vfio_unmap_ns,
+            unmap_page_ns: h.vfio_unmap_page_ns,
+            walk_ns: h.qemu_translate_ns,
+        }
+    }
+
+    /// A MAP request of `pages` (virtio-iommu: the request names the range; no walk). Returns the ns.
+    pub fn map(&mut self, stats: &mut ExitStats, pages: u64) -> u64 {
+        stats.vfio_maps += 1;
+        stats.pins += pages;
+        self.map_ns + pages * self.map_page_ns
+    }
+
+    /// An UNMAP of `pages` (virtio-iommu). Returns the ns.
+    pub fn unmap(&mut self, stats: &mut ExitStats, pages: u64) -> u64 {
+        stats.vfio_unmaps += 1;
+        stats.unpins += pages;
+        self.unmap_ns + pages * self.unmap_page_ns
+    }
+
+    /// Bring the host's mappings of [pfn, pfn + n) of `dom` in line with the guest's table `tr`. Returns
+    /// the emulator's ns.
+    pub fn sync(
+        &mut self,
+        stats: &mut ExitStats,
+        tr: &super::translator::Translator,
+        dom: DomainId,
+        pfn: u64,
+        n: u64,
+    ) -> u64 {
+        if n > SHADOW_RANGE_MAX {
+            return self.sync_all(stats, tr, dom);
+        }
+        let mut ns = n * self.walk_ns;
+        let mut gone_run = 0;
+        for p in pfn..pfn + n {
+            let present = tr.lookup(dom, p).is_some();
+            let shadowed = self.mapped.contains(&(dom, p));
+            if present && !shadowed {
+                self.mapped.insert((dom, p));
+                ns += self.map(stats, 1);
+            } else if !present && shadowed {
+                self.mapped.remove(&(dom, p));
+                gone_run += 1;
+                continue;
+            }
+            if gone_run > 0 {
+                ns += self.unmap(stats, std::mem::take(&mut gone_run));
+            }
+        }
+        if gone_run > 0 {
+            ns += self.unmap(stats, gone_run);
+        }
+        ns
+    }
+
+    /// A domain-wide invalidation: QEMU walks the whole address space and unmaps every range gone.
+    pub fn sync_all(
+        &mut self,
+        stats: &mut ExitStats,
+        tr: &super::translator::Translator,
+        dom: DomainId,
+    ) -> u64 {
+        let shadowed: Vec<u64> = self
+            .mapped
+            .range((dom, 0)..=(dom, u64::MAX))
+            .map(|&(_, p)| p)
+            .collect();
+        let mut ns = shadowed.len() as u64 * self.walk_ns;
+        let (mut run, mut last) = (0, None);
+        for p in shadowed {
+            if tr.lookup(dom, p).is_some() {
+                continue;
+            }
+            self.mapped.remove(&(dom, p));
+            if run > 0 && last != Some(p - 1) {
+                ns += self.unmap(stats, std::mem::take(&mut run));
+            }
+            run += 1;
+            last = Some(p);
+        }
+        if run > 0 {
+            ns += self.unmap(stats, run);
+        }
+        ns
     }
 }
 
@@ -127,6 +264,7 @@ mod tests {
         let back = t.resume(ExitCause::QiTail, 1000, start + 700, 700);
         assert_eq!(back, 1000 + 5000 + 700);
         assert_eq!(t.stats.count, [1, 0, 0]);
+        assert_eq!(t.handler_ns(), 0);
         assert_eq!(t.stats.vcpu_ns[0], 5700);
         assert_eq!(t.stats.emulator_ns, 700);
     }

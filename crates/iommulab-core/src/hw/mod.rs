@@ -82,20 +82,34 @@ pub fn pt_format(vendor: Vendor, p: &IommuProfile) -> Result<PtFormat, (&'static
 }
 
 /// Build the platform's IOMMU for a kernel (MAJOR, MINOR); the scenario was validated, so the format is valid.
-pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
+/// `vfio`: the device is a VFIO-assigned one (on a guest platform, QEMU shadows its mappings unless nested).
+pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32), vfio: bool) -> Box<dyn Iommu> {
     let kernel = KernelVersion::from(kernel);
     let fmt = pt_format(p.vendor, &p.iommu).expect("validated platform");
     let atc = p.pcie.ats.then_some((p.pcie.atc_entries, p.pcie.atc_ways));
     let tr = translator::Translator::new(&p.iommu, fmt, atc);
     let coh = p.cpu.coherence();
+    // A guest's doorbells trap unless its command queue is a hardware one (vCMDQ).
+    let trap = || {
+        p.hypervisor
+            .as_ref()
+            .filter(|h| !h.vcmdq)
+            .map(emul::Trap::new)
+    };
+    let shadow = || {
+        p.hypervisor
+            .as_ref()
+            .filter(|h| vfio && !h.nested)
+            .map(emul::Shadow::new)
+    };
     match p.vendor {
         Vendor::Vtd => Box::new(
             vtd::Vtd::new(&p.iommu, tr, p.pcie.ats_inv_ns, kernel, coh, p.cpu.lock_ns)
-                .emulated(p.hypervisor.as_ref().map(emul::Trap::new)),
+                .emulated(trap(), shadow()),
         ),
         Vendor::Smmuv3 => Box::new(
             smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns, coh)
-                .emulated(p.hypervisor.as_ref().map(emul::Trap::new)),
+                .emulated(trap(), shadow()),
         ),
         Vendor::Virtio => Box::new(virtio::VirtioIommu::new(
             &p.iommu,
@@ -112,7 +126,7 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
 /// What a DMA layer holds while another domain's layer has the host's IOMMU (`Host::lend`): an IOMMU of
 /// the same platform that is never driven.
 pub fn stand_in(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
-    build(p, cpus, kernel)
+    build(p, cpus, kernel, false)
 }
 
 pub const PAGE_SHIFT: u32 = 12;

@@ -5,7 +5,7 @@
 //! CFGI_CD on attach; one queue shared by all CPUs (the lock-free insertion still serialises on the
 //! producer index) or per-CPU ECMDQs.
 
-use super::emul::{ExitCause, ExitStats, Trap};
+use super::emul::{ExitCause, ExitStats, Shadow, Trap};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, Smmuv3Profile};
@@ -133,6 +133,10 @@ pub struct Smmuv3 {
     /// In a guest: the doorbell (CMDQ_PROD) write exits to the VMM, whose handler is the SMMU (`queues`:
     /// its work under the BQL, at the profile's per-command costs).
     trap: Option<Trap>,
+    /// A VFIO device in that guest: QEMU shadows the guest's mappings into the host IOMMU on each TLBI.
+    shadow: Option<Shadow>,
+    /// Shadow-sync work of the commands about to be issued (added to their consumption).
+    shadow_ns: u64,
 }
 
 /// A command for [`Smmuv3::issue`]: what it costs the SMMU.
@@ -169,13 +173,33 @@ impl Smmuv3 {
             gathering: (0, 0, 0),
             queue_free: vec![0; queues],
             trap: None,
+            shadow: None,
+            shadow_ns: 0,
         }
     }
 
-    /// The same SMMU emulated by a hypervisor (QEMU's smmuv3), when `trap` is given.
-    pub fn emulated(mut self, trap: Option<Trap>) -> Self {
+    /// The same SMMU emulated by a hypervisor (QEMU's smmuv3), when `trap` is given; `shadow` when a VFIO
+    /// device sits behind it.
+    pub fn emulated(mut self, trap: Option<Trap>, shadow: Option<Shadow>) -> Self {
         self.trap = trap;
+        self.shadow = shadow.filter(|_| self.trap.is_some());
         self
+    }
+
+    /// QEMU's shadow sync for the invalidations about to be consumed (its IOMMU notifier on each TLBI).
+    fn shadow_sync(&mut self, invs: &[CacheInval]) {
+        let (Some(sh), Some(trap)) = (self.shadow.as_mut(), self.trap.as_mut()) else {
+            return;
+        };
+        for inv in invs {
+            self.shadow_ns += match *inv {
+                CacheInval::Range { dom, pfn, n, .. } => {
+                    sh.sync(&mut trap.stats, &self.tr, dom, pfn, n)
+                }
+                CacheInval::Domain { dom } => sh.sync_all(&mut trap.stats, &self.tr, dom),
+                _ => 0,
+            };
+        }
     }
 
     fn by_va(&self) -> InvKind {
@@ -237,13 +261,14 @@ impl Smmuv3 {
         } else {
             self.shared_insert(now, c, cmds, sync)
         };
-        let work = n as u64 * self.cmd_ns(what);
+        let work = n as u64 * self.cmd_ns(what) + std::mem::take(&mut self.shadow_ns);
         let sync_ns = if sync { self.cfg.sync_ns } else { 0 };
         if let Some(trap) = self.trap.as_mut() {
             // In a guest the PROD write exits to QEMU's smmuv3_cmdq_consume(), which consumes every command
             // up to PROD, CMD_SYNCs included, before the vCPU re-enters; a CPU whose commands an owner
             // gathered spins in the guest until CONS passes its CMD_SYNC.
             let rang = self.tr.c.cmdq_gathered == gathered;
+            let work = work + trap.handler_ns();
             let (start, done) = self.queues[q].serve(trap.exit(written), work + sync_ns);
             self.tr.c.submissions += 1;
             self.tr.c.syncs += sync as u64;
@@ -332,6 +357,9 @@ impl Smmuv3 {
 
     /// One command of `what` with its CMD_SYNC; `inv` acts when the SMMU has consumed the command.
     fn issue_one(&mut self, now: Time, cpu: usize, what: Cmd, inv: Option<CacheInval>) -> Time {
+        if let Some(inv) = inv {
+            self.shadow_sync(&[inv]);
+        }
         let (start, done) = self.issue(now, cpu, 1, what, true);
         if let Some(inv) = inv {
             self.consumed(start + self.cmd_ns(what), inv);
@@ -346,6 +374,7 @@ impl Smmuv3 {
         let per_cmd = self.cmd_ns(Cmd::Tlbi);
         let batches = invs.len().div_ceil(CMDQ_BATCH_ENTRIES);
         for (b, batch) in invs.chunks(CMDQ_BATCH_ENTRIES).enumerate() {
+            self.shadow_sync(batch);
             let (start, rel) = self.issue(t, cpu, batch.len(), Cmd::Tlbi, b + 1 == batches);
             for (k, &inv) in batch.iter().enumerate() {
                 self.consumed(start + (k as u64 + 1) * per_cmd, inv);
@@ -608,7 +637,7 @@ pub(crate) mod tests {
         }));
         // No RIL (QEMU's SMMUv3 before range invalidation): 130 pages are 130 TLBIs in three batches, each
         // issue ringing CMDQ_PROD: three exits, the last one's handler completing the CMD_SYNC.
-        let mut s = smmu(&cfg(false, false), 2).emulated(trap);
+        let mut s = smmu(&cfg(false, false), 2).emulated(trap, None);
         s.map_pages(1, 0, 0, 1);
         let mut g = IotlbGather::new();
         g.add_range(0x1000, 130);

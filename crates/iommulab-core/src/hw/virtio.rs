@@ -5,7 +5,7 @@
 //! when the host processes it. From 6.8 MAPs are queued too and synced in `iotlb_sync_map`, `iotlb_sync` and
 //! `flush_iotlb_all` (deferred flush: lazy domains possible); before, each MAP was sent synchronously.
 
-use super::emul::{ExitCause, ExitStats};
+use super::emul::{ExitCause, ExitStats, Shadow};
 use super::translator::{CacheInval, Translator};
 use super::{iommu_pgsize, DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{HypervisorProfile, IommuProfile, VirtioProfile};
@@ -38,6 +38,9 @@ pub struct VirtioIommu {
     notify_ns: u64,
     /// Kicks, as exits to the hypervisor.
     exits: ExitStats,
+    /// A VFIO device behind it: each MAP and UNMAP is a VFIO call on the host, its ns queued with it.
+    shadow: Option<Shadow>,
+    shadow_ns: u64,
 }
 
 impl VirtioIommu {
@@ -69,7 +72,15 @@ impl VirtioIommu {
             wakeup_ns,
             notify_ns: h.vhost_invalidate_ns,
             exits: ExitStats::default(),
+            shadow: None,
+            shadow_ns: 0,
         }
+    }
+
+    /// With a VFIO device behind it: QEMU's virtio_iommu_map/unmap call VFIO for every request.
+    pub fn with_shadow(mut self, shadow: Option<Shadow>) -> Self {
+        self.shadow = shadow;
+        self
     }
 
     /// viommu_add_req(): one request into the virtqueue (no kick).
@@ -90,7 +101,7 @@ impl VirtioIommu {
         } else {
             0
         };
-        let work = n * self.cfg.req_ns + notify;
+        let work = n * self.cfg.req_ns + notify + std::mem::take(&mut self.shadow_ns);
         let (_, done) = self.host.acquire(kicked + self.wakeup_ns, work);
         let k = ExitCause::Kick as usize;
         self.exits.count[k] += 1;
@@ -127,6 +138,9 @@ impl VirtioIommu {
         while left > 0 {
             let (shift, count) = iommu_pgsize(self.pgsize_bitmap, va, pa, left);
             let pages = count << shift;
+            if let Some(sh) = self.shadow.as_mut() {
+                self.shadow_ns += sh.map(&mut self.exits, pages);
+            }
             self.mappings.insert((dom, va), va + pages);
             chunks += 1;
             va += pages;
@@ -223,6 +237,9 @@ impl Iommu for VirtioIommu {
                 break;
             }
             self.tr.c.count(InvKind::VirtioUnmap, 1);
+            if let Some(sh) = self.shadow.as_mut() {
+                self.shadow_ns += sh.unmap(&mut self.exits, removed);
+            }
             t = self.add_req(t);
             self.queued_unmaps.push((dom, va, removed));
             va += removed;

@@ -3,7 +3,7 @@
 //! device-TLB descriptors gathered into batches of up to 16 (qi_batch) and submitted with a wait descriptor
 //! through one hardware queue, all under the domain's cache_lock; caching mode and RWBF after maps.
 
-use super::emul::{ExitCause, ExitStats, Trap};
+use super::emul::{ExitCause, ExitStats, Shadow, Trap};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::kernel::KernelVersion;
@@ -90,6 +90,8 @@ pub struct Vtd {
     /// In a guest: the tail write exits to the VMM, whose handler is the "hardware" (`hw`: its work under
     /// the BQL, at the profile's per-descriptor costs).
     trap: Option<Trap>,
+    /// A VFIO device in that guest: QEMU shadows the guest's mappings into the host IOMMU.
+    shadow: Option<Shadow>,
 }
 
 impl Vtd {
@@ -117,13 +119,34 @@ impl Vtd {
             hw: FifoServer::default(),
             psi_ih_patched: false,
             trap: None,
+            shadow: None,
         }
     }
 
-    /// The same IOMMU emulated by a hypervisor (QEMU's intel_iommu), when `trap` is given.
-    pub fn emulated(mut self, trap: Option<Trap>) -> Self {
+    /// The same IOMMU emulated by a hypervisor (QEMU's intel_iommu), when `trap` is given; `shadow` when a
+    /// VFIO device sits behind it.
+    pub fn emulated(mut self, trap: Option<Trap>, shadow: Option<Shadow>) -> Self {
         self.trap = trap;
+        self.shadow = shadow.filter(|_| self.trap.is_some());
         self
+    }
+
+    /// QEMU's shadow sync for the descriptors a handler processes (vtd_iotlb_page_invalidate_notify): the
+    /// emulator's ns.
+    fn shadow_ns(&mut self, descs: &[InvDesc]) -> u64 {
+        let (Some(sh), Some(trap)) = (self.shadow.as_mut(), self.trap.as_mut()) else {
+            return 0;
+        };
+        descs
+            .iter()
+            .map(|d| match *d {
+                InvDesc::Psi {
+                    dom, addr_pfn, am, ..
+                } => sh.sync(&mut trap.stats, &self.tr, dom, addr_pfn, 1u64 << am.min(63)),
+                InvDesc::Dsi { dom } => sh.sync_all(&mut trap.stats, &self.tr, dom),
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Hardware time to process one descriptor.
@@ -204,7 +227,10 @@ impl Vtd {
         }
         let (_, written) = self.q_lock.lock_on(t, cpu, n * self.cfg.submit_desc_ns);
         // The hardware drains the queue in order, one descriptor after another.
-        let work: u64 = descs.iter().map(|d| self.desc_ns(d)).sum::<u64>() + self.cfg.inv_wait_ns;
+        let work: u64 = descs.iter().map(|d| self.desc_ns(d)).sum::<u64>()
+            + self.cfg.inv_wait_ns
+            + self.shadow_ns(descs)
+            + self.trap.as_ref().map_or(0, Trap::handler_ns);
         // In a guest the tail write exits, with q_lock held, to QEMU's vtd_handle_iqt_write(), which
         // processes every descriptor and the wait's status write before the vCPU re-enters.
         let arrive = self.trap.as_ref().map_or(written, |tr| tr.exit(written));
@@ -640,7 +666,7 @@ pub(crate) mod tests {
                 ..crate::scenario::tests::hypervisor()
             }))
         };
-        let mut v = vtd(&cfg()).emulated(trap());
+        let mut v = vtd(&cfg()).emulated(trap(), None);
         // One submission of 17 descriptors' worth: two batches (16 + 1), each with its wait: two exits.
         let descs: Vec<InvDesc> = (0..17)
             .map(|i| InvDesc::Psi {
@@ -657,7 +683,7 @@ pub(crate) mod tests {
         assert_eq!(st.emulator_ns, 17 * 400 + 2 * 200);
         assert_eq!(v.tr.c.get(InvKind::Psi), 17);
         // A second CPU's submission waits for q_lock until the first vCPU is back from its exit.
-        let mut v = vtd(&cfg()).emulated(trap());
+        let mut v = vtd(&cfg()).emulated(trap(), None);
         let a = v.flush_iotlb_all(0, 0, 1);
         let b = v.flush_iotlb_all(0, 1, 2);
         // Write 2 descriptors (80), exit and re-entry (5000), DSI and wait (600), the lock's last turn (10).

@@ -54,6 +54,11 @@ pub struct VmExits {
     pub emulator_busy: f64,
     /// The software device's thread (QEMU's virtio-net or vhost's worker) busy over the window.
     pub device_busy: f64,
+    /// A VFIO device's shadow mappings: VFIO map and unmap calls, pages pinned and unpinned.
+    pub vfio_maps: u64,
+    pub vfio_unmaps: u64,
+    pub pages_pinned: u64,
+    pub pages_unpinned: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -83,6 +88,10 @@ impl VmExits {
             vcpu_share: r6(ratio(vcpu_ns, dt * cpus.max(1) as u64)),
             emulator_busy: r6(ratio(d.emulator_ns, dt)),
             device_busy: r6(ratio(d.device_ns, dt)),
+            vfio_maps: d.vfio_maps,
+            vfio_unmaps: d.vfio_unmaps,
+            pages_pinned: d.pins,
+            pages_unpinned: d.unpins,
         }
     }
 }
@@ -358,6 +367,8 @@ pub struct RunResult {
     pub invalidations: Invalidations,
     /// Synchronisations CPUs waited for: VT-d wait descriptors, SMMUv3 CMD_SYNCs.
     pub syncs: u64,
+    /// Mean time a CPU waited from submitting invalidations to seeing them complete, per sync (µs).
+    pub sync_wait_mean_us: f64,
     pub iova_pages_mapped: u64,
     pub iova_pages_unmapped: u64,
     pub inv_per_page: f64,
@@ -491,6 +502,7 @@ impl RunResult {
             cpu_inv_wait_share: r6(ratio(io(|c| c.inv_wait_ns), busy)),
             invalidations: Invalidations { total, by_kind },
             syncs: io(|c| c.syncs),
+            sync_wait_mean_us: r6(ratio(io(|c| c.inv_wait_ns), io(|c| c.syncs)) / 1e3),
             iova_pages_mapped: b.dma.pages_mapped - a.dma.pages_mapped,
             iova_pages_unmapped: unmapped,
             inv_per_page: r6(ratio(total, unmapped)),

@@ -691,7 +691,11 @@ impl ReplaySession {
             }
         };
         let make = |phase: u64| {
-            let mut core = DmaCore::new(hw::build(&sc.platform, 1, kernel), 1, &sc.platform.cpu);
+            let mut core = DmaCore::new(
+                hw::build(&sc.platform, 1, kernel, false),
+                1,
+                &sc.platform.cpu,
+            );
             core.iova_from_trace = true;
             let fq = FqOptions::for_device(sc.platform.iommu.shadow_on_flush);
             let mut dma = DmaLayer::new(core, policy, 1, opts.hz, fq);
