@@ -71,7 +71,8 @@ def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool =
 
 def format_replay(res: dict[str, Any]) -> str:
     """The per-phase table the CLI prints."""
-    cols = [("phase", 10)] + [(k, max(len(k), 8)) for k in COUNT_KEYS]
+    keys = next((list(d["counts"]) for d in res["phases"].values()), COUNT_KEYS)
+    cols = [("phase", 10)] + [(k, max(len(k), 8)) for k in keys]
     lines = [f"iommu {res['iommu']} · kernel {res['kernel']} · HZ {res['hz']} · policy {res['policy']} "
              f"({res['policy_reason']})",
              f"lines {res['lines']['total']} · events {res['lines']['events']} · unreadable {res['lines']['bad']}"]
@@ -97,7 +98,10 @@ def format_replay(res: dict[str, Any]) -> str:
         lines.append("lazy flush timer: tick phase inferred per phase from when queued IOVAs are mapped again: "
                      + ", ".join(fits))
     lines.append("")
-    lines.append("map_syncs: iotlb_sync_map calls (one per map_sg) · iotlb_psi/dsi/global: IOTLB invalidations "
-                 "(SMMUv3: TLBI by address / by ASID) · wait: wait descriptors or CMD_SYNCs · devtlb: device-TLB / "
-                 "ATC invalidations")
+    lines.append("map_syncs: iotlb_sync_map calls (one per map_sg) · " + {
+        "smmuv3": "tlbi_nh_va / tlbi_nh_asid: TLBI by address / by ASID (VMID at stage 2) · cmd_sync: CMD_SYNCs · "
+                  "atc_inv: ATC invalidations · doorbells: CMDQ_PROD writes",
+        "virtio": "virtio_map / virtio_unmap: MAP and UNMAP requests",
+    }.get(res["iommu"], "iotlb_psi/dsi/global: IOTLB invalidations · wait: wait descriptors · devtlb: device-TLB "
+                        "invalidations"))
     return "\n".join(lines) + "\n"

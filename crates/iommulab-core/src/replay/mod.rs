@@ -78,10 +78,14 @@ impl Default for ReplayOptions {
     }
 }
 
-/// What reached the IOMMU in one phase. VT-d names; on SMMUv3 `iotlb_psi` counts TLBI by address
-/// (NH_VA / S2_IPA), `iotlb_dsi` TLBI by ASID / VMID, `wait` CMD_SYNCs and `devtlb` ATC_INVs.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+/// What reached the IOMMU in one phase, serialised in the vendor's own names: VT-d's descriptors
+/// (`iotlb_psi`, `iotlb_dsi`, `iotlb_global`, `wait`, `devtlb`), SMMUv3's commands (`tlbi_nh_va` — by
+/// address, stage 1 or 2 —, `tlbi_nh_asid` — by ASID or VMID —, `cmd_sync`, `atc_inv`, and `doorbells`, the
+/// CMDQ_PROD writes), virtio-iommu's requests (`virtio_map`, `virtio_unmap`). Internally the VT-d names hold
+/// every vendor's equivalents.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counts {
+    pub vendor: Option<Vendor>,
     pub map_events: u64,
     pub unmap_events: u64,
     /// `iotlb_sync_map` calls (map groups).
@@ -93,11 +97,45 @@ pub struct Counts {
     pub devtlb: u64,
     pub virtio_map: u64,
     pub virtio_unmap: u64,
+    /// Submissions the IOMMU was told of: SMMUv3's doorbells (issues whose owner rang CMDQ_PROD).
+    pub doorbells: u64,
+}
+
+impl Serialize for Counts {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("map_events", &self.map_events)?;
+        m.serialize_entry("unmap_events", &self.unmap_events)?;
+        m.serialize_entry("map_syncs", &self.map_syncs)?;
+        match self.vendor {
+            Some(Vendor::Smmuv3) => {
+                m.serialize_entry("tlbi_nh_va", &self.iotlb_psi)?;
+                m.serialize_entry("tlbi_nh_asid", &self.iotlb_dsi)?;
+                m.serialize_entry("cmd_sync", &self.wait)?;
+                m.serialize_entry("atc_inv", &self.devtlb)?;
+                m.serialize_entry("doorbells", &self.doorbells)?;
+            }
+            Some(Vendor::Virtio) => {
+                m.serialize_entry("virtio_map", &self.virtio_map)?;
+                m.serialize_entry("virtio_unmap", &self.virtio_unmap)?;
+            }
+            _ => {
+                m.serialize_entry("iotlb_psi", &self.iotlb_psi)?;
+                m.serialize_entry("iotlb_dsi", &self.iotlb_dsi)?;
+                m.serialize_entry("iotlb_global", &self.iotlb_global)?;
+                m.serialize_entry("wait", &self.wait)?;
+                m.serialize_entry("devtlb", &self.devtlb)?;
+            }
+        }
+        m.end()
+    }
 }
 
 /// Running totals the per-phase counts are differences of.
 #[derive(Debug, Clone, Default)]
 struct Totals {
+    vendor: Option<Vendor>,
     virtio: bool,
     early_reuses: u64,
     map_events: u64,
@@ -112,6 +150,9 @@ impl Totals {
             ks.iter().map(|&k| self.iommu.get(k) - a.iommu.get(k)).sum()
         };
         Counts {
+            vendor: self.vendor,
+            doorbells: (self.iommu.submissions - a.iommu.submissions)
+                - (self.iommu.cmdq_gathered - a.iommu.cmdq_gathered),
             map_events: self.map_events - a.map_events,
             unmap_events: self.unmap_events - a.unmap_events,
             map_syncs: self.map_syncs - a.map_syncs,
@@ -143,6 +184,8 @@ impl std::ops::AddAssign<&Counts> for Counts {
         self.devtlb += o.devtlb;
         self.virtio_map += o.virtio_map;
         self.virtio_unmap += o.virtio_unmap;
+        self.doorbells += o.doorbells;
+        self.vendor = self.vendor.or(o.vendor);
     }
 }
 
@@ -706,6 +749,7 @@ impl ReplaySession {
             let mut r = Replayer {
                 dma,
                 totals: Totals {
+                    vendor: Some(opts.vendor),
                     virtio: opts.vendor == Vendor::Virtio,
                     ..Totals::default()
                 },
