@@ -143,6 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="IOMMU driver (default: vtd on x86_64, smmuv3 on arm64, s390 on s390)")
     e.add_argument("--json", action="store_true", help='print {"kernel_log": [...], "devices": [...]}')
 
+    i = sub.add_parser("inspect", help="this machine's IOMMUs, groups and devices: the DMA mode in effect and why",
+                       description="Read /proc and /sys (never changing them) and print, per device, the DMA mode "
+                       "in effect (its IOMMU group's type) and why, by the same default-domain rules as explain, "
+                       "saying when what sysfs shows disagrees with them.")
+    i.add_argument("--root", default="/", metavar="DIR", help="read a saved tree (from --save) instead of /")
+    i.add_argument("--save", metavar="DIR", help="copy exactly the files read into DIR (for bug reports, tests)")
+    i.add_argument("--scenario", metavar="FILE", help="write a scenario skeleton for this host to FILE (not "
+                   "overwritten if it exists)")
+    i.add_argument("--json", action="store_true", help="print what was found as JSON")
+
     v = sub.add_parser("validate", help="run every published target's scenario: model vs published, with the error",
                        description="Run the scenario of each published target (C1, C3, ...: targets.toml in the "
                        "package) and print the model's value next to the published one, the relative error and "
@@ -278,6 +288,33 @@ def _cmd_explain(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(a: argparse.Namespace) -> int:
+    from . import hostinfo
+    import tomli_w
+
+    res, tree = hostinfo.inspect(a.root)
+    if a.scenario:
+        if os.path.exists(a.scenario):
+            raise ScenarioError(f"--scenario {a.scenario}: exists (nothing is overwritten; pick another name)")
+        sc = hostinfo.scenario_skeleton(res, hostinfo.cpu_count(tree))
+        try:
+            with open(a.scenario, "wb") as f:
+                tomli_w.dump(sc, f)
+        except OSError as e:
+            raise ScenarioError(f"--scenario {a.scenario}: cannot write: {e.strerror or e}") from None
+    if a.save:
+        n = hostinfo.save(tree, a.save)
+        sys.stderr.write(f"saved {n} files to {a.save}\n")
+    if a.json:
+        json.dump(res, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(hostinfo.format_inspect(res))
+        if a.scenario:
+            print(f"wrote {a.scenario}")
+    return 0
+
+
 def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None) -> int:
     if name is None:
         for n, text in items:
@@ -349,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_list("scenario", _core.builtin_scenarios(), a.name)
         if a.cmd == "explain":
             return _cmd_explain(a)
+        if a.cmd == "inspect":
+            return _cmd_inspect(a)
         if a.cmd == "replay":
             return _cmd_replay(a)
         if a.cmd == "validate":
