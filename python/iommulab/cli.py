@@ -153,6 +153,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "overwritten if it exists)")
     i.add_argument("--json", action="store_true", help="print what was found as JSON")
 
+    cp = sub.add_parser("capture", help="record the kernel's iommu:map/unmap tracepoints into a trace replay reads",
+                        description="Record iommu:map / iommu:unmap (and iommu:io_page_fault) through tracefs, with "
+                        "TB_BEGIN/TB_END phase markers, into a file `iommulab replay` reads as it is. Needs root; "
+                        "saves and restores the tracing state it touches; Ctrl-C keeps what was read. The work is "
+                        "done by a POSIX shell script (--print-script) that also runs where Python does not.")
+    cp.add_argument("-o", dest="out", metavar="TRACE", help="output: TRACE.xz (xz), TRACE.gz (gzip) or plain")
+    cp.add_argument("--duration", type=float, metavar="S", help="record S seconds (default: while COMMAND runs, "
+                    "or 10 s)")
+    cp.add_argument("--phase", metavar="NAME", help="bracket the recording with TB_BEGIN/TB_END NAME")
+    cp.add_argument("--buffer-kb", type=int, default=65536, metavar="KB", help="per-CPU ring buffer while recording")
+    cp.add_argument("--domains", action="store_true", help="also record each event's domain (kprobes), if allowed")
+    cp.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+    cp.add_argument("--print-script", action="store_true", help="print the capture script (for hosts without "
+                    "Python) and exit")
+    cp.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]: record while it runs")
+
     v = sub.add_parser("validate", help="run every published target's scenario: model vs published, with the error",
                        description="Run the scenario of each published target (C1, C3, ...: targets.toml in the "
                        "package) and print the model's value next to the published one, the relative error and "
@@ -315,6 +331,34 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_capture(a: argparse.Namespace) -> int:
+    import subprocess
+    from importlib.resources import files
+
+    script = files("iommulab").joinpath("capture.sh").read_text()
+    if a.print_script:
+        sys.stdout.write(script)
+        return 0
+    if not a.out:
+        raise ScenarioError("capture: -o TRACE is required")
+    if a.duration is not None and not (0 < a.duration <= 86400):
+        raise ScenarioError(f"--duration {a.duration}: expected 0 < seconds <= 86400")
+    args = ["-o", a.out, "-b", str(a.buffer_kb)]
+    if a.duration is not None:
+        args += ["-d", str(int(math.ceil(a.duration)))]
+    if a.phase:
+        args += ["-p", a.phase]
+    if a.domains:
+        args.append("-k")
+    if a.dry_run:
+        args.append("-n")
+    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if cmd:
+        args += ["--", *cmd]
+    # The script's own one-line errors and exit code are the command's.
+    return subprocess.run(["sh", "-c", script, "capture", *args]).returncode
+
+
 def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None) -> int:
     if name is None:
         for n, text in items:
@@ -388,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_explain(a)
         if a.cmd == "inspect":
             return _cmd_inspect(a)
+        if a.cmd == "capture":
+            return _cmd_capture(a)
         if a.cmd == "replay":
             return _cmd_replay(a)
         if a.cmd == "validate":

@@ -1,0 +1,149 @@
+#!/bin/sh
+# iommulab capture: record the kernel's iommu:map / iommu:unmap tracepoints (and iommu:io_page_fault where the
+# kernel has it) through tracefs into a trace `iommulab replay` reads as it is. POSIX sh: runs on a minimal guest
+# or a busybox initramfs, where Python is not installed (`iommulab capture --print-script` prints this file).
+#
+#   capture.sh -o TRACE [-d SECONDS] [-p PHASE] [-b KB] [-k] [-n] [-- COMMAND [ARG...]]
+#
+#   -o TRACE    output file; TRACE.xz is compressed with xz, TRACE.gz with gzip, anything else is plain text
+#   -d SECONDS  record for this long (default: until COMMAND ends, or 10 s without one)
+#   -p PHASE    bracket the recording with TB_BEGIN PHASE / TB_END PHASE markers (replay reports per phase)
+#   -b KB       per-CPU ring buffer size while recording (default 65536)
+#   -k          also record each map's and unmap's domain (kprobes on __iommu_map/__iommu_unmap), where the
+#               kernel allows kprobes; replay can then tell devices' domains apart
+#   -n          dry run: print what would be done, change nothing
+#
+# It saves the tracing state it touches (buffer size, the events it enables, kprobe events it adds, tracing_on)
+# and restores it on exit, Ctrl-C included; the events read so far are kept. Events the ring buffer dropped
+# (overruns) are counted from per_cpu/*/stats and reported, and written as a comment line into the trace.
+set -u
+
+out= dur= phase= bufkb=65536 kprobes=0 dry=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o) out=${2-}; shift 2 ;;
+    -d) dur=${2-}; shift 2 ;;
+    -p) phase=${2-}; shift 2 ;;
+    -b) bufkb=${2-}; shift 2 ;;
+    -k) kprobes=1; shift ;;
+    -n) dry=1; shift ;;
+    --) shift; break ;;
+    *) echo "capture: unknown option $1 (see the header of this script)" >&2; exit 2 ;;
+  esac
+done
+[ -n "$out" ] || { echo "capture: -o TRACE is required" >&2; exit 2; }
+case "$bufkb" in ''|*[!0-9]*) echo "capture: -b $bufkb: expected a size in KiB" >&2; exit 2 ;; esac
+case "$dur" in ''|*[!0-9.]*) [ -z "$dur" ] || { echo "capture: -d $dur: expected seconds" >&2; exit 2; } ;; esac
+case "$phase" in *[!A-Za-z0-9_.-]*) echo "capture: -p $phase: expected one word" >&2; exit 2 ;; esac
+
+T=${IOMMULAB_TRACEFS-}  # another tracefs (tests)
+[ -n "$T" ] || for d in /sys/kernel/tracing /sys/kernel/debug/tracing; do
+  [ -e "$d/trace_marker" ] && { T=$d; break; }
+done
+[ -n "$T" ] && [ -e "$T/trace_marker" ] || {
+  echo "capture: no tracefs (mount -t tracefs nodev /sys/kernel/tracing)" >&2; exit 2; }
+[ -d "$T/events/iommu/map" ] || { echo "capture: this kernel has no iommu:map tracepoint" >&2; exit 2; }
+if [ "$dry" = 0 ] && [ ! -w "$T/trace_marker" ]; then
+  echo "capture: needs root (writing $T)" >&2; exit 2
+fi
+case "$out" in
+  *.xz) command -v xz >/dev/null 2>&1 || { echo "capture: -o $out: no xz here; use .gz or plain" >&2; exit 2; } ;;
+  *.gz) command -v gzip >/dev/null 2>&1 || { echo "capture: -o $out: no gzip here; use plain" >&2; exit 2; } ;;
+esac
+[ -e "$out" ] && { echo "capture: -o $out: exists (nothing is overwritten)" >&2; exit 2; }
+
+events="iommu/map iommu/unmap"
+[ -d "$T/events/iommu/io_page_fault" ] && events="$events iommu/io_page_fault"
+
+run() {  # run or, with -n, print a change to tracefs
+  if [ "$dry" = 1 ]; then echo "would: $*"; else sh -c "$*"; fi
+}
+
+if [ "$dry" = 1 ]; then
+  echo "tracefs: $T"
+  echo "would save: buffer_size_kb=$(cat $T/buffer_size_kb) tracing_on=$(cat $T/tracing_on)"
+fi
+old_buf=$(cat "$T/buffer_size_kb")
+old_on=$(cat "$T/tracing_on")
+old_ev=
+for e in $events; do old_ev="$old_ev $e=$(cat "$T/events/$e/enable")"; done
+added_kprobes=
+
+restore() {
+  run "echo 0 > $T/tracing_on"
+  for pair in $old_ev; do run "echo ${pair#*=} > $T/events/${pair%%=*}/enable"; done
+  for k in $added_kprobes; do
+    run "echo 0 > $T/events/iommulab/$k/enable"
+    run "echo -:iommulab/$k >> $T/kprobe_events"
+  done
+  run "echo $old_buf > $T/buffer_size_kb"
+  run "echo $old_on > $T/tracing_on"
+}
+
+tmp=${out%.xz}
+tmp=${tmp%.gz}.part
+stopped=0
+trap 'stopped=1' INT TERM
+
+run "echo 0 > $T/tracing_on"
+run "echo > $T/trace"
+run "echo $bufkb > $T/buffer_size_kb"
+for e in $events; do run "echo 1 > $T/events/$e/enable"; done
+if [ "$kprobes" = 1 ]; then
+  if [ -w "$T/kprobe_events" ] && grep -q ' __iommu_map$' /proc/kallsyms 2>/dev/null; then
+    # The testbed's probes: the domain pointer, IOVA and size of every __iommu_map / __iommu_unmap.
+    run "echo 'p:iommulab/tb_map __iommu_map dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg4:u64' >> $T/kprobe_events" \
+      && run "echo 1 > $T/events/iommulab/tb_map/enable" && added_kprobes="$added_kprobes tb_map"
+    run "echo 'p:iommulab/tb_unmap __iommu_unmap dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg3:u64' >> $T/kprobe_events" \
+      && run "echo 1 > $T/events/iommulab/tb_unmap/enable" && added_kprobes="$added_kprobes tb_unmap"
+  else
+    echo "capture: no kprobes here (kprobe_events not writable or __iommu_map not in kallsyms): the trace will not name domains" >&2
+  fi
+fi
+
+if [ "$dry" = 1 ]; then
+  echo "would record to $out${phase:+ with markers TB_BEGIN/TB_END $phase}${dur:+ for $dur s}${1:+ while running: $*}"
+  restore
+  exit 0
+fi
+
+: > "$tmp" || { echo "capture: cannot write $tmp" >&2; restore; exit 2; }
+cat "$T/trace_pipe" > "$tmp" &
+reader=$!
+echo 1 > "$T/tracing_on"
+[ -n "$phase" ] && echo "TB_BEGIN $phase" > "$T/trace_marker"
+status=0
+if [ $# -gt 0 ]; then
+  "$@" & child=$!
+  while kill -0 "$child" 2>/dev/null && [ "$stopped" = 0 ]; do sleep 1; done
+  [ "$stopped" = 1 ] && kill "$child" 2>/dev/null
+  wait "$child" 2>/dev/null; status=$?
+else
+  left=${dur:-10}
+  left=${left%.*}
+  while [ "${left:-0}" -gt 0 ] && [ "$stopped" = 0 ]; do sleep 1; left=$((left - 1)); done
+fi
+[ -n "$phase" ] && echo "TB_END $phase" > "$T/trace_marker"
+echo 0 > "$T/tracing_on"
+sleep 1
+kill "$reader" 2>/dev/null
+wait "$reader" 2>/dev/null
+lost=0
+for s in "$T"/per_cpu/cpu*/stats; do
+  n=$(sed -n 's/^overrun: *//p' "$s" 2>/dev/null)
+  lost=$((lost + ${n:-0}))
+done
+[ "$lost" -gt 0 ] && echo "# iommulab capture: $lost events lost to ring-buffer overruns (raise -b)" >> "$tmp"
+restore
+case "$out" in
+  *.xz) xz -c "$tmp" > "$out" && rm -f "$tmp" ;;
+  *.gz) gzip -c "$tmp" > "$out" && rm -f "$tmp" ;;
+  *) mv "$tmp" "$out" ;;
+esac
+if [ "$lost" -gt 0 ]; then
+  echo "capture: wrote $out; $lost events were lost to ring-buffer overruns (raise -b)" >&2
+else
+  echo "capture: wrote $out; no events lost" >&2
+fi
+[ "$stopped" = 1 ] && echo "capture: interrupted; the events read so far are kept" >&2
+exit "$status"
