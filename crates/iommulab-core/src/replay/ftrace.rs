@@ -29,6 +29,16 @@ pub enum Record {
     },
     /// A `tracing_mark_write:` line: its text.
     Marker { ev: EventHead, text: String },
+    /// A kprobe at `__iommu_map` / `__iommu_unmap` naming the domain of the map or unmap that follows on its
+    /// CPU (`tb_map: (__iommu_map+0x0/…) dom=0x… iova=0x… size=N`, as the testbed and `iommulab capture
+    /// --domains` record them).
+    Domain {
+        ev: EventHead,
+        map: bool,
+        dom: u64,
+        iova: u64,
+        size: u64,
+    },
     /// Another event, a header or comment line, or an empty line.
     Other,
     /// A line that could not be read (cut by a buffer overrun, garbled): its number and why.
@@ -37,7 +47,7 @@ pub enum Record {
 
 /// The context an event ran in, from the irq-info flags column (its third character: `h`/`H` hardirq,
 /// `s` softirq, `z`/`Z` NMI; `.` or no flags column: task context).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Ctx {
     Task,
     Softirq,
@@ -87,6 +97,25 @@ pub fn parse_line(s: &str, line: u64) -> Record {
     match event {
         "map" | "iommu:map" => parse_map(head, body),
         "unmap" | "iommu:unmap" => parse_unmap(head, body),
+        "tb_map" | "tb_unmap" => {
+            let (Some(dom), Some(iova), Some(size)) = (
+                field(body, "dom").and_then(num),
+                field(body, "iova").and_then(num),
+                field(body, "size").and_then(num),
+            ) else {
+                return Record::Bad {
+                    line,
+                    why: "a domain kprobe line without dom=, iova= and size=",
+                };
+            };
+            Record::Domain {
+                ev: head,
+                map: event == "tb_map",
+                dom,
+                iova,
+                size,
+            }
+        }
         "tracing_mark_write" | "print" => Record::Marker {
             ev: head,
             text: body.trim().to_string(),

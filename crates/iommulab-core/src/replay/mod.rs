@@ -219,6 +219,15 @@ impl Phases {
     pub fn get(&self, name: &str) -> Option<&Phase> {
         self.0.iter().find(|(n, _)| n == name).map(|(_, p)| p)
     }
+    /// Add another domain's phases, phase by phase.
+    fn add(&mut self, o: &Phases) {
+        for (name, p) in &o.0 {
+            let e = self.entry(name);
+            e.counts += &p.counts;
+            e.early_reuses += p.early_reuses;
+        }
+    }
+
     fn entry(&mut self, name: &str) -> &mut Phase {
         let i = match self.0.iter().position(|(n, _)| n == name) {
             Some(i) => i,
@@ -266,6 +275,14 @@ pub struct Anomalies {
     pub untraced_unmapped_pages: u64,
 }
 
+/// The DMA domains the trace showed: how many, and how many events a label placed and how many were inferred.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Domains {
+    pub count: u64,
+    pub labelled_events: u64,
+    pub inferred_events: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ReplayResult {
     pub iommu: String,
@@ -277,6 +294,7 @@ pub struct ReplayResult {
     pub anomalies: Anomalies,
     /// Walk-cache locality of the traced kernel's IOVA allocations, over the whole trace.
     pub iova_locality: IovaLocality,
+    pub domains: Domains,
     pub phases: Phases,
 }
 
@@ -664,8 +682,13 @@ impl Replayer {
 /// A replay fed line by line (or in arbitrary chunks of bytes), in constant memory.
 pub struct ReplaySession {
     name: String,
-    /// One replayer per tick phase tried (one unless lazy with the phase left to inference).
-    rs: Vec<(u64, Replayer)>,
+    /// Per tick phase tried (one unless lazy with the phase left to inference), one replayer per DMA domain
+    /// the trace shows: each its own IOVA space, page table, flush queue and timer.
+    rs: Vec<(u64, Vec<Replayer>)>,
+    /// What a new domain's replayer is built from.
+    make: Maker,
+    /// Which domain each event goes to.
+    router: Router,
     lines: Lines,
     iommu: String,
     kernel: String,
@@ -684,6 +707,212 @@ pub struct ReplaySession {
     fmt: hw::PtFormat,
     anomalies: Anomalies,
     last_ts: u64,
+}
+
+/// What a domain's replayer is built from.
+struct Maker {
+    platform: crate::scenario::Platform,
+    kernel: (u32, u32),
+    policy: PolicyName,
+    hz: u32,
+    vendor: Vendor,
+    ats_phases: Vec<String>,
+}
+
+impl Maker {
+    /// A replayer of one domain, its flush timer's tick at `phase` ns into each jiffy.
+    fn replayer(&self, phase: u64) -> Replayer {
+        let p = &self.platform;
+        let mut core = DmaCore::new(hw::build(p, 1, self.kernel, false), 1, &p.cpu);
+        core.iova_from_trace = true;
+        let fq = FqOptions::for_device(p.iommu.shadow_on_flush);
+        let mut dma = DmaLayer::new(core, self.policy, 1, self.hz, fq);
+        if self.policy == PolicyName::Lazy {
+            dma.policy = Box::new(FlushQueue::with_options(1, self.hz, fq).with_jiffy_phase(phase));
+        }
+        let mut r = Replayer {
+            dma,
+            totals: Totals {
+                vendor: Some(self.vendor),
+                virtio: self.vendor == Vendor::Virtio,
+                ..Totals::default()
+            },
+            mark: Totals::default(),
+            phase: None,
+            phases: Phases::default(),
+            open: Vec::new(),
+            pending: BTreeMap::new(),
+            queued: BTreeMap::new(),
+            queued_flushes: 0,
+            timers: BTreeMap::new(),
+            seq: 0,
+            sg_phases: BTreeSet::new(),
+            ats_phases: self.ats_phases.clone(),
+            untraced_pages: 0,
+            unmatched_markers: 0,
+        };
+        r.mark = r.counters();
+        r
+    }
+}
+
+/// Which DMA domain an event belongs to. The kprobe lines of a labelled trace name it (`tb_map` /
+/// `tb_unmap` just before the event on its CPU). An event of a labelled trace without its label (the kernel
+/// skips a kprobe hit now and then) is placed by what a domain cannot do: hand out an IOVA it still has
+/// mapped or unmap what it has not mapped; among the domains that can, the one holding exactly this mapping,
+/// a recently freed IOVA (the rcache), the same task, CPU and context's last. A trace without labels is one
+/// domain: inferring several from overlaps alone misplaced enough events to do worse than one (see
+/// docs/replay notes in the README).
+#[derive(Default)]
+struct Router {
+    /// Domain pointer (from labels) → index.
+    ptrs: std::collections::HashMap<u64, usize>,
+    /// The last label seen on each CPU: (map?, domain pointer, IOVA).
+    hints: std::collections::HashMap<u32, (bool, u64, u64)>,
+    /// The domain each mapper (task, CPU, context) used last.
+    last: std::collections::HashMap<(u32, u32, Ctx), usize>,
+    /// Per domain, its live mappings: start → (end, sequence number of the map). A domain's never overlap.
+    live: Vec<BTreeMap<u64, (u64, u64)>>,
+    /// Per domain, the starts of its last ROUTER_RECENT_FREES unmaps (start → sequence number), and the
+    /// order they came in: the IOVA allocator hands a domain's freed IOVAs back to it first (the rcache).
+    freed: Vec<(BTreeMap<u64, u64>, std::collections::VecDeque<(u64, u64)>)>,
+    seq: u64,
+    /// Events a label placed, and events placed by inference.
+    pub labelled: u64,
+    pub inferred: u64,
+}
+
+/// Unmapped IOVAs a domain remembers for inference (a few rcache magazines' worth).
+const ROUTER_RECENT_FREES: usize = 4096;
+
+impl Router {
+    fn domains(&self) -> usize {
+        self.live.len().max(1)
+    }
+
+    /// The domains whose live mapping is exactly [a, b).
+    fn exact(&self, a: u64, b: u64) -> Vec<usize> {
+        (0..self.live.len())
+            .filter(|&d| self.live[d].get(&a).is_some_and(|&(e, _)| e == b))
+            .collect()
+    }
+
+    /// A domain that freed `a` lately (the one that freed it last), if any.
+    fn reuse(&self, a: u64, among: &[usize]) -> Option<usize> {
+        among
+            .iter()
+            .filter_map(|&d| {
+                self.freed
+                    .get(d)
+                    .and_then(|(m, _)| m.get(&a))
+                    .map(|&s| (d, s))
+            })
+            .max_by_key(|&(_, s)| s)
+            .map(|(d, _)| d)
+    }
+
+    /// The live mapping of domain `d` overlapping [a, b) that was made last, if any: its sequence number.
+    fn overlap(&self, d: usize, a: u64, b: u64) -> Option<u64> {
+        let m = self.live.get(d)?;
+        let before = m
+            .range(..=a)
+            .next_back()
+            .filter(|(_, &(e, _))| e > a)
+            .map(|(_, &(_, s))| s);
+        let inside = m.range(a..b).map(|(_, &(_, s))| s).max();
+        before.max(inside)
+    }
+
+    fn route(&mut self, ev: &EventHead, map: bool, iova: u64, size: u64) -> usize {
+        if self.ptrs.is_empty() && self.hints.is_empty() {
+            self.inferred += 1;
+            return 0;
+        }
+        let who = (ev.pid, ev.cpu, ev.ctx);
+        let end = iova.saturating_add(size.max(1));
+        let labelled = match self.hints.get(&ev.cpu) {
+            Some(&(m, ptr, a)) if m == map && a == iova => {
+                self.hints.remove(&ev.cpu);
+                let n = self.ptrs.len();
+                Some(*self.ptrs.entry(ptr).or_insert(n))
+            }
+            _ => None,
+        };
+        let last = self.last.get(&who).copied();
+        let n = self.domains();
+        let d = if let Some(d) = labelled {
+            self.labelled += 1;
+            d
+        } else {
+            self.inferred += 1;
+            if map {
+                // Domains that could have handed this IOVA out: a freed one of theirs first (the rcache),
+                // then the task's own, then the first.
+                let free: Vec<usize> = (0..n)
+                    .filter(|&d| self.overlap(d, iova, end).is_none())
+                    .collect();
+                self.reuse(iova, &free)
+                    .or_else(|| last.filter(|l| free.contains(l)))
+                    .or_else(|| free.first().copied())
+                    .unwrap_or(n)
+            } else {
+                // Domains holding exactly this mapping, then any overlapping it; the task's own, or the one
+                // that mapped it last.
+                let exact = self.exact(iova, end);
+                let here: Vec<(usize, u64)> = if exact.is_empty() {
+                    (0..n)
+                        .filter_map(|d| self.overlap(d, iova, end).map(|s| (d, s)))
+                        .collect()
+                } else {
+                    exact.iter().map(|&d| (d, self.live[d][&iova].1)).collect()
+                };
+                last.filter(|l| here.iter().any(|&(d, _)| d == *l))
+                    .or_else(|| here.iter().max_by_key(|&&(_, s)| s).map(|&(d, _)| d))
+                    .or(last)
+                    .unwrap_or(0)
+            }
+        };
+        while self.live.len() <= d {
+            self.live.push(BTreeMap::new());
+            self.freed.push(Default::default());
+        }
+        self.last.insert(who, d);
+        let m = &mut self.live[d];
+        if map {
+            self.seq += 1;
+            m.insert(iova, (end, self.seq));
+        } else {
+            // The unmap clears what it covers; a mapping it cuts keeps its parts outside.
+            let hit: Vec<(u64, (u64, u64))> = m
+                .range(..end)
+                .rev()
+                .take_while(|(_, &(e, _))| e > iova)
+                .map(|(&a, &v)| (a, v))
+                .collect();
+            for (a, (e, s)) in hit {
+                m.remove(&a);
+                if a < iova {
+                    m.insert(a, (iova, s));
+                }
+                if e > end {
+                    m.insert(end, (e, s));
+                }
+            }
+            self.seq += 1;
+            let (f, order) = &mut self.freed[d];
+            f.insert(iova, self.seq);
+            order.push_back((iova, self.seq));
+            if order.len() > ROUTER_RECENT_FREES {
+                if let Some((old, s)) = order.pop_front() {
+                    // Only if it was not freed again since.
+                    if f.get(&old) == Some(&s) {
+                        f.remove(&old);
+                    }
+                }
+            }
+        }
+        d
+    }
 }
 
 impl ReplaySession {
@@ -733,42 +962,13 @@ impl ReplaySession {
                 (r.policy, r.reason)
             }
         };
-        let make = |phase: u64| {
-            let mut core = DmaCore::new(
-                hw::build(&sc.platform, 1, kernel, false),
-                1,
-                &sc.platform.cpu,
-            );
-            core.iova_from_trace = true;
-            let fq = FqOptions::for_device(sc.platform.iommu.shadow_on_flush);
-            let mut dma = DmaLayer::new(core, policy, 1, opts.hz, fq);
-            if policy == PolicyName::Lazy {
-                dma.policy =
-                    Box::new(FlushQueue::with_options(1, opts.hz, fq).with_jiffy_phase(phase));
-            }
-            let mut r = Replayer {
-                dma,
-                totals: Totals {
-                    vendor: Some(opts.vendor),
-                    virtio: opts.vendor == Vendor::Virtio,
-                    ..Totals::default()
-                },
-                mark: Totals::default(),
-                phase: None,
-                phases: Phases::default(),
-                open: Vec::new(),
-                pending: BTreeMap::new(),
-                queued: BTreeMap::new(),
-                queued_flushes: 0,
-                timers: BTreeMap::new(),
-                seq: 0,
-                sg_phases: BTreeSet::new(),
-                ats_phases: opts.ats_phases.clone(),
-                untraced_pages: 0,
-                unmatched_markers: 0,
-            };
-            r.mark = r.counters();
-            (phase, r)
+        let make = Maker {
+            platform: sc.platform.clone(),
+            kernel,
+            policy,
+            hz: opts.hz,
+            vendor: opts.vendor,
+            ats_phases: opts.ats_phases.clone(),
         };
         let jiffy = 1_000_000_000 / opts.hz.max(1) as u64;
         let phases: Vec<u64> = match opts.jiffy_phase_ns {
@@ -778,14 +978,19 @@ impl ReplaySession {
                 .collect(),
             None => vec![0],
         };
-        let rs: Vec<(u64, Replayer)> = phases.into_iter().map(make).collect();
-        let iommu_name = rs[0].1.dma.core.iommu.name().to_string();
-        let fmt = *rs[0].1.dma.core.iommu.translator().format();
+        let rs: Vec<(u64, Vec<Replayer>)> = phases
+            .into_iter()
+            .map(|p| (p, vec![make.replayer(p)]))
+            .collect();
+        let iommu_name = rs[0].1[0].dma.core.iommu.name().to_string();
+        let fmt = *rs[0].1[0].dma.core.iommu.translator().format();
         let entry_shift = fmt.walk_entry_shift();
         let iova_limit = (fmt.max_gpfn() + 1) << fmt.granule_shift;
         Ok(ReplaySession {
             name: name.to_string(),
             rs,
+            make,
+            router: Router::default(),
             lines: Lines::default(),
             iommu: iommu_name,
             kernel: opts.kernel.clone(),
@@ -868,6 +1073,12 @@ impl ReplaySession {
         }
         let ev = match &rec {
             Record::Map { ev, .. } | Record::Unmap { ev, .. } | Record::Marker { ev, .. } => ev,
+            Record::Domain {
+                ev, map, dom, iova, ..
+            } => {
+                self.router.hints.insert(ev.cpu, (*map, *dom, *iova));
+                return;
+            }
             Record::Other => return,
             Record::Bad { line, why } => {
                 self.lines.bad += 1;
@@ -890,26 +1101,45 @@ impl ReplaySession {
         if let Record::Map { iova, .. } = &rec {
             self.locality.allocated(pfn(*iova));
         }
-        for (_, r) in &mut self.rs {
-            r.serve_phase();
-            r.fire_timers(ev.ts_ns);
-            // No device translates here: the invalidations the IOMMU had processed by this event act now,
-            // so they do not pile up over a long trace.
-            r.dma.core.iommu.translator_mut().settle(ev.ts_ns);
+        // The event's domain, the same for every tick phase tried (the trace decides it, not the timers).
+        let dom = match &rec {
+            Record::Map { ev, iova, size, .. } => Some(self.router.route(ev, true, *iova, *size)),
+            Record::Unmap {
+                ev,
+                iova,
+                size,
+                unmapped,
+            } => Some(self.router.route(ev, false, *iova, (*unmapped).max(*size))),
+            _ => None,
+        };
+        for (phase, doms) in &mut self.rs {
+            // A domain seen for the first time starts in the phase the others are in.
+            while doms.len() < self.router.domains() {
+                let mut r = self.make.replayer(*phase);
+                r.phase = doms[0].phase.clone();
+                doms.push(r);
+            }
+            for r in doms.iter_mut() {
+                r.serve_phase();
+                r.fire_timers(ev.ts_ns);
+                // No device translates here: the invalidations the IOMMU had processed by this event act
+                // now, so they do not pile up over a long trace.
+                r.dma.core.iommu.translator_mut().settle(ev.ts_ns);
+            }
             match &rec {
                 Record::Map {
                     ev,
                     iova,
                     paddr,
                     size,
-                } => r.map(ev, *iova, *paddr, *size),
+                } => doms[dom.expect("routed")].map(ev, *iova, *paddr, *size),
                 Record::Unmap {
                     ev,
                     iova,
                     size,
                     unmapped,
-                } => r.unmap(ev, *iova, *size, *unmapped),
-                Record::Marker { text, .. } => r.marker(text),
+                } => doms[dom.expect("routed")].unmap(ev, *iova, *size, *unmapped),
+                Record::Marker { text, .. } => doms.iter_mut().for_each(|r| r.marker(text)),
                 _ => unreachable!("handled above"),
             }
         }
@@ -957,18 +1187,28 @@ impl ReplaySession {
             ));
         }
         let mut anomalies = self.anomalies;
-        let ats_phases = self.rs[0].1.ats_phases.clone();
-        anomalies.untraced_unmapped_pages = self.rs[0].1.untraced_pages;
-        anomalies.unmatched_markers = self.rs[0].1.unmatched_markers;
+        let ats_phases = self.make.ats_phases.clone();
+        anomalies.untraced_unmapped_pages = self.rs[0].1.iter().map(|r| r.untraced_pages).sum();
+        anomalies.unmatched_markers = self.rs[0].1[0].unmatched_markers;
+        let domains = Domains {
+            count: self.router.domains() as u64,
+            labelled_events: self.router.labelled,
+            inferred_events: self.router.inferred,
+        };
         let fit = self.rs.len() > 1;
+        // Per tick phase tried: every domain's counts, added up phase by phase.
         let mut done: Vec<(u64, Phases)> = self
             .rs
             .into_iter()
-            .map(|(phase, mut r)| {
-                r.sync_leftovers();
-                r.fire_timers(Time::MAX);
-                r.commit();
-                (phase, r.phases)
+            .map(|(phase, doms)| {
+                let mut sum = Phases::default();
+                for mut r in doms {
+                    r.sync_leftovers();
+                    r.fire_timers(Time::MAX);
+                    r.commit();
+                    sum.add(&r.phases);
+                }
+                (phase, sum)
             })
             .collect();
         let phases = if fit {
@@ -1005,6 +1245,7 @@ impl ReplaySession {
             lines,
             anomalies,
             iova_locality: IovaLocality::new(&self.locality.counts, self.walk_cache_entries),
+            domains,
             phases,
         })
     }
@@ -1203,11 +1444,62 @@ mod tests {
         };
         let mut s = ReplaySession::new("t", &strict).unwrap();
         s.feed(t.as_bytes());
-        for (_, r) in &s.rs {
+        for r in s.rs.iter().flat_map(|(_, doms)| doms) {
             // The last unmap's PSI: its range and, with IH=0, the domain's walk caches.
             let n = r.dma.core.iommu.translator().pending();
             assert!(n <= 2, "{n} pending");
         }
+    }
+
+    #[test]
+    fn labelled_domains_each_flush_their_own_queue() {
+        // Two devices map the same IOVA at once (each domain allocates top-down from 4 GiB); the kprobe
+        // lines name their domains. Lazy: each domain's flush queue and timer are its own, so two flushes.
+        let line = |ts: u64, body: &str| {
+            format!(
+                "  t-1 [000] .... {}.{:06}: {body}\n",
+                ts / 1_000_000,
+                ts % 1_000_000
+            )
+        };
+        let mut t = String::new();
+        for (i, dom) in ["0xaaa0", "0xbbb0"].iter().enumerate() {
+            let ts = 1_000_000 + i as u64 * 10;
+            t += &line(
+                ts,
+                &format!("tb_map: (__iommu_map+0x0/0x280) dom={dom} iova=0xfffff000 size=4096"),
+            );
+            t += &line(ts + 1, "map: IOMMU: iova=0x00000000fffff000 - 0x0000000100000000 paddr=0x0000000001000000 size=4096");
+        }
+        for (i, dom) in ["0xaaa0", "0xbbb0"].iter().enumerate() {
+            let ts = 1_000_100 + i as u64 * 10;
+            t += &line(
+                ts,
+                &format!("tb_unmap: (__iommu_unmap+0x0/0x1d0) dom={dom} iova=0xfffff000 size=4096"),
+            );
+            t += &line(ts + 1, "unmap: IOMMU: iova=0x00000000fffff000 - 0x0000000100000000 size=4096 unmapped_size=4096");
+        }
+        let lazy = ReplayOptions {
+            mode: Some(PolicyName::Lazy),
+            jiffy_phase_ns: Some(0),
+            ..Default::default()
+        };
+        let mut s = ReplaySession::new("t", &lazy).unwrap();
+        s.feed(t.as_bytes());
+        let r = s.finish().unwrap();
+        assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
+        assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
+        // Without the labels: one domain, one flush.
+        let plain: String = t
+            .lines()
+            .filter(|l| !l.contains("tb_"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let mut s = ReplaySession::new("t", &lazy).unwrap();
+        s.feed(plain.as_bytes());
+        let r = s.finish().unwrap();
+        assert_eq!(r.domains.count, 1);
+        assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 1);
     }
 
     #[test]
