@@ -1,0 +1,66 @@
+#!/bin/busybox sh
+# /init of the testbed's initramfs (busybox-static): the DMA traffic phases, each recorded by iommulab's own
+# capture script (/capture.sh, as `iommulab capture --print-script` prints it), and the files `iommulab inspect`
+# reads, saved as a tree. Everything goes to the results disk (serial tbout) as a tar.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+mkdir -p /tmp && mount -t tmpfs tmpfs /tmp
+arg() { v=$(tr ' ' '\n' < /proc/cmdline | sed -n "s/^tb\.$1=//p" | tail -1); echo "${v:-$2}"; }
+PHASES=$(arg phases net,blk)
+NETMB=$(arg netmb 16)
+BLKMB=$(arg blkmb 64)
+PORT=$(arg port 8080)
+say() { echo "TB: $*" > /dev/console; }
+for m in $(cat /modules.list); do insmod /lib/modules/$m 2>/dev/null || say "insmod $m failed"; done
+sleep 1
+ip link set lo up
+NETIF=$(ls /sys/class/net | grep -v '^lo$' | head -1)
+if [ -n "$NETIF" ]; then
+  ip link set "$NETIF" up; ip addr add 10.0.2.15/24 dev "$NETIF"; ip route add default via 10.0.2.2
+fi
+OUTDEV= DATADEV=
+for b in /sys/block/vd*; do
+  s=$(cat $b/serial 2>/dev/null)
+  [ "$s" = tbout ] && OUTDEV=/dev/${b##*/}
+  [ "$s" = tbdata ] && DATADEV=/dev/${b##*/}
+done
+say "netif=$NETIF datadev=$DATADEV outdev=$OUTDEV"
+O=/tmp/out; mkdir -p $O
+# A 4 KiB read of the results disk (no IOMMU) that QEMU traces: the phase edges on QEMU's clock.
+declare_mark() { echo "mark() { dd if=$OUTDEV of=/dev/null bs=4096 count=1 skip=\$1 iflag=direct 2>/dev/null; };"; }
+# The marker reads run inside each captured command: QEMU's window lies within the trace's phase.
+i=0
+for p in $(echo "$PHASES" | tr ',' ' '); do
+  case $p in
+    net) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB" ;;
+    blk) work="dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct" ;;
+    *) continue ;;
+  esac
+  # Each phase ends 1 s after its traffic, so lazy mode's flush timers fire inside it, in both views.
+  sh /capture.sh -o $O/trace-$p.txt -p $p -- sh -c "$(declare_mark) mark $((40000 + 2 * i)); $work; sleep 1; mark $((40001 + 2 * i))"
+  say "phase $p done rc=$?"
+  i=$((i + 1))
+done
+for p in $(echo "$PHASES" | tr ',' ' '); do cat $O/trace-$p.txt; done > $O/trace.txt 2>/dev/null
+# What `iommulab inspect` reads, as a tree (sysfs links to directories become directories).
+R=$O/root
+save() { for f in "$@"; do [ -e "$f" ] || continue; mkdir -p "$R${f%/*}"; cat "$f" > "$R$f" 2>/dev/null; done; }
+save /proc/cmdline /proc/sys/kernel/osrelease /proc/sys/kernel/arch
+for g in /sys/kernel/iommu_groups/*; do
+  save $g/type
+  for d in $g/devices/*; do
+    b=${d##*/}; mkdir -p "$R$g/devices/$b"
+    save /sys/bus/pci/devices/$b/class
+    l=$(readlink /sys/bus/pci/devices/$b/driver 2>/dev/null) && mkdir -p "$R/sys/bus/pci/devices/$b" \
+      && ln -s "$l" "$R/sys/bus/pci/devices/$b/driver"
+  done
+done
+for i in /sys/class/iommu/*; do mkdir -p "$R$i"; save $i/intel-iommu/cap $i/intel-iommu/ecap; done
+dmesg > $O/dmesg.txt
+(cd $O && tar -cf $OUTDEV trace.txt dmesg.txt root) && sync && say "wrote results"
+say "TB_DONE"
+poweroff -f
