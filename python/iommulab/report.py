@@ -81,9 +81,10 @@ def _vm_exits(results: list, lw: int) -> list[str]:
                     f"{vm['pages_pinned']} unpinned {vm['pages_unpinned']}")
         if getattr(r, "syncs", 0):
             dev += f" · invalidation wait {r.sync_wait_mean_us:.1f} µs per sync"
+        # A software device's thread (virtio-net's), when there is one.
+        thread = f" · device thread busy {vm['device_busy'] * 100:.1f}%" if vm["device_busy"] else ""
         out.append(f"{r.label:<{lw}}  {vm['per_sec'] / 1e3:.1f}k exits/s ({causes or 'none'}) · vCPU time in exits "
-                   f"{vm['vcpu_share'] * 100:.1f}% · emulator busy {vm['emulator_busy'] * 100:.1f}% · device thread busy "
-                   f"{vm['device_busy'] * 100:.1f}%{dev}")
+                   f"{vm['vcpu_share'] * 100:.1f}% · emulator busy {vm['emulator_busy'] * 100:.1f}%{thread}{dev}")
     return ["", "guest exits to the hypervisor:"] + out if out else []
 
 
