@@ -35,7 +35,7 @@ fn translations(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("translate/{name}"));
         g.throughput(Throughput::Elements(N));
         // Cache hits (IOTLB, or the device ATC with ATS): 16 pages, all resident.
-        let mut v = hw::build(&p, 1, (6, 12));
+        let mut v = hw::build(&p, 1, (6, 12), false);
         v.map_pages(1, 0x1000, 0x9000, 16);
         g.bench_function("iotlb_hit", |b| {
             b.iter(|| {
@@ -45,7 +45,7 @@ fn translations(c: &mut Criterion) {
             })
         });
         // Full walks: pages 1 GiB apart miss the IOTLB and (nearly) every walk cache.
-        let mut v = hw::build(&p, 1, (6, 12));
+        let mut v = hw::build(&p, 1, (6, 12), false);
         for i in 0..N {
             v.map_pages(1, i << 18, i, 1);
         }
