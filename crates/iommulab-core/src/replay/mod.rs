@@ -687,6 +687,8 @@ pub struct ReplaySession {
     rs: Vec<(u64, Vec<Replayer>)>,
     /// What a new domain's replayer is built from.
     make: Maker,
+    /// Events read and routed, not yet replayed: (the record, its domain, the domains known by then).
+    batch: Vec<(Record, Option<usize>, usize)>,
     /// Which domain each event goes to.
     router: Router,
     lines: Lines,
@@ -707,6 +709,53 @@ pub struct ReplaySession {
     fmt: hw::PtFormat,
     anomalies: Anomalies,
     last_ts: u64,
+}
+
+/// Events read before they are replayed together, each tick phase on a thread of its own.
+const REPLAY_BATCH: usize = 1 << 14;
+
+/// One tick phase's replay of `batch`: each event to its domain's replayer (created when first seen, in
+/// the phase the others are in), markers and timers to all.
+fn replay_events(
+    make: &Maker,
+    phase: u64,
+    doms: &mut Vec<Replayer>,
+    batch: &[(Record, Option<usize>, usize)],
+) {
+    for (rec, dom, known) in batch {
+        while doms.len() < *known {
+            let mut r = make.replayer(phase);
+            r.phase = doms[0].phase.clone();
+            doms.push(r);
+        }
+        let ev = match rec {
+            Record::Map { ev, .. } | Record::Unmap { ev, .. } | Record::Marker { ev, .. } => ev,
+            _ => continue,
+        };
+        for r in doms.iter_mut() {
+            r.serve_phase();
+            r.fire_timers(ev.ts_ns);
+            // No device translates here: the invalidations the IOMMU had processed by this event act now,
+            // so they do not pile up over a long trace.
+            r.dma.core.iommu.translator_mut().settle(ev.ts_ns);
+        }
+        match rec {
+            Record::Map {
+                ev,
+                iova,
+                paddr,
+                size,
+            } => doms[dom.expect("routed")].map(ev, *iova, *paddr, *size),
+            Record::Unmap {
+                ev,
+                iova,
+                size,
+                unmapped,
+            } => doms[dom.expect("routed")].unmap(ev, *iova, *size, *unmapped),
+            Record::Marker { text, .. } => doms.iter_mut().for_each(|r| r.marker(text)),
+            _ => {}
+        }
+    }
 }
 
 /// What a domain's replayer is built from.
@@ -990,6 +1039,7 @@ impl ReplaySession {
             name: name.to_string(),
             rs,
             make,
+            batch: Vec::new(),
             router: Router::default(),
             lines: Lines::default(),
             iommu: iommu_name,
@@ -1112,36 +1162,39 @@ impl ReplaySession {
             } => Some(self.router.route(ev, false, *iova, (*unmapped).max(*size))),
             _ => None,
         };
-        for (phase, doms) in &mut self.rs {
-            // A domain seen for the first time starts in the phase the others are in.
-            while doms.len() < self.router.domains() {
-                let mut r = self.make.replayer(*phase);
-                r.phase = doms[0].phase.clone();
-                doms.push(r);
+        self.batch.push((rec, dom, self.router.domains()));
+        if self.batch.len() >= REPLAY_BATCH {
+            self.replay_batch();
+        }
+    }
+
+    /// Replay the events read so far on every tick phase tried, the phases in parallel (each is its own
+    /// replay of the same events: the result does not depend on how they are spread over threads).
+    fn replay_batch(&mut self) {
+        let batch = std::mem::take(&mut self.batch);
+        if batch.is_empty() {
+            return;
+        }
+        let make = &self.make;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(self.rs.len());
+        if threads <= 1 {
+            for (phase, doms) in &mut self.rs {
+                replay_events(make, *phase, doms, &batch);
             }
-            for r in doms.iter_mut() {
-                r.serve_phase();
-                r.fire_timers(ev.ts_ns);
-                // No device translates here: the invalidations the IOMMU had processed by this event act
-                // now, so they do not pile up over a long trace.
-                r.dma.core.iommu.translator_mut().settle(ev.ts_ns);
-            }
-            match &rec {
-                Record::Map {
-                    ev,
-                    iova,
-                    paddr,
-                    size,
-                } => doms[dom.expect("routed")].map(ev, *iova, *paddr, *size),
-                Record::Unmap {
-                    ev,
-                    iova,
-                    size,
-                    unmapped,
-                } => doms[dom.expect("routed")].unmap(ev, *iova, *size, *unmapped),
-                Record::Marker { text, .. } => doms.iter_mut().for_each(|r| r.marker(text)),
-                _ => unreachable!("handled above"),
-            }
+        } else {
+            let per = self.rs.len().div_ceil(threads);
+            std::thread::scope(|sc| {
+                for part in self.rs.chunks_mut(per) {
+                    let batch = &batch;
+                    sc.spawn(move || {
+                        for (phase, doms) in part {
+                            replay_events(make, *phase, doms, batch);
+                        }
+                    });
+                }
+            });
         }
     }
 
@@ -1170,6 +1223,7 @@ impl ReplaySession {
             let l = std::mem::take(&mut self.partial);
             self.line(&String::from_utf8_lossy(&l));
         }
+        self.replay_batch();
         let lines = self.lines;
         if lines.events == 0 {
             return Err(InputError::new(
@@ -1444,6 +1498,7 @@ mod tests {
         };
         let mut s = ReplaySession::new("t", &strict).unwrap();
         s.feed(t.as_bytes());
+        s.replay_batch();
         for r in s.rs.iter().flat_map(|(_, doms)| doms) {
             // The last unmap's PSI: its range and, with IH=0, the domain's walk caches.
             let n = r.dma.core.iommu.translator().pending();
