@@ -98,11 +98,8 @@ pub fn parse_line(s: &str, line: u64) -> Record {
         "map" | "iommu:map" => parse_map(head, body),
         "unmap" | "iommu:unmap" => parse_unmap(head, body),
         "tb_map" | "tb_unmap" => {
-            let (Some(dom), Some(iova), Some(size)) = (
-                field(body, "dom").and_then(num),
-                field(body, "iova").and_then(num),
-                field(body, "size").and_then(num),
-            ) else {
+            let [dom, iova, size] = fields(body, ["dom", "iova", "size"]).map(|v| v.and_then(num));
+            let (Some(dom), Some(iova), Some(size)) = (dom, iova, size) else {
                 return Record::Bad {
                     line,
                     why: "a domain kprobe line without dom=, iova= and size=",
@@ -183,9 +180,17 @@ fn parse_ts(s: &str) -> Option<u64> {
 }
 
 /// The value of `key=` in a body of space-separated fields.
-fn field<'a>(body: &'a str, key: &str) -> Option<&'a str> {
-    body.split_whitespace()
-        .find_map(|w| w.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+/// The values of `keys` in a body of `key=value` words (the first of each), in one pass over it.
+fn fields<'a, const N: usize>(body: &'a str, keys: [&str; N]) -> [Option<&'a str>; N] {
+    let mut out = [None; N];
+    for w in body.split([' ', '\t']) {
+        if let Some((k, v)) = w.split_once('=') {
+            if let Some(i) = keys.iter().position(|&x| x == k) {
+                out[i] = out[i].or(Some(v));
+            }
+        }
+    }
+    out
 }
 
 fn num(s: &str) -> Option<u64> {
@@ -198,11 +203,8 @@ fn num(s: &str) -> Option<u64> {
 fn parse_map(ev: EventHead, body: &str) -> Record {
     let line = ev.line;
     let bad = |why| Record::Bad { line, why };
-    let (Some(iova), Some(paddr), Some(size)) = (
-        field(body, "iova").and_then(num),
-        field(body, "paddr").and_then(num),
-        field(body, "size").and_then(num),
-    ) else {
+    let [iova, paddr, size] = fields(body, ["iova", "paddr", "size"]).map(|v| v.and_then(num));
+    let (Some(iova), Some(paddr), Some(size)) = (iova, paddr, size) else {
         return bad("a map event without iova=, paddr= and size=");
     };
     Record::Map {
@@ -215,16 +217,15 @@ fn parse_map(ev: EventHead, body: &str) -> Record {
 
 fn parse_unmap(ev: EventHead, body: &str) -> Record {
     let line = ev.line;
-    let (Some(iova), Some(size)) = (
-        field(body, "iova").and_then(num),
-        field(body, "size").and_then(num),
-    ) else {
+    let [iova, size, unmapped] =
+        fields(body, ["iova", "size", "unmapped_size"]).map(|v| v.and_then(num));
+    let (Some(iova), Some(size)) = (iova, size) else {
         return Record::Bad {
             line,
             why: "an unmap event without iova= and size=",
         };
     };
-    let unmapped = field(body, "unmapped_size").and_then(num).unwrap_or(size);
+    let unmapped = unmapped.unwrap_or(size);
     Record::Unmap {
         ev,
         iova,

@@ -1204,8 +1204,11 @@ impl ReplaySession {
             let (head, rest) = bytes.split_at(nl);
             bytes = &rest[1..];
             if self.partial.is_empty() {
-                let text = String::from_utf8_lossy(head);
-                self.line(&text);
+                // Valid UTF-8 (the usual case) is read in place; anything else with replacement characters.
+                match std::str::from_utf8(head) {
+                    Ok(text) => self.line(text),
+                    Err(_) => self.line(&String::from_utf8_lossy(head)),
+                }
             } else {
                 let mut l = std::mem::take(&mut self.partial);
                 l.extend_from_slice(head);
