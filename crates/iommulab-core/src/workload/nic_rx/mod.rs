@@ -24,7 +24,7 @@ use crate::host::Host;
 use crate::kernel::KernelVersion;
 use crate::scenario::{NicRx, Readers, RingFill, RqKind, SenderModel};
 use crate::sim::{Ctx, Path, Time};
-use pages::{PageId, Pages, Source};
+use pages::{PageId, Pages, Source, WqePages};
 use rq::{Layout, Rq};
 use sender::Senders;
 use std::cmp::Reverse;
@@ -216,7 +216,7 @@ impl NicRxWorkload {
     }
 
     /// Give a finished descriptor's pages back (mlx5e_free_rx_mpwqe / mlx5e_dealloc_rx_wqe).
-    fn release_wqe(&mut self, host: &mut Host, q: usize, wqe: Vec<PageId>, mut t: Time) -> Time {
+    fn release_wqe(&mut self, host: &mut Host, q: usize, wqe: WqePages, mut t: Time) -> Time {
         let cpu = self.queues[q].cpu;
         if self.wqe_blocks {
             return self.pages.release_block(host, cpu, &wqe, t);
@@ -237,7 +237,7 @@ impl NicRxWorkload {
 
     /// Post descriptors until the ring is full (mlx5e_post_rx_wqes / mlx5e_post_rx_mpwqes).
     fn refill(&mut self, host: &mut Host, q: usize, mut t: Time) -> Time {
-        let mut got = Vec::new();
+        let mut got = WqePages::new();
         while self.refill_step(host, q, &mut got, &mut t) {}
         t
     }
@@ -245,13 +245,7 @@ impl NicRxWorkload {
     /// One step of queue `q`'s refill: one page allocated and mapped into the WQE being built in `got`
     /// (FANDS: one WQE's pages in one IOVA block), posting the WQE once it is complete. False when the
     /// ring is full, or memory or IOVA space ran out (the pages of an unfinished WQE go back).
-    fn refill_step(
-        &mut self,
-        host: &mut Host,
-        q: usize,
-        got: &mut Vec<PageId>,
-        t: &mut Time,
-    ) -> bool {
+    fn refill_step(&mut self, host: &mut Host, q: usize, got: &mut WqePages, t: &mut Time) -> bool {
         if !self.queues[q].rq.wants_refill() {
             return false;
         }
@@ -580,7 +574,7 @@ impl Workload for NicRxWorkload {
                 }
             }
             RingFill::Napi => {
-                let mut got: Vec<Vec<PageId>> = vec![Vec::new(); channels];
+                let mut got: Vec<WqePages> = vec![WqePages::new(); channels];
                 let mut due: BinaryHeap<Reverse<(Time, usize)>> = ts
                     .iter()
                     .enumerate()

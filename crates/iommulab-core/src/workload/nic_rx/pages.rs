@@ -25,6 +25,9 @@ pub const PP_ALLOC_CACHE_SIZE: usize = 128;
 const PP_ALLOC_CACHE_REFILL: usize = 64;
 
 pub type PageId = u32;
+/// One RX descriptor's pages: one for a cyclic RQ's WQE (inline, no allocation per descriptor), 64 for a
+/// striding one.
+pub type WqePages = smallvec::SmallVec<[PageId; 2]>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Home {
@@ -198,7 +201,7 @@ impl Pages {
         cpu: usize,
         n: usize,
         mut t: Time,
-    ) -> Option<(Vec<PageId>, Time)> {
+    ) -> Option<(WqePages, Time)> {
         let mut phys = Vec::with_capacity(n);
         for _ in 0..n {
             match host.pages.alloc() {

@@ -5,7 +5,7 @@
 //!   back to back, each starting on a stride boundary, so consecutive frames share pages. A frame that does
 //!   not fit in the WQE's remaining strides closes it (a filler CQE) and starts the next.
 
-use super::pages::PageId;
+use super::pages::{PageId, WqePages};
 use crate::hw::PAGE_SIZE as PAGE;
 use crate::sim::Time;
 use std::collections::VecDeque;
@@ -93,7 +93,7 @@ pub enum Layout {
 
 struct Wqe {
     visible: Time,
-    pages: Vec<PageId>,
+    pages: WqePages,
     used_strides: u32,
 }
 
@@ -112,7 +112,7 @@ pub struct Rq {
     capacity: usize,
     posted: VecDeque<Wqe>,
     /// Descriptors finished by the device, in order, awaiting their release by NAPI.
-    finished: VecDeque<Vec<PageId>>,
+    finished: VecDeque<WqePages>,
 }
 
 impl Rq {
@@ -152,7 +152,7 @@ impl Rq {
         self.posted.len() < self.capacity
     }
 
-    pub fn post(&mut self, visible: Time, pages: Vec<PageId>) {
+    pub fn post(&mut self, visible: Time, pages: WqePages) {
         debug_assert_eq!(pages.len(), self.pages_per_wqe());
         self.posted.push_back(Wqe {
             visible,
@@ -161,7 +161,7 @@ impl Rq {
         });
     }
 
-    pub fn pop_finished(&mut self) -> Option<Vec<PageId>> {
+    pub fn pop_finished(&mut self) -> Option<WqePages> {
         self.finished.pop_front()
     }
 
