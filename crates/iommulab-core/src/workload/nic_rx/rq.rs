@@ -315,7 +315,10 @@ mod tests {
             }
         );
         assert_eq!(out[0].0, 64);
-        assert_eq!(rq.pop_finished().unwrap(), (0..64).collect::<Vec<_>>());
+        assert_eq!(
+            rq.pop_finished().unwrap().to_vec(),
+            (0..64).collect::<Vec<_>>()
+        );
     }
 
     #[test]
@@ -337,7 +340,7 @@ mod tests {
     fn cyclic_takes_whole_pages_and_waits_for_visibility() {
         let mut rq = Rq::new(Layout::Cyclic, 4);
         for i in 0..4 {
-            rq.post(10, vec![i]);
+            rq.post(10, smallvec::smallvec![i]);
         }
         let mut out = vec![];
         assert!(rq.place(5, 5000, &mut out).is_none());
