@@ -10,8 +10,8 @@ from conftest import MINIMAL, SHORT, cli, cli_json
 
 
 def documented_keys():
-    """The run keys the README's "Output keys" table documents (first column, in backticks)."""
-    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    """The run keys docs/scenarios.md's "Output keys" table documents (first column, in backticks)."""
+    readme = (pathlib.Path(__file__).parent.parent / "docs" / "scenarios.md").read_text()
     section = readme.split("## Output keys", 1)[1].split("\n## ", 1)[0]
     keys = set()
     for line in section.splitlines():
@@ -21,7 +21,7 @@ def documented_keys():
 
 
 DOCUMENTED_KEYS = documented_keys()
-# Keys only some runs report (the README says which): request/response latency, the malicious device's counts,
+# Keys only some runs report (docs/scenarios.md says which): request/response latency, the malicious device's counts,
 # mlx5's RX cache reuse slack, a guest's exits.
 WORKLOAD_KEYS = {"latency", "attack", "rx_cache_reuse_slack", "vm_exits"}
 

@@ -61,7 +61,7 @@ def test_a_larger_ring_spreads_iova_over_more_walk_cache_entries(seed):
     # F&S: more RX buffers in flight touch more page-table pages; the walk caches miss more. With C3's own
     # DCTCP senders a bigger ring spreads the device's writes over more PT-L3 entries (its 64 channels'
     # rings interleave) and misses more there, but throughput barely moves; with senders that keep the
-    # NIC's buffer overrun (sender = "window") it falls too (README, "Channels and the PT-L3 working set").
+    # NIC's buffer overrun (sender = "window") it falls too (docs/validation.md, "Channels and the PT-L3 working set").
     dctcp = {"os.policy": "strict"}
     small = run("c3", seed, **dctcp, **{"workload.nic_rx.ring_size": 256})
     big = run("c3", seed, **dctcp, **{"workload.nic_rx.ring_size": 1024})

@@ -1,4 +1,5 @@
-"""Every command the README shows runs as written (the two set-up commands aside), so the README cannot drift."""
+"""Every command the README and the docs show runs as written (the two set-up commands aside), so they cannot
+drift."""
 
 import lzma
 import pathlib
@@ -11,14 +12,17 @@ import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
+# The README first, then the docs pages, each in its own order.
+PAGES = [README] + [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
 # A real kernel's trace stands for the README's trace.txt / trace.txt.xz.
 TRACE = ROOT / "tests/data/testbed/k6.12-intel-cmoff-lazy/guest-trace.txt.xz"
 
 
 def commands() -> list[str]:
-    """The shell commands of the README's ```sh blocks, comments dropped, set-up commands (pip) left out."""
+    """The shell commands of the README's and the docs' ```sh blocks, comments dropped, set-up commands (pip)
+    and commands of other tools left out."""
     out = []
-    for block in re.findall(r"```sh\n(.*?)```", README, re.S):
+    for block in re.findall(r"```sh\n(.*?)```", "\n".join(PAGES), re.S):
         for line in block.splitlines():
             cmd = re.sub(r"\s+#.*$", "", line).strip()
             if cmd.startswith("iommulab"):
@@ -27,7 +31,7 @@ def commands() -> list[str]:
 
 
 def python_examples() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README, re.S)
+    return re.findall(r"```python\n(.*?)```", "\n".join(PAGES), re.S)
 
 
 @pytest.fixture(scope="module")

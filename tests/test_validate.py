@@ -113,7 +113,7 @@ def test_the_locality_target_is_the_median_of_fs_figure_3e():
     assert sum(beyond(rings[256], i) for i in range(23)) / 23 > 0.6
 
 
-# Targets the model misses today, with why (docs: README "Published targets"). A miss that starts to pass
+# Targets the model misses today, with why (docs/validation.md). A miss that starts to pass
 # fails the run too (strict xfail), so an improvement is seen and this list updated; every other target must
 # stay within its tolerance.
 KNOWN_MISSES = {

@@ -344,7 +344,7 @@ pub struct FlushQueueFlushes {
     pub timer: u64,
 }
 
-/// The documented result of one run (see README "Output keys").
+/// The documented result of one run (docs/scenarios.md, "Output keys").
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct RunResult {
     pub scenario: String,

@@ -811,7 +811,7 @@ impl Maker {
 /// mapped or unmap what it has not mapped; among the domains that can, the one holding exactly this mapping,
 /// a recently freed IOVA (the rcache), the same task, CPU and context's last. A trace without labels is one
 /// domain: inferring several from overlaps alone misplaced enough events to do worse than one (see
-/// docs/replay notes in the README).
+/// docs/replay.md).
 #[derive(Default)]
 struct Router {
     /// Domain pointer (from labels) → index.
