@@ -31,7 +31,7 @@ MARK_BLOCK = 40000
 
 
 def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
-    """QEMU's vtd_inv_desc* events between each phase's two marker reads."""
+    """QEMU's IOMMU events (vtd_inv_desc*, virtio_iommu_map/unmap) between each phase's two marker reads."""
     out = {p: collections.Counter() for p in phases}
     cur = None
     for line in open(log, errors="replace"):
@@ -54,26 +54,33 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
     return out
 
 
-def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: int = 600) -> str:
-    name = f"{mode}-cm{cm}"
+def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: int = 600,
+         iommu: str = "intel") -> str:
+    """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel) or virtio (virtio-iommu-pci, the 6.12
+    backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU). Returns the run's directory."""
+    name = f"{mode}-cm{cm}" if iommu == "intel" else f"{mode}-virtio"
     rd = os.path.join(tb, "runs", name)
     os.makedirs(rd, exist_ok=True)
     out_img = os.path.join(rd, "out.img")
     with open(out_img, "wb") as f:
         f.truncate(256 << 20)
-    kern = sorted(glob.glob(os.path.join(tb, "kroot/boot/vmlinuz-*")))[-1]
+    kroot, initrd = ("kroot", "initrd.cpio.gz") if iommu == "intel" else ("kroot612", "initrd612.cpio.gz")
+    kern = sorted(glob.glob(os.path.join(tb, kroot, "boot/vmlinuz-*")))[-1]
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=os.path.join(tb, "www"))
     http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     port = srv.server_address[1]
-    append = (f"console=ttyS0 panic=-1 quiet loglevel=4 intel_iommu=on {MODES[mode]} tb.phases={phases} "
-              f"tb.port={port}")
+    append = (f"console=ttyS0 panic=-1 quiet loglevel=4 {'intel_iommu=on ' if iommu == 'intel' else ''}"
+              f"{MODES[mode]} tb.phases={phases} tb.port={port}")
     ip = "iommu_platform=on,disable-legacy=on"
     cmd = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", "1024", "-smp", "1", "-display", "none",
            "-serial", "stdio", "-monitor", "none", "-no-reboot", "-kernel", kern,
-           "-initrd", os.path.join(tb, "initrd.cpio.gz"), "-D", os.path.join(rd, "qemu-trace.log"),
-           "-machine", "q35,kernel-irqchip=split", "-device", f"intel-iommu,intremap=on,caching-mode={cm}",
-           "-trace", "enable=vtd_inv_desc*", "-trace", "enable=virtio_blk_handle_read",
+           "-initrd", os.path.join(tb, initrd), "-D", os.path.join(rd, "qemu-trace.log"),
+           *(["-machine", "q35,kernel-irqchip=split", "-device", f"intel-iommu,intremap=on,caching-mode={cm}",
+              "-trace", "enable=vtd_inv_desc*"] if iommu == "intel" else
+             ["-machine", "q35", "-device", "virtio-iommu-pci",
+              "-trace", "enable=virtio_iommu_map", "-trace", "enable=virtio_iommu_unmap"]),
+           "-trace", "enable=virtio_blk_handle_read",
            "-netdev", "user,id=n0", "-device", f"virtio-net-pci,netdev=n0,{ip},romfile=",
            "-drive", f"file={tb}/data.img,if=none,id=d0,format=raw,readonly=on",
            "-device", f"virtio-blk-pci,drive=d0,serial=tbdata,{ip}",
@@ -90,7 +97,8 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     with tarfile.open(out_img) as t:
         t.extractall(rd, filter="fully_trusted")
     q = qemu_counts(os.path.join(rd, "qemu-trace.log"), phases.split(","))
-    res = {"mode": mode, "cm": cm, "cmdline": append, "phases": {p: {"qemu": dict(c)} for p, c in q.items()}}
+    res = {"mode": mode, "cm": cm, "iommu": iommu, "kernel": "6.1" if iommu == "intel" else "6.12",
+           "cmdline": append, "phases": {p: {"qemu": dict(c)} for p, c in q.items()}}
     with open(os.path.join(rd, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     return rd
@@ -102,6 +110,7 @@ if __name__ == "__main__":
     ap.add_argument("--mode", choices=MODES, default="strict")
     ap.add_argument("--cm", choices=["on", "off"], default="off")
     ap.add_argument("--phases", default="net,blk")
+    ap.add_argument("--iommu", choices=["intel", "virtio"], default="intel")
     a = ap.parse_args()
-    rd = boot(a.dir, a.mode, a.cm, a.phases)
+    rd = boot(a.dir, a.mode, a.cm, a.phases, iommu=a.iommu)
     print(json.dumps(json.load(open(os.path.join(rd, "results.json"))), indent=1))

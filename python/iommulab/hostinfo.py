@@ -127,7 +127,9 @@ def _iommus(tree: Tree) -> list[dict[str, Any]]:
                 d |= {"ecap": ecap.strip(), "device_tlb": _bit(e, ECAP_DT), "pass_through": _bit(e, ECAP_PT)}
         elif "smmu" in name:
             d["vendor"] = "smmuv3"
-        elif name.startswith("virtio") or "viommu" in name:
+        elif name.startswith("virtio") or "viommu" in name or re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", name):
+            # virtio-iommu registers under its virtio device's bus name, which for virtio-iommu-pci is the PCI
+            # function's (virtio-iommu.c viommu_probe → virtio_bus_name): the only IOMMU named like a device.
             d["vendor"] = "virtio"
         elif name.startswith("ivhd"):
             d["vendor"] = "amd"
