@@ -61,3 +61,31 @@ def test_the_readme_python_example_runs(workdir):
     for code in python_examples():
         p = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, f"{code}\nstderr: {p.stderr[-2000:]}"
+
+
+def test_every_scenario_key_is_in_the_scenario_reference():
+    """Every key a built-in scenario's run, os, workload and attack tables hold (defaults included) is named in
+    docs/scenarios.md, as `key =` in its example or in backticks."""
+    import json
+
+    import iommulab
+    from iommulab import _core
+
+    doc = (ROOT / "docs" / "scenarios.md").read_text()
+    keys = set()
+
+    def walk(d, prefix):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}.{k}")
+            elif v is not None:
+                keys.add(f"{prefix}.{k}")
+
+    for name, _ in _core.builtin_scenarios():
+        for v in iommulab.load(name, {}):
+            sc = json.loads(v.scenario_json())
+            for section in ("run", "os", "workload", "attack"):
+                walk(sc.get(section) or {}, section)
+    named = lambda k: re.search(rf"(^|[\s#`\"]){re.escape(k)}\s*=", doc, re.M) or f"`{k}`" in doc
+    missing = sorted(k for k in keys if not named(k.rsplit(".", 1)[-1]))
+    assert len(keys) > 60 and not missing, missing
