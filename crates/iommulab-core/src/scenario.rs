@@ -97,17 +97,7 @@ fn check_provenance(table: &toml::Table) -> Result<(), (Vec<String>, String)> {
     for (k, v) in prov {
         let at = vec!["provenance".to_string(), k.clone()];
         let path = input::split_key(k).map_err(|m| (at.clone(), m))?;
-        let mut cur = Some(table);
-        let mut found = None;
-        for (i, seg) in path.iter().enumerate() {
-            match cur.and_then(|t| t.get(seg)) {
-                Some(toml::Value::Table(t)) if i + 1 < path.len() => cur = Some(t),
-                Some(toml::Value::Table(_)) | None => break,
-                Some(v) if i + 1 == path.len() => found = Some(v),
-                Some(_) => break,
-            }
-        }
-        if found.is_none() || path[0] == "provenance" || path[0] == "compare" {
+        if !input::has_path(table, &path) || path[0] == "provenance" || path[0] == "compare" {
             return Err((at, format!("`{k}` is not a setting of this scenario")));
         }
         let kind = v

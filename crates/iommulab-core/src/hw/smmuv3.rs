@@ -263,28 +263,10 @@ impl Smmuv3 {
         };
         let work = n as u64 * self.cmd_ns(what) + std::mem::take(&mut self.shadow_ns);
         let sync_ns = if sync { self.cfg.sync_ns } else { 0 };
-        if let Some(trap) = self.trap.as_mut() {
-            // In a guest the PROD write exits to QEMU's smmuv3_cmdq_consume(), which consumes every command
-            // up to PROD, CMD_SYNCs included, before the vCPU re-enters; a CPU whose commands an owner
-            // gathered spins in the guest until CONS passes its CMD_SYNC.
-            let rang = self.tr.c.cmdq_gathered == gathered;
-            let work = work + trap.handler_ns();
-            let (start, done) = self.queues[q].serve(trap.exit(written), work + sync_ns);
-            self.tr.c.submissions += 1;
-            self.tr.c.syncs += sync as u64;
-            let back = if rang {
-                trap.resume(ExitCause::CmdqProd, written, done, work + sync_ns)
-            } else {
-                trap.stats.emulator_ns += work + sync_ns;
-                done
-            };
-            if !sync {
-                return (start, if rang { back } else { written });
-            }
-            let rel = self.lock_owner.rmw_on(back, c);
-            self.tr.c.inv_wait_ns += rel - now;
-            return (start, rel);
-        }
+        // In a guest the PROD write exits to QEMU's smmuv3_cmdq_consume(), which consumes every command up to
+        // PROD, CMD_SYNCs included, before the vCPU re-enters (the handler is the SMMU).
+        let handler = self.trap.as_ref().map_or(0, Trap::handler_ns);
+        let arrive = self.trap.as_ref().map_or(written, |tr| tr.exit(written));
         let (start, done) = if self.cfg.ecmdq && !self.cfg.ecmdq_parallel {
             // One consumer takes every queue's commands in turn; a CMD_SYNC then holds only its own queue.
             let ready = written.max(self.queue_free[q]);
@@ -292,16 +274,29 @@ impl Smmuv3 {
             self.queue_free[q] = consumed + sync_ns;
             (start, consumed + sync_ns)
         } else {
-            self.queues[q].serve(written, work + sync_ns)
+            self.queues[q].serve(arrive, work + handler + sync_ns)
         };
         self.tr.c.submissions += 1;
+        // The owner that rang is back when the handler returns; a CPU whose commands it gathered spins in the
+        // guest until CONS passes its CMD_SYNC. On hardware the CPU sees the completion sync_signal_ns later
+        // (MSI write, its poll).
+        let (written, seen) = match self.trap.as_mut() {
+            Some(trap) if self.tr.c.cmdq_gathered == gathered => {
+                let back =
+                    trap.resume(ExitCause::CmdqProd, written, done, work + handler + sync_ns);
+                (back, back)
+            }
+            Some(trap) => {
+                trap.stats.emulator_ns += work + handler + sync_ns;
+                (written, done)
+            }
+            None => (written, done + self.cfg.sync_signal_ns),
+        };
         if !sync {
             return (start, written);
         }
         self.tr.c.syncs += 1;
-        // The CPU sees the completion sync_signal_ns later (MSI write, its poll); then
-        // arm_smmu_cmdq_shared_tryunlock().
-        let seen = done + self.cfg.sync_signal_ns;
+        // Then arm_smmu_cmdq_shared_tryunlock() (an ECMDQ has nothing shared).
         let rel = if self.cfg.ecmdq {
             seen
         } else {

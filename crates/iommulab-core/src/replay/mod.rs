@@ -136,7 +136,6 @@ impl Serialize for Counts {
 #[derive(Debug, Clone, Default)]
 struct Totals {
     vendor: Option<Vendor>,
-    virtio: bool,
     early_reuses: u64,
     map_events: u64,
     unmap_events: u64,
@@ -160,7 +159,7 @@ impl Totals {
             iotlb_dsi: inv(&[InvKind::Dsi, InvKind::TlbiNhAsid, InvKind::TlbiS12Vmall]),
             iotlb_global: inv(&[InvKind::Global]),
             // virtio-iommu has no wait descriptor: its syncs are kicks, not IOMMU requests.
-            wait: if self.virtio {
+            wait: if self.vendor == Some(Vendor::Virtio) {
                 0
             } else {
                 self.iommu.syncs - a.iommu.syncs
@@ -783,7 +782,6 @@ impl Maker {
             dma,
             totals: Totals {
                 vendor: Some(self.vendor),
-                virtio: self.vendor == Vendor::Virtio,
                 ..Totals::default()
             },
             mark: Totals::default(),
