@@ -283,11 +283,8 @@ def save(tree: Tree, dest: str | os.PathLike) -> int:
     for rel in sorted(set(tree.read)):
         src, dst = tree.path(rel), d / rel.lstrip("/")
         dst.parent.mkdir(parents=True, exist_ok=True)
-        if dst.is_symlink() or dst.is_dir():
-            if dst.is_symlink() and not src.is_symlink():
-                dst.unlink()
-            else:
-                continue
+        if dst.exists() or dst.is_symlink():  # the listing above already made it
+            continue
         if src.is_symlink():
             os.symlink(os.readlink(src), dst)
         else:
