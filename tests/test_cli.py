@@ -178,7 +178,12 @@ def test_progress_bar_on_a_terminal_for_long_runs():
     import subprocess
     import sys
     args = [sys.executable, "-m", "iommulab", "run", "--set", "run.duration_ms=50"]
+    import fcntl
+    import struct
+    import termios
     master, slave = pty.openpty()
+    # A terminal of 40 rows by 120 columns (a fresh pty has none, and tqdm draws no bar below the last row).
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = {**os.environ, "IOMMULAB_PROGRESS_DELAY": "0"}
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, text=True, env=env)
     os.close(slave)
@@ -194,7 +199,8 @@ def test_progress_bar_on_a_terminal_for_long_runs():
     out, _ = p.communicate(timeout=300)
     os.close(master)
     assert p.returncode == 0
-    assert b"\r[" in err and b"%" in err, err[:200]
+    # tqdm's bar: percentage, runs done of all, elapsed<remaining.
+    assert b"%|" in err and b"/6 runs [" in err and b"<" in err, err[:200]
     assert "\r" not in out and "Gbps" in out
 
 
@@ -319,7 +325,7 @@ def test_compare_twice_in_one_folder_keeps_both_plots(tmp_path):
     for _ in range(2):
         p = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr
-    assert sorted(f.name for f in tmp_path.glob("*.svg")) == ["compare-default-2.svg", "compare-default.svg"]
+    assert sorted(f.name for f in tmp_path.glob("*.html")) == ["compare-default-2.html", "compare-default.html"]
 
 
 def test_the_table_says_what_the_command_line_set_and_labels_flags_by_key():

@@ -13,19 +13,21 @@ QUICK = ["--set", "run.duration_ms=3", "--set", "run.warmup_ms=2", "--no-progres
 
 
 def test_compare_prints_every_policy_and_writes_the_plot_once(tmp_path):
-    plot = tmp_path / "cmp.svg"
+    plot = tmp_path / "cmp.html"
     p = cli("compare", *QUICK, "--plot", str(plot), check_rc=0)
     rows = [line.split()[0] for line in p.stdout.splitlines() if " page_pool=" in line]
     # The default scenario also compares page_pool: one row per policy and value.
     assert sorted(set(rows)) == sorted(POLICIES) and len(rows) == 2 * len(POLICIES)
-    svg = plot.read_text()
-    assert svg.startswith("<svg") and svg.count("<circle") >= 3 and "unprotected" in svg
+    page = plot.read_text()
+    # plotly.js inlined once (the page opens offline), one figure of every policy's runs.
+    assert page.startswith("<!DOCTYPE html>") and page.count("Plotly.newPlot") == 1 and "unprotected" in page
+    assert all(f'"name":"{p}"' in page for p in POLICIES) and "https://" not in page.split("<script")[0]
     # Nothing the user has is overwritten without asking.
     plot.write_text("mine")
     p = cli("compare", *QUICK, "--plot", str(plot), check_rc=2)
     assert p.stderr.count("\n") == 1 and "--force" in p.stderr and plot.read_text() == "mine"
     cli("compare", *QUICK, "--plot", str(plot), "--force", check_rc=0)
-    assert plot.read_text().startswith("<svg")
+    assert plot.read_text().startswith("<!DOCTYPE html>")
 
 
 def test_compare_json_and_policy_choice(tmp_path):

@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import tomli_w
 
 from . import _core
 from ._core import ScenarioError
@@ -17,27 +21,19 @@ ProgressFn = Callable[[int, int, str, float], None]
 
 
 def toml_value(v: Any) -> str:
-    """A Python value as TOML value text (what ``--set key=VALUE`` takes)."""
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    """A Python value as TOML value text (what ``--set key=VALUE`` takes); a dict is an inline table."""
     if isinstance(v, Mapping):
         return "{" + ", ".join(f"{_toml_key(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
-    raise ScenarioError(f"override value {v!r}: expected a bool, number, string, list or dict")
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"  # on one line: a --set value is one line
+    try:
+        return tomli_w.dumps({"v": v})[len("v = "):].strip()
+    except TypeError:
+        raise ScenarioError(f"override value {v!r}: expected a bool, number, string, list or dict") from None
 
 
 def _toml_key(k: Any) -> str:
-    k = str(k)
-    return k if k and all(c.isalnum() or c in "-_" for c in k) else json.dumps(k)
-
-
-def _to_toml(d: Mapping[str, Any]) -> str:
-    return "".join(f"{_toml_key(k)} = {toml_value(v)}\n" for k, v in d.items())
+    return tomli_w.dumps({str(k): 0}).rsplit(" = ", 1)[0]
 
 
 def _override_pairs(overrides: Mapping[str, Any] | None, raw: bool) -> list[tuple[str, str]]:
@@ -48,25 +44,35 @@ def _override_pairs(overrides: Mapping[str, Any] | None, raw: bool) -> list[tupl
     return pairs
 
 
-def load(scenario: str | os.PathLike | Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None,
-         *, raw_strings: bool = False) -> list[_core.Variant]:
-    """Load a scenario (None: the built-in default; a name of a built-in; a TOML path; or a dict) and expand
-    its ``[compare]`` table into variants. Keys of ``overrides`` are dotted paths (``__`` also separates)."""
-    pairs = _override_pairs(overrides, raw_strings)
+def scenario_source(scenario: str | os.PathLike | Mapping[str, Any] | None) -> tuple[str, str, str]:
+    """How the core loads `scenario`: (kind, source, name) with kind "builtin" (source: its name), "file"
+    (source: the path) or "text" (source: TOML text; a dict is written as TOML)."""
     if scenario is None:
-        return _core.load("builtin", "default", pairs)
+        return "builtin", "default", "default"
     if isinstance(scenario, Mapping):
-        return _core.load("text", _to_toml(scenario), pairs, "<dict>")
+        try:
+            return "text", tomli_w.dumps(scenario), "<dict>"
+        except TypeError as e:
+            raise ScenarioError(f"scenario dict: {e}") from None
     if not isinstance(scenario, (str, os.PathLike)):
         raise ScenarioError(f"scenario {scenario!r}: expected a built-in name, a TOML path or a dict")
     path = os.fspath(scenario)
     builtin = [n for n, _ in _core.builtin_scenarios()]
     if path in builtin and not os.path.exists(path):
-        return _core.load("builtin", path, pairs)
+        return "builtin", path, path
     if not os.path.exists(path) and not path.endswith(".toml") and os.sep not in path:
         raise ScenarioError(f"{path}: no such scenario file, and no built-in scenario of that name "
                             f"(built-ins: {', '.join(builtin)})")
-    return _core.load("file", path, pairs)
+    return "file", path, path
+
+
+def load(scenario: str | os.PathLike | Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None,
+         *, raw_strings: bool = False) -> list[_core.Variant]:
+    """Load a scenario (None: the built-in default; a name of a built-in; a TOML path; or a dict) and expand
+    its ``[compare]`` table into variants. Keys of ``overrides`` are dotted paths (``__`` also separates).
+    (A sweep's results directory or Parquet file loads with :func:`iommulab.load`, which returns a DataFrame.)"""
+    kind, source, name = scenario_source(scenario)
+    return _core.load(kind, source, _override_pairs(overrides, raw_strings), name)
 
 
 class RunResult:
@@ -86,21 +92,8 @@ class RunResult:
         return json.loads(json.dumps(self._d))
 
     def flat(self) -> dict[str, Any]:
-        """One level of keys: nested objects become ``parent.child``, lists ``name.0``, ``name.1``."""
-        out: dict[str, Any] = {}
-
-        def walk(prefix: str, v: Any) -> None:
-            if isinstance(v, dict):
-                for k, x in v.items():
-                    walk(f"{prefix}.{k}" if prefix else k, x)
-            elif isinstance(v, list):
-                for i, x in enumerate(v):
-                    walk(f"{prefix}.{i}", x)
-            else:
-                out[prefix] = v
-
-        walk("", self._d)
-        return out
+        """One level of keys: nested objects become ``parent.child`` (lists stay lists)."""
+        return flatten([self._d]).to_dicts()[0]
 
     def to_pandas(self):
         return ResultSet([self]).to_pandas()
@@ -141,41 +134,96 @@ class ResultSet:
             import pandas as pd
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError("to_pandas() needs pandas: pip install 'iommulab[dataframe]'") from e
-        return pd.DataFrame([r.flat() for r in self.runs])
+        return pd.json_normalize([r._d for r in self.runs], sep=".")
 
     def to_polars(self):
-        try:
-            import polars as pl
-        except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError("to_polars() needs polars: pip install 'iommulab[dataframe]'") from e
-        return pl.DataFrame([r.flat() for r in self.runs])
+        return flatten([r._d for r in self.runs])
 
     def __repr__(self) -> str:
         return f"ResultSet({[r.label for r in self.runs]})"
 
 
-def run_variants(variants: list[_core.Variant], progress: ProgressFn | None = None) -> list[RunResult]:
-    """Run each variant to the end, in order, reporting progress in about 1% steps."""
-    out = []
-    for i, v in enumerate(variants):
-        t0 = time.perf_counter()
-        sim = v.simulate()
-        end = sim.end_ns
-        steps = 100 if progress else 1
-        for s in range(1, steps + 1):
-            sim.advance_to(end * s // steps)
+def flatten(rows: list[dict[str, Any]]):
+    """Results as a polars DataFrame, nested objects flattened to ``parent.child`` columns (lists stay lists)."""
+    import polars as pl
+
+    return pl.json_normalize(rows, separator=".", infer_schema_length=None)
+
+
+def default_jobs() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def check_jobs(jobs: int | None) -> int:
+    """`jobs` as a worker count: None is every CPU; otherwise a whole number of at least 1."""
+    if jobs is None:
+        return default_jobs()
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ScenarioError(f"jobs: expected a whole number of at least 1, got {jobs!r}")
+    return jobs
+
+
+# Each run advances in this many steps: progress is reported, and an interrupted batch stops, between them.
+RUN_STEPS = 100
+
+
+def run_one(v: _core.Variant, on_step: Callable[[float], None] | None = None,
+            stop: threading.Event | None = None) -> RunResult:
+    """Run one variant to the end in RUN_STEPS steps, calling on_step(fraction) after each; raise
+    KeyboardInterrupt at a step once `stop` is set."""
+    t0 = time.perf_counter()
+    sim = v.simulate()
+    end = sim.end_ns
+    for s in range(1, RUN_STEPS + 1):
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
+        sim.advance_to(end * s // RUN_STEPS)
+        if on_step:
+            on_step(s / RUN_STEPS)
+    return RunResult(json.loads(sim.result_json()), time.perf_counter() - t0)
+
+
+def run_variants(variants: list[_core.Variant], progress: ProgressFn | None = None,
+                 jobs: int | None = None) -> list[RunResult]:
+    """Run each variant to the end on up to `jobs` threads (default: every CPU; the core releases the GIL),
+    returning results in the variants' order. Runs are independent and deterministic, so the results are
+    the same for every `jobs`. `progress` is called (under a lock) as each run advances by 1%."""
+    jobs = min(check_jobs(jobs), max(1, len(variants)))
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def one(i: int, v: _core.Variant) -> RunResult:
+        def step(frac: float) -> None:
             if progress:
-                progress(i, len(variants), v.label, s / steps)
-        out.append(RunResult(json.loads(sim.result_json()), time.perf_counter() - t0))
-    return out
+                with lock:
+                    progress(i, len(variants), v.label, frac)
+        return run_one(v, step, stop)
+
+    if jobs == 1:
+        return [one(i, v) for i, v in enumerate(variants)]
+    ex = ThreadPoolExecutor(jobs, thread_name_prefix="iommulab-run")
+    futures = [ex.submit(one, i, v) for i, v in enumerate(variants)]
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        # A failed run or Ctrl-C: the other runs stop at their next step.
+        stop.set()
+        raise
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
 
 
 def run(scenario: str | os.PathLike | Mapping[str, Any] | None = None, *, progress: ProgressFn | None = None,
-        **overrides: Any) -> RunResult | ResultSet:
+        jobs: int | None = None, **overrides: Any) -> RunResult | ResultSet:
     """Run a scenario and return its result: a :class:`RunResult` for one run, a :class:`ResultSet` when the
     scenario compares several (``[compare]``). Overrides are scenario keys, dotted (``**{"os.policy": "strict"}``)
-    or with ``__`` (``os__policy="strict"``); setting a compared key pins it."""
-    return as_result(run_variants(load(scenario, overrides), progress))
+    or with ``__`` (``os__policy="strict"``); setting a compared key pins it. Runs go on `jobs` threads
+    (default: every CPU)."""
+    return as_result(run_variants(load(scenario, overrides), progress, jobs))
 
 
 def as_result(results: list[RunResult]) -> RunResult | ResultSet:
@@ -183,28 +231,45 @@ def as_result(results: list[RunResult]) -> RunResult | ResultSet:
     return results[0] if len(results) == 1 else ResultSet(results)
 
 
-def stderr_progress() -> ProgressFn | None:
-    """A progress bar on stderr when it is a terminal, shown once the runs have taken over a second
-    (``IOMMULAB_PROGRESS_DELAY`` seconds)."""
-    if not sys.stderr.isatty():
-        return None
-    try:
-        delay = float(os.environ.get("IOMMULAB_PROGRESS_DELAY", "1.0"))
-    except ValueError:
-        delay = 1.0
-    t0 = time.perf_counter()
-    shown = [False]
+class Progress:
+    """A progress bar on stderr (tqdm) counting runs, with elapsed time and ETA; shown once the runs have taken
+    over a second (``IOMMULAB_PROGRESS_DELAY`` seconds), never when stderr is not a terminal. Call it as a
+    :data:`ProgressFn`; :meth:`close` when done (or use it as a context manager)."""
 
-    def bar(i: int, n: int, label: str, frac: float) -> None:
-        if time.perf_counter() - t0 < delay:
-            return
-        shown[0] = True
-        done = (i + frac) / n
-        w = 30
-        fill = int(done * w)
-        sys.stderr.write(f"\r[{'#' * fill}{'.' * (w - fill)}] {done * 100:5.1f}%  run {i + 1}/{n} {label[:40]:<40}")
-        if i + 1 == n and frac >= 1.0:
-            sys.stderr.write("\r" + " " * (w + 60) + "\r")
-        sys.stderr.flush()
+    def __init__(self, what: str = "runs"):
+        try:
+            self.delay = float(os.environ.get("IOMMULAB_PROGRESS_DELAY", "1.0"))
+        except ValueError:
+            self.delay = 1.0
+        self.what = what
+        self.bar = None
+        self.done: dict[int, float] = {}
 
-    return bar
+    def __call__(self, i: int, n: int, label: str, frac: float) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=n, unit=self.what[:-1] if self.what.endswith("s") else self.what,
+                            delay=self.delay, file=sys.stderr, leave=False, dynamic_ncols=True,
+                            bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} " + self.what
+                            + " [{elapsed}<{remaining}]{postfix}")
+        self.done[i] = frac
+        self.bar.n = sum(self.done.values())
+        self.bar.set_postfix_str(label[:40], refresh=False)
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def stderr_progress(what: str = "runs") -> Progress | None:
+    """A :class:`Progress` when stderr is a terminal, else None."""
+    return Progress(what) if sys.stderr.isatty() else None

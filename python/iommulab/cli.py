@@ -11,7 +11,7 @@ import tomllib
 
 from . import __version__, _core
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
-from .compare import POLICIES, compare, format_compare, plot_svg
+from .compare import POLICIES, compare, format_compare
 from .invlog import inv_log
 from .replay import format_replay, replay
 from .report import format_table
@@ -40,14 +40,21 @@ def _phase_list(text: str) -> list[str]:
     return names
 
 
-def _seeds(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of seeds, at least 1, got {text!r}")
-    return n
+def _at_least_one(what: str):
+    """An argparse type: a whole number of `what`, at least 1."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise argparse.ArgumentTypeError(f"expected a whole number of {what}, at least 1, got {text!r}")
+        return n
+    return parse
+
+
+_seeds = _at_least_one("seeds")
+_jobs = _at_least_one("parallel runs")
 
 
 def _range(text: str) -> tuple[float, float]:
@@ -68,13 +75,20 @@ def _toml_or_str(text: str):
         return text
 
 
+def _runner_args(p: argparse.ArgumentParser) -> None:
+    """What every command that runs simulations takes: --jobs and --no-progress."""
+    p.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
+                   help="run up to N simulations at once (default: every CPU); results do not depend on it")
+    p.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+
+
 def _scenario_args(p: argparse.ArgumentParser, set_help: str) -> None:
-    """What every command that runs a scenario takes: the scenario, --set, --json, --no-progress."""
+    """What every command that runs a scenario takes: the scenario, --set, --json, --jobs, --no-progress."""
     p.add_argument("scenario", nargs="?", metavar="SCENARIO.toml", help="scenario file or built-in name")
     p.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
                    help=set_help)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    p.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    _runner_args(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "default, which compares passthrough, lazy and strict.")
     _scenario_args(r, "override a scenario key, e.g. --set os.policy=strict --set workload.nic_rx.queues=4 "
                    "(repeatable; pins a compared key)")
+    r.add_argument("--parquet", metavar="FILE", help="also write the runs as a Parquet file (`report` reads it)")
     r.add_argument("--inv-log", nargs="?", const=10.0, type=float, metavar="WINDOW_MS", default=None,
                    help="print the instrumented dmar.c counters' summary lines (seed 002) every WINDOW_MS of "
                    "simulated time after warm-up (default 10, the 10 s of the original scaled to short runs)")
@@ -99,8 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     _scenario_args(c, "override a scenario key (repeatable); os.policy is set per run")
     c.add_argument("--policies", type=_policy_list, default=None, metavar="P,P,...",
                    help=f"policies to run (default: {','.join(POLICIES)})")
-    c.add_argument("--plot", metavar="FILE.svg", default=None,
-                   help="where to write the plot (default: compare-<scenario>.svg; never overwritten without --force)")
+    c.add_argument("--plot", metavar="FILE.html", default=None,
+                   help="where to write the HTML report with the plot (default: compare-<scenario>.html; never "
+                   "overwritten without --force)")
+    c.add_argument("--parquet", metavar="FILE", help="also write the runs as a Parquet file (`report` reads it)")
     c.add_argument("--no-plot", action="store_true", help="do not write a plot")
     c.add_argument("--force", action="store_true", help="overwrite an existing plot file")
 
@@ -181,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(default {DEFAULT_SEEDS})")
     v.add_argument("--json", action="store_true",
                    help='print {"targets": [{"id", "published", "model", "error", "ok", "seeds", "spread", ...}, ...]}')
+    v.add_argument("--plot", metavar="FILE.html", help="also write an HTML report: model against published with "
+                   "the tolerance bands, and the table (not overwritten without --force)")
+    v.add_argument("--force", action="store_true", help="overwrite the --plot file if it exists")
+    _runner_args(v)
 
     c = sub.add_parser("calibrate", help="fit a profile parameter to a published target and write it with provenance",
                        description="Bisect one physical parameter of a platform profile until a published target's "
@@ -196,6 +217,32 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", metavar="FILE", help="write the calibrated profile here (one calibration only)")
     c.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     c.add_argument("--json", action="store_true", help="print the fitted values as JSON")
+    _runner_args(c)
+
+    sw = sub.add_parser("sweep", help="run every point of a sweep file into a Parquet dataset (resumable)",
+                        description="Run every point of the axes a sweep file names (one simulation each) and write "
+                        "one row per run to a Parquet dataset in --out as runs finish. Run again, it skips the runs "
+                        "already there. See docs/sweeps.md for the file's form.")
+    sw.add_argument("sweep", nargs="?", metavar="SWEEP.toml", help="sweep file")
+    sw.add_argument("--example", action="store_true", help="print an example sweep file to start from, and exit")
+    sw.add_argument("--out", metavar="DIR", help="dataset directory (default: sweep-<file name>)")
+    sw.add_argument("--ray", nargs="?", const=True, default=False, metavar="ADDRESS",
+                    help="run the points as Ray tasks: on the cluster at ADDRESS, or a local one")
+    sw.add_argument("--report", metavar="FILE.html", help="write the HTML report when done")
+    sw.add_argument("--json", action="store_true", help="print the results (one object per run) as JSON")
+    _runner_args(sw)
+
+    rep = sub.add_parser("report", help="an HTML report (interactive plots, tables) of a sweep or Parquet results",
+                         description="Read a sweep's dataset directory or a Parquet file of runs (sweep, run "
+                         "--parquet, compare --parquet) and write one self-contained HTML file with interactive "
+                         "plots: throughput against exposure per policy, every metric against every swept axis, "
+                         "and the runs' configurations. Several seeds of a point are shown as their mean and "
+                         "min-max.")
+    rep.add_argument("results", metavar="DIR|FILE.parquet", help="results to report")
+    rep.add_argument("-o", dest="out", metavar="FILE.html", help="report file (default: report.html beside the "
+                     "results; never overwritten without --force)")
+    rep.add_argument("--csv", metavar="FILE", help="also write the results as CSV (one row per run)")
+    rep.add_argument("--force", action="store_true", help="overwrite existing output files")
 
     f = sub.add_parser("profiles", help="list the built-in platform profiles, or print one",
                        description="List built-in platform profiles; with a NAME, print it with the source of every number.")
@@ -224,8 +271,11 @@ def _cmd_run(a: argparse.Namespace) -> int:
         for v in variants:
             sys.stdout.write(inv_log(v, a.inv_log))
         return 0
-    progress = None if (a.json or a.no_progress) else stderr_progress()
-    results = run_variants(variants, progress)
+    _fresh(a.parquet, False, "--parquet")
+    with _progress(a) as progress:
+        results = run_variants(variants, progress, a.jobs)
+    if a.parquet:
+        _write_parquet(a.parquet, results)
     if a.json:
         json.dump(as_result(results).to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -233,6 +283,21 @@ def _cmd_run(a: argparse.Namespace) -> int:
         sc = json.loads(variants[0].scenario_json())
         sys.stdout.write(format_table(sc, results, list(a.sets)))
     return 0
+
+
+class _progress:
+    """The progress bar a command draws on stderr (a terminal only, not with --json or --no-progress)."""
+
+    def __init__(self, a: argparse.Namespace, what: str = "runs"):
+        quiet = getattr(a, "json", False) or getattr(a, "no_progress", False)
+        self.bar = None if quiet else stderr_progress(what)
+
+    def __enter__(self):
+        return self.bar
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _policy_list(text: str) -> list[str]:
@@ -243,35 +308,120 @@ def _policy_list(text: str) -> list[str]:
     return ps
 
 
+def _fresh(path: str | None, force: bool, what: str) -> None:
+    """Refuse to overwrite a file the user has unless --force."""
+    if path and os.path.exists(path) and not force:
+        raise ScenarioError(f"{what} {path}: exists; pass --force to overwrite it, or pick another name")
+
+
+def _write(path: str, text: str, what: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise ScenarioError(f"{what} {path}: cannot write: {e.strerror or e}") from None
+
+
+def _write_parquet(path: str, results: list) -> None:
+    """Runs as a Parquet file, one row each, in the form a sweep writes (so `report` reads it)."""
+    from .sweeps import frame
+
+    rows = [{"run": i, "iommulab_version": __version__, "result": r.to_dict()} for i, r in enumerate(results)]
+    try:
+        frame(rows).write_parquet(path)
+    except OSError as e:
+        raise ScenarioError(f"--parquet {path}: cannot write: {e.strerror or e}") from None
+
+
 def _cmd_compare(a: argparse.Namespace) -> int:
+    from .plots import results_page
+
     variants = load(a.scenario, dict(a.sets), raw_strings=True)
     sc = json.loads(variants[0].scenario_json())
     name = sc.get("name") or "scenario"
     plot = None
     if not a.no_plot:
-        plot = a.plot or f"compare-{name}.svg"
+        plot = a.plot or f"compare-{name}.html"
         if a.plot is None and os.path.exists(plot) and not a.force:
             # The default name is taken (an earlier run's plot): the next free one, never overwriting it.
             k = 2
-            while os.path.exists(f"compare-{name}-{k}.svg"):
+            while os.path.exists(f"compare-{name}-{k}.html"):
                 k += 1
-            plot = f"compare-{name}-{k}.svg"
-        if os.path.exists(plot) and not a.force:
-            raise ScenarioError(f"{plot}: exists; pass --force to overwrite it, or --plot FILE.svg")
-    progress = None if (a.json or a.no_progress) else stderr_progress()
-    results = compare(a.scenario, dict(a.sets), a.policies, progress, raw_strings=True)
+            plot = f"compare-{name}-{k}.html"
+        _fresh(plot, a.force, "--plot")
+    _fresh(a.parquet, a.force, "--parquet")
+    with _progress(a) as progress:
+        results = compare(a.scenario, dict(a.sets), a.policies, progress, raw_strings=True, jobs=a.jobs)
     if plot:
-        try:
-            with open(plot, "w", encoding="utf-8") as f:
-                f.write(plot_svg(f"iommulab compare · {name}", results))
-        except OSError as e:
-            raise ScenarioError(f"{plot}: cannot write the plot: {e.strerror}") from None
+        rows = [r.flat() for r in results]
+        _write(plot, results_page(rows, f"iommulab compare · {name}", subtitle=sc.get("description", "")),
+               "--plot")
+    if a.parquet:
+        _write_parquet(a.parquet, results)
     if a.json:
         out = {"scenario": name, "plot": plot, "runs": [r.to_dict() for r in results]}
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_compare(sc, results, plot, list(a.sets)))
+    return 0
+
+
+def _cmd_sweep(a: argparse.Namespace) -> int:
+    from importlib.resources import files
+
+    from . import sweeps as sweep_mod
+
+    if a.example:
+        sys.stdout.write(files("iommulab").joinpath("example-sweep.toml").read_text())
+        return 0
+    if not a.sweep:
+        raise ScenarioError("sweep: give a sweep file (iommulab sweep --example prints one to start from)")
+    sw = sweep_mod.read(a.sweep)
+    out = a.out or "sweep-" + os.path.splitext(os.path.basename(a.sweep))[0]
+    _fresh(a.report, False, "--report")
+    log = None if a.json else (lambda m: sys.stderr.write(f"iommulab sweep: {m} · results in {out}\n"))
+    with _progress(a) as progress:
+        df = sweep_mod.sweep(sw, out, jobs=a.jobs, ray=a.ray, progress=progress, log=log)
+    if a.report:
+        _write(a.report, _report_html(out), "--report")
+    if a.json:
+        json.dump({"out": out, "runs": df.to_dicts()}, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    sys.stdout.write(sweep_mod.format_summary(df, sw))
+    print(f"{df.height} runs in {out}" + (f" · report {a.report}" if a.report else ""))
+    return 0
+
+
+def _report_html(path: str) -> str:
+    from . import sweeps as sweep_mod
+    from .plots import results_page
+
+    df = sweep_mod.load(path)
+    spec = sweep_mod.spec_of(path)
+    axes = sweep_mod.axes_of(df, spec)
+    if "seed" in df.columns and df.height > sweep_mod.aggregate_seeds(df, axes).height:
+        df = sweep_mod.aggregate_seeds(df, axes)
+    title = f"iommulab report · {os.path.basename(os.path.normpath(path))}"
+    return results_page(df.to_dicts(), title, axes, spec or None)
+
+
+def _cmd_report(a: argparse.Namespace) -> int:
+    from . import sweeps as sweep_mod
+
+    out = a.out or os.path.join(a.results if os.path.isdir(a.results) else os.path.dirname(a.results) or ".",
+                                "report.html")
+    _fresh(out, a.force, "-o")
+    _fresh(a.csv, a.force, "--csv")
+    text = _report_html(a.results)
+    _write(out, text, "-o")
+    if a.csv:
+        try:
+            sweep_mod.load(a.results).write_csv(a.csv)
+        except OSError as e:
+            raise ScenarioError(f"--csv {a.csv}: cannot write: {e.strerror or e}") from None
+    print(f"wrote {out}" + (f" and {a.csv}" if a.csv else ""))
     return 0
 
 
@@ -374,7 +524,14 @@ def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None) -> int:
 
 
 def _cmd_validate(a: argparse.Namespace) -> int:
-    rows = validate(a.ids or None, {k: _toml_or_str(v) for k, v in a.sets}, seeds=a.seeds)
+    _fresh(a.plot, a.force, "--plot")
+    with _progress(a) as progress:
+        rows = validate(a.ids or None, {k: _toml_or_str(v) for k, v in a.sets}, seeds=a.seeds, jobs=a.jobs,
+                        progress=progress)
+    if a.plot:
+        from .plots import validate_page
+
+        _write(a.plot, validate_page(rows), "--plot")
     if a.json:
         json.dump({"targets": rows}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -398,7 +555,10 @@ def _cmd_calibrate(a: argparse.Namespace) -> int:
         raise ScenarioError(f"--out {a.out}: exists; pass --force to overwrite it")
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
         raise ScenarioError(f"--out {a.out}: no such directory")
-    done = [calibrate(c, ts, seeds=a.seeds) for c in cals]
+    done = []
+    for c in cals:
+        with _progress(a, "probes") as progress:
+            done.append(calibrate(c, ts, seeds=a.seeds, jobs=a.jobs, progress=progress))
     if a.out:
         try:
             with open(a.out, "w") as f:
@@ -440,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_validate(a)
         if a.cmd == "calibrate":
             return _cmd_calibrate(a)
+        if a.cmd == "sweep":
+            return _cmd_sweep(a)
+        if a.cmd == "report":
+            return _cmd_report(a)
         if a.cmd == "profiles":
             return _cmd_list("profile", _core.builtin_profiles(), a.name)
         parser.print_help()

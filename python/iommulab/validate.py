@@ -15,7 +15,7 @@ from typing import Any
 
 from . import _core
 from ._core import ScenarioError
-from .api import RunResult, load, run_variants, toml_value
+from .api import ProgressFn, load, run_variants, toml_value
 
 TARGETS_FILE = "targets.toml"
 # Seeds each target's runs are repeated at (the scenario's seed and the next ones); the model value is their
@@ -132,11 +132,14 @@ class Runner:
     """Runs scenario variants once each (same scenario and keys, same result: runs are deterministic), at
     `seeds` seeds: the scenario's own (or `run.seed` from `sets`) and the ones after it."""
 
-    def __init__(self, sets: dict[str, Any] | None = None, seeds: int = DEFAULT_SEEDS):
+    def __init__(self, sets: dict[str, Any] | None = None, seeds: int = DEFAULT_SEEDS, jobs: int | None = None,
+                 progress: ProgressFn | None = None):
         if not isinstance(seeds, int) or seeds < 1:
             raise ScenarioError(f"seeds: expected a whole number of at least 1, got {seeds!r}")
         self.sets = dict(sets or {})
         self.seeds = seeds
+        self.jobs = jobs
+        self.progress = progress
         self.cache: dict[str, dict[str, Any]] = {}
         # The scenario's own seed, per run's keys: seed i runs at it + i.
         self.base_seed: dict[str, int] = {}
@@ -149,18 +152,34 @@ class Runner:
                                 "set its [compare] keys")
         return variants[0]
 
-    def result(self, t: Target, run: str, i: int = 0) -> dict[str, Any]:
-        """Run `run` of target `t` at the i-th seed."""
+    def _keys(self, t: Target, run: str, i: int) -> tuple[str, dict[str, Any]]:
+        """(cache key, scenario keys) of `run` of target `t` at the i-th seed."""
         keys = {**t.runs[run], **self.sets}
         if i:
             bk = json.dumps([t.scenario, sorted(keys.items())], default=str)
             if bk not in self.base_seed:
                 self.base_seed[bk] = json.loads(self._variant(t, run, keys).scenario_json())["run"]["seed"]
             keys["run.seed"] = self.base_seed[bk] + i
-        ck = json.dumps([t.scenario, sorted(keys.items())], default=str)
-        if ck not in self.cache:
-            res: RunResult = run_variants([self._variant(t, run, keys)])[0]
+        return json.dumps([t.scenario, sorted(keys.items())], default=str), keys
+
+    def prefetch(self, targets: list[Target]) -> None:
+        """Run every run the targets need, at every seed, on `jobs` threads (each distinct run once)."""
+        todo: dict[str, Any] = {}
+        for t in targets:
+            for run in t.runs:
+                for i in range(self.seeds):
+                    ck, keys = self._keys(t, run, i)
+                    if ck not in self.cache and ck not in todo:
+                        todo[ck] = self._variant(t, run, keys)
+        for ck, res in zip(todo, run_variants(list(todo.values()), self.progress, self.jobs)):
             self.cache[ck] = res.to_dict()
+        self.runs += len(todo)
+
+    def result(self, t: Target, run: str, i: int = 0) -> dict[str, Any]:
+        """Run `run` of target `t` at the i-th seed."""
+        ck, keys = self._keys(t, run, i)
+        if ck not in self.cache:
+            self.cache[ck] = run_variants([self._variant(t, run, keys)], jobs=1)[0].to_dict()
             self.runs += 1
         return self.cache[ck]
 
@@ -211,11 +230,14 @@ def check(t: Target, values: list[float], assumed: list[str] | None = None) -> d
 
 
 def validate(ids: list[str] | None = None, sets: dict[str, Any] | None = None,
-             targets: Targets | None = None, seeds: int = DEFAULT_SEEDS) -> list[dict[str, Any]]:
-    """Every target (or those named), model (mean over `seeds` seeds) vs published."""
+             targets: Targets | None = None, seeds: int = DEFAULT_SEEDS, jobs: int | None = None,
+             progress: ProgressFn | None = None) -> list[dict[str, Any]]:
+    """Every target (or those named), model (mean over `seeds` seeds) vs published; the runs go on up to
+    `jobs` threads (default: every CPU)."""
     ts = targets or load_targets()
     chosen = [ts.get(i) for i in ids] if ids else ts.targets
-    r = Runner(sets, seeds)
+    r = Runner(sets, seeds, jobs, progress)
+    r.prefetch(chosen)
     return [check(t, r.values(t), r.assumed(t)) for t in chosen]
 
 
@@ -286,8 +308,9 @@ def _set_source(text: str, param: str, note: str) -> str:
 
 
 def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24,
-              seeds: int = DEFAULT_SEEDS) -> dict[str, Any]:
-    """Bisect `c.param` over `c.range` until the target's model value meets its published figure. Returns
+              seeds: int = DEFAULT_SEEDS, jobs: int | None = None, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Bisect `c.param` over `c.range` until the target's model value meets its published figure (each probe's
+    runs on up to `jobs` threads; `progress` counts probes, at most steps + 2). Returns
     {"param", "value", "target", "published", "model", "error", "profile_text"}."""
     ts = targets or load_targets()
     t = ts.get(c.target)
@@ -305,9 +328,16 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24,
         """The value as the profile will hold it: probes are evaluated at exactly what would be written."""
         return int(round(x)) if integer else round(x, 6)
 
+    probes = [0]
+
     def model_at(v: float) -> float:
         sets = {"platform.profile": c.profile, f"platform.{c.param}": v}
-        return Runner(sets, seeds).value(t)
+        r = Runner(sets, seeds, jobs)
+        r.prefetch([t])
+        if progress:
+            progress(probes[0], steps + 2, f"{c.param} = {v:g}", 1.0)
+        probes[0] += 1
+        return r.value(t)
 
     lo, hi = snap(c.range[0]), snap(c.range[1])
     m_lo, m_hi = model_at(lo), model_at(hi)

@@ -43,8 +43,12 @@ impl Variant {
     fn scenario_json(&self) -> String {
         serde_json::to_string(&self.inner.scenario).expect("scenario serialises")
     }
-    fn simulate(&self) -> PyResult<Simulation> {
-        let inner = run::Simulation::try_new(&self.inner).map_err(ScenarioError::new_err)?;
+    /// Build the simulation (the GIL is released meanwhile: runs are built and advanced on several threads).
+    fn simulate(&self, py: Python<'_>) -> PyResult<Simulation> {
+        let v = &self.inner;
+        let inner = py
+            .allow_threads(|| run::Simulation::try_new(v))
+            .map_err(ScenarioError::new_err)?;
         Ok(Simulation { inner })
     }
 }

@@ -1,0 +1,83 @@
+"""The HTML report in a real browser: headless Chromium opens it offline, runs its scripts, and draws every plot.
+
+Runs where Chromium is installed (Debian's `chromium`); with IOMMULAB_BROWSER=1 (.ci/run sets it and installs
+the package) a missing browser fails the test instead of skipping it."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import cli
+
+BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+pytestmark = pytest.mark.skipif(BROWSER is None and os.environ.get("IOMMULAB_BROWSER") != "1",
+                                reason="no Chromium here (apt-get install chromium)")
+# Policy colours the plots must show (plots.COLOURS): strict, lazy, passthrough.
+COLOURS = {"strict": (0x1f, 0x77, 0xb4), "lazy": (0xff, 0x7f, 0x0e), "passthrough": (0xd6, 0x27, 0x28)}
+
+
+def _chromium(*args, timeout=120):
+    assert BROWSER, "IOMMULAB_BROWSER=1 but no Chromium is installed"
+    # No network: the report must open offline (plotly.js is inlined).
+    return subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                           "--proxy-server=127.0.0.1:9", "--enable-logging=stderr", "--v=0",
+                           "--virtual-time-budget=10000", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    d = tmp_path_factory.mktemp("report")
+    f = d / "s.toml"
+    f.write_text('scenario = "default"\nseeds = 2\n[set]\n"run.duration_ms" = 2\n"run.warmup_ms" = 1\n'
+                 '"workload.nic_rx.page_pool" = true\n[axes]\n"os.policy" = ["strict", "lazy", "passthrough"]\n'
+                 '"workload.nic_rx.queues" = [1, 2, 4]\n')
+    cli("sweep", str(f), "--out", str(d / "o"), "--no-progress", check_rc=0)
+    cli("report", str(d / "o"), "-o", str(d / "report.html"), check_rc=0)
+    return d / "report.html"
+
+
+def test_the_report_draws_every_plot_without_errors(report):
+    p = _chromium("--dump-dom", report.as_uri())
+    dom = p.stdout
+    # Two figures (throughput/exposure, metrics against queues), each rendered by plotly into SVG.
+    assert dom.count('class="plot-container plotly"') == 2, dom[:500]
+    assert dom.count('class="main-svg"') >= 4
+    # Markers and lines were drawn (plotly's point and trace groups), and the runs table is there.
+    assert dom.count('class="point"') >= 9 and 'class="scatterlayer' in dom
+    assert "<table" in dom and "workload.nic_rx.queues" in dom
+    # No script error: neither the page's own catcher nor the console saw one.
+    assert 'data-errors="1"' not in dom
+    assert "Uncaught" not in p.stderr, p.stderr[-2000:]
+
+
+def test_a_screenshot_shows_the_plots(report, tmp_path):
+    from PIL import Image
+
+    shot = tmp_path / "report.png"
+    p = _chromium("--window-size=1300,1400", f"--screenshot={shot}", report.as_uri())
+    assert shot.exists(), p.stderr[-2000:]
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1300, 1400)
+    colours = {c for _, c in img.getcolors(maxcolors=1 << 20)}
+    # Not a blank page: many colours, and every policy's colour (anti-aliased edges aside, exact pixels
+    # exist inside markers and lines).
+    assert len(colours) > 100
+    for pol, rgb in COLOURS.items():
+        assert rgb in colours, f"no {pol} pixels in the screenshot"
+
+
+def test_compare_and_validate_write_their_plots_through_the_report(tmp_path):
+    plot = tmp_path / "cmp.html"
+    cli("compare", "--set", "run.duration_ms=2", "--set", "run.warmup_ms=1", "--policies", "strict,lazy,passthrough",
+        "--plot", str(plot), "--no-progress", check_rc=0)
+    dom = _chromium("--dump-dom", plot.as_uri()).stdout
+    assert dom.count('class="plot-container plotly"') == 1 and 'data-errors="1"' not in dom
+    val = tmp_path / "val.html"
+    p = cli("validate", "C2.strict_inv_per_page", "--seeds", "1", "--plot", str(val), "--json", check_rc=0)
+    assert json.loads(p.stdout)["targets"][0]["id"] == "C2.strict_inv_per_page"
+    dom = _chromium("--dump-dom", val.as_uri()).stdout
+    assert dom.count('class="plot-container plotly"') == 1 and "C2.strict_inv_per_page" in dom
+    assert 'data-errors="1"' not in dom
