@@ -61,6 +61,7 @@ for g in /sys/kernel/iommu_groups/*; do
 done
 for i in /sys/class/iommu/*; do mkdir -p "$R$i"; save $i/intel-iommu/cap $i/intel-iommu/ecap; done
 dmesg > $O/dmesg.txt
+mkdir -p $R/dev && cp $O/dmesg.txt $R/dev/kmsg   # inspect reads a saved tree's kernel log as dmesg prints it
 (cd $O && tar -cf $OUTDEV trace.txt dmesg.txt root) && sync && say "wrote results"
 say "TB_DONE"
 poweroff -f

@@ -23,6 +23,7 @@ def tree_from_capture(cap: pathlib.Path, root: pathlib.Path) -> pathlib.Path:
         p.write_text(text)
     dmesg = (cap / "dmesg.txt").read_text()
     release = re.search(r"Linux version (\S+)", dmesg).group(1)
+    put("dev/kmsg", dmesg)  # the kernel log as `dmesg` printed it in the guest
     put("proc/sys/kernel/osrelease", release + "\n")
     put("proc/sys/kernel/arch", ("aarch64" if "aarch64" in (cap / "cmd.txt").read_text() else "x86_64") + "\n")
     put("proc/cmdline", (cap / "cmdline.txt").read_text())
@@ -69,6 +70,33 @@ def test_inspect_names_each_devices_mode_as_the_guest_reported_it(name, tmp_path
     assert all(d["predicted"] == mode and "sysfs shows" not in d["why"] for d in res["devices"])
     text = cli("inspect", "--root", str(root), check_rc=0).stdout
     assert f"({vendor})" in text and mode in text
+    # The guest's own kernel log says the same as the rules (no disagreement noted), and inspect shows its
+    # IOMMU lines: the domain type, and the driver's own (DMAR / arm-smmu-v3).
+    seen = res["kernel_log_seen"]
+    dt = "iommu: Default domain type: " + ("Passthrough" if mode == "passthrough" else "Translated")
+    assert any(l.startswith(dt) for l in seen), seen
+    assert any(l.startswith(("DMAR:", "arm-smmu-v3")) for l in seen) and not any("iommu group" in l for l in seen)
+    assert not any("kernel log says" in n for n in res["notes"])
+    assert "kernel log, IOMMU lines:" in text
+
+
+def test_a_kernel_log_that_disagrees_with_the_rules_is_pointed_out(tmp_path):
+    root = tree_from_capture(CAPTURES["x86-vtd-lazy"], tmp_path)
+    log = root / "dev/kmsg"
+    log.write_text(log.read_text().replace("lazy mode (set via kernel command line)", "strict mode"))
+    res, _ = hostinfo.inspect(root)
+    assert any("kernel log says \"iommu: DMA domain TLB invalidation policy: strict mode\"" in n
+               for n in res["notes"]), res["notes"]
+    # Without a readable log, the text says so and shows what the rules predict it would say.
+    log.unlink()
+    res, _ = hostinfo.inspect(root)
+    assert res["kernel_log_seen"] is None
+    assert "kernel log not readable" in hostinfo.format_inspect(res)
+
+
+def test_kmsg_records_are_read_as_dmesg_lines():
+    recs = "6,339,870418,-;iommu: Default domain type: Translated\n SUBSYSTEM=pci\n6,340,1,-;eth0: link up\n"
+    assert hostinfo._log_lines(recs) == ["iommu: Default domain type: Translated"]
 
 
 def test_vtd_capabilities_are_decoded():

@@ -7,6 +7,7 @@ saying when what sysfs shows disagrees with what those rules predict."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -33,12 +34,53 @@ PCI_CLASSES = {(0x02, 0x00): "ethernet", (0x02, 0x80): "network", (0x01, 0x08): 
                (0x06, 0x04): "pci bridge", (0x0c, 0x03): "usb", (0x01, 0x80): "storage", (0x00, 0xff): "virtio"}
 
 
+# Kernel log lines about IOMMUs and DMA domains (the prefixes drivers/iommu/ prints under), but not the one
+# "Adding to iommu group" line per device (the groups are listed anyway).
+IOMMU_LOG = re.compile(r"(\b(DMAR|DMAR-IR|iommu|IOMMU|AMD-Vi|PCI-DMA|virtio_iommu|virtio-iommu)\b|arm-smmu)")
+IOMMU_LOG_SKIP = re.compile(r"Adding to iommu group|Kernel command line|Command line:")
+KERNEL_LOG_MAX = 60
+# The kernel's own statement of its default domain (drivers/iommu/iommu.c iommu_subsys_init).
+DOMAIN_LOG = ("iommu: Default domain type:", "iommu: DMA domain TLB invalidation policy:")
+
+
 @dataclass
 class Tree:
-    """Files under `root`, each read at most once; `read` remembers what was read, for --save."""
+    """Files under `root`, each read at most once; `read` remembers what was read, for --save; `captured`
+    holds what was read from a device file (the kernel log), saved as a plain file."""
     root: Path
     read: list[str] = field(default_factory=list)
     listed: list[str] = field(default_factory=list)
+    captured: dict[str, str] = field(default_factory=dict)
+
+    def kmsg(self) -> str | None:
+        """The kernel log: /dev/kmsg's records on a live system (readable by root, or by anyone when
+        kernel.dmesg_restrict is 0), read without blocking; a saved tree's dev/kmsg file (records, or the
+        lines `dmesg` prints)."""
+        if self.root != Path("/"):
+            return self.text("dev/kmsg")
+        try:
+            fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None
+        chunks = []
+        try:
+            while True:
+                try:
+                    rec = os.read(fd, 16384)
+                except BlockingIOError:
+                    break
+                except OSError as e:
+                    if e.errno == errno.EPIPE:  # the ring overwrote the record: go on with the next
+                        continue
+                    break
+                if not rec:
+                    break
+                chunks.append(rec)
+        finally:
+            os.close(fd)
+        text = b"".join(chunks).decode(errors="replace")
+        self.captured["dev/kmsg"] = text
+        return text
 
     def path(self, rel: str) -> Path:
         return self.root / rel.lstrip("/")
@@ -80,6 +122,21 @@ class Tree:
             return None
         self.read.append(rel)
         return target
+
+
+def _log_lines(text: str | None) -> list[str] | None:
+    """The IOMMU lines of a kernel log (kmsg records `pri,seq,usec,flags;message` or dmesg's `[  t] message`)."""
+    if text is None:
+        return None
+    out = []
+    for line in text.splitlines():
+        m = re.match(r"^\d+,\d+,\d+,[^;]*;(.*)$", line) or re.match(r"^(?:<\d+>)?\[\s*[\d.]+\]\s?(.*)$", line)
+        if not m:
+            continue  # a record's continuation (" SUBSYSTEM=pci") or not a log line
+        msg = m.group(1).rstrip()
+        if IOMMU_LOG.search(msg) and not IOMMU_LOG_SKIP.search(msg):
+            out.append(msg)
+    return out[:KERNEL_LOG_MAX]
 
 
 def _kernel(release: str) -> str | None:
@@ -186,7 +243,8 @@ def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
     cmdline = (tree.text("proc/cmdline") or "").strip()
     res: dict[str, Any] = {"kernel": release or None, "arch": arch, "cmdline": cmdline,
                            "config_default": _config_default(tree, release) if release else None,
-                           "iommus": _iommus(tree), "groups": [], "devices": [], "notes": []}
+                           "iommus": _iommus(tree), "groups": [], "devices": [], "notes": [],
+                           "kernel_log_seen": _log_lines(tree.kmsg())}
     groups = [g for g in tree.ls("sys/kernel/iommu_groups") if g.isdigit()]
     for g in sorted(groups, key=int):
         gtype = (tree.text(f"sys/kernel/iommu_groups/{g}/type") or "").strip() or None
@@ -216,6 +274,12 @@ def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
         res["notes"].append("The IOMMU's vendor is not one the model knows (" + ", ".join(sorted(vendors)) + ").")
     if rules:
         res["kernel_log"] = rules["kernel_log"]
+        seen = res["kernel_log_seen"] or []
+        for prefix in DOMAIN_LOG:
+            want = next((l for l in rules["kernel_log"] if l.startswith(prefix)), None)
+            got = next((l for l in seen if l.startswith(prefix)), None)
+            if want and got and want != got:
+                res["notes"].append(f"The kernel log says \"{got}\"; the default-domain rules predict \"{want}\".")
         by = {r["device"]: r for r in rules["devices"]}
         for d in res["devices"]:
             want = by.get("untrusted PCI device" if d["untrusted"] else "PCI device")
@@ -280,6 +344,11 @@ def save(tree: Tree, dest: str | os.PathLike) -> int:
                 dst.mkdir()
             elif src.is_symlink():
                 os.symlink(os.readlink(src), dst)
+    for rel, text in tree.captured.items():
+        dst = d / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(text)
+        n += 1
     for rel in sorted(set(tree.read)):
         src, dst = tree.path(rel), d / rel.lstrip("/")
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -309,8 +378,12 @@ def format_inspect(res: dict[str, Any]) -> str:
             if "device_tlb" in i:
                 extra += f", device-TLB {'yes' if i['device_tlb'] else 'no'}"
         lines.append(f"IOMMU {i['name']} ({i['vendor']}){extra}")
-    for line in res.get("kernel_log", []):
-        lines.append(f"  {line}")
+    if res.get("kernel_log_seen"):
+        lines.append("kernel log, IOMMU lines:")
+        lines += [f"  {line}" for line in res["kernel_log_seen"]]
+    elif res.get("kernel_log"):
+        lines.append("kernel log not readable (root, or kernel.dmesg_restrict=0); the rules predict it says:")
+        lines += [f"  {line}" for line in res["kernel_log"]]
     for n in res["notes"]:
         lines.append(n)
     if res["devices"]:
