@@ -18,6 +18,7 @@ pub mod hw;
 pub mod input;
 pub mod kernel;
 pub mod metrics;
+pub mod net;
 pub mod replay;
 pub mod run;
 pub mod scenario;

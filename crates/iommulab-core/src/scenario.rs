@@ -691,7 +691,7 @@ fn default_tsq_bytes() -> u64 {
     16 * 65536
 }
 fn default_frag_kb() -> u32 {
-    (crate::workload::sq::SKB_FRAG_PAGE_BYTES / 1024) as u32
+    (crate::net::SKB_FRAG_PAGE_BYTES / 1024) as u32
 }
 fn default_gro_max_u64() -> u64 {
     65536
@@ -1458,7 +1458,7 @@ impl Rr {
         )?;
         check(
             self.request_bytes >= 1
-                && self.request_bytes as u64 <= crate::workload::net::mss(self.mtu),
+                && self.request_bytes as u64 <= crate::net::mss(self.mtu),
             "workload.rr.request_bytes",
             "expected 1 byte up to one segment (the MTU less 52 bytes of headers)",
         )?;

@@ -10,6 +10,7 @@ use crate::dma::DmaStats;
 use crate::hw::emul::{ExitCause, ExitStats};
 use crate::hw::{InvKind, IommuCounters};
 use crate::sim::LockStats;
+pub use crate::workload::RxPageCache;
 use crate::workload::WorkloadStats;
 use serde::ser::SerializeMap;
 use serde::Serialize;
@@ -222,19 +223,6 @@ pub struct DmaLocality {
     pub walk: WalkLocality,
 }
 
-/// mlx5's RX page cache in the window, as `ethtool -S` names them (rx_cache_reuse, rx_cache_busy,
-/// rx_cache_empty, rx_cache_full): refills served from the cache; refills that found its head still held
-/// by a socket, or found it empty, and mapped a new page; releases that found it full and unmapped the
-/// page. Zero without a driver page cache. Cumulative in the workload's counters; a window is the
-/// difference of two (`since`).
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
-pub struct RxPageCache {
-    pub reuse: u64,
-    pub busy: u64,
-    pub empty: u64,
-    pub full: u64,
-}
-
 /// How long before each rx_cache_reuse the stack had let go of the cache's head page, in µs: the margin by
 /// which a later release (a reader delayed that much) would have made the refill rx_cache_busy and
 /// mapped a fresh page. Quantiles to the histogram's resolution (about 3 %).
@@ -259,18 +247,6 @@ impl ReuseSlack {
             p1_us: us(0.01),
             p50_us: us(0.5),
         })
-    }
-}
-
-impl RxPageCache {
-    /// What was counted after `earlier`.
-    pub fn since(&self, earlier: &RxPageCache) -> RxPageCache {
-        RxPageCache {
-            reuse: self.reuse - earlier.reuse,
-            busy: self.busy - earlier.busy,
-            empty: self.empty - earlier.empty,
-            full: self.full - earlier.full,
-        }
     }
 }
 

@@ -6,8 +6,27 @@
 //! profiles: on while the stats compare better (more bytes, then more packets, then fewer interrupts, each by
 //! more than 10 %), back when they do not, and it parks where a step each way did worse (net_dim_decision).
 
-use super::napi::Moderation;
 use crate::sim::Time;
+
+/// A completion queue's event moderation.
+#[derive(Debug, Clone, Copy)]
+pub struct Moderation {
+    pub usecs: u64,
+    pub frames: u32,
+    /// CQE period mode (the period restarts at every completion) rather than EQE mode.
+    pub from_cqe: bool,
+}
+
+impl Moderation {
+    /// CQE period mode: `usecs` after the latest completion or `frames` pending (mlx5 RX).
+    pub fn cqe(usecs: u32, frames: u32) -> Self {
+        Moderation {
+            usecs: usecs as u64,
+            frames,
+            from_cqe: true,
+        }
+    }
+}
 
 /// Profiles per table (NET_DIM_PARAMS_NUM_PROFILES) and the one a queue starts at (NET_DIM_DEF_PROFILE_CQE
 /// and _EQE).

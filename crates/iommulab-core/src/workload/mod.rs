@@ -3,7 +3,8 @@
 pub mod desc_ring;
 mod dim;
 pub mod napi;
-pub mod net;
+/// Ethernet, IP and TCP sizes live below the workloads (the schema reads them too).
+pub use crate::net;
 pub mod nic_rx;
 pub mod nic_tx;
 pub mod nvme;
@@ -14,7 +15,6 @@ pub mod virtio_net;
 
 use crate::host::{Event, Host};
 use crate::hw::emul::ExitStats;
-use crate::metrics::RxPageCache;
 use crate::sim::hist::Histogram;
 use crate::sim::{DmaEngine, Path, Time};
 use desc_ring::DescRing;
@@ -127,4 +127,29 @@ pub trait Workload: Send + Sync {
     fn cpus(&self) -> Vec<usize>;
     /// The device-side rate limit the results are read against (the NIC's line rate, the drives' bandwidth).
     fn line_rate_gbps(&self) -> f64;
+}
+
+/// mlx5's RX page cache in the window, as `ethtool -S` names them (rx_cache_reuse, rx_cache_busy,
+/// rx_cache_empty, rx_cache_full): refills served from the cache; refills that found its head still held
+/// by a socket, or found it empty, and mapped a new page; releases that found it full and unmapped the
+/// page. Zero without a driver page cache. Cumulative in the workload's counters; a window is the
+/// difference of two (`since`).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct RxPageCache {
+    pub reuse: u64,
+    pub busy: u64,
+    pub empty: u64,
+    pub full: u64,
+}
+
+impl RxPageCache {
+    /// What was counted after `earlier`.
+    pub fn since(&self, earlier: &RxPageCache) -> RxPageCache {
+        RxPageCache {
+            reuse: self.reuse - earlier.reuse,
+            busy: self.busy - earlier.busy,
+            empty: self.empty - earlier.empty,
+            full: self.full - earlier.full,
+        }
+    }
 }

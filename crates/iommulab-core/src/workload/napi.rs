@@ -7,29 +7,10 @@
 //! until napi_complete_done() re-arms both. Each (re)scheduling supersedes the earlier poll event, so a poll
 //! event is live only at its own time.
 
+pub use super::dim::Moderation;
 use super::dim::{Dim, RX_CQE_PROFILES, TX_EQE_PROFILES};
 use crate::host::{Event, Host};
 use crate::sim::{Ctx, Time};
-
-/// A completion queue's event moderation.
-#[derive(Debug, Clone, Copy)]
-pub struct Moderation {
-    pub usecs: u64,
-    pub frames: u32,
-    /// CQE period mode (the period restarts at every completion) rather than EQE mode.
-    pub from_cqe: bool,
-}
-
-impl Moderation {
-    /// CQE period mode: `usecs` after the latest completion or `frames` pending (mlx5 RX).
-    pub fn cqe(usecs: u32, frames: u32) -> Self {
-        Moderation {
-            usecs: usecs as u64,
-            frames,
-            from_cqe: true,
-        }
-    }
-}
 
 /// mlx5 TX completion-event moderation: en_main.c mlx5e_build_nic_params() sets EQE period mode for TX;
 /// en.h MLX5E_PARAMS_DEFAULT_TX_CQ_MODERATION_USEC (0x10) and _PKTS (0x20).

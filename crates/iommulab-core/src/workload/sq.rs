@@ -100,9 +100,7 @@ impl HeadSlab {
     }
 }
 
-/// sk_page_frag()'s chunks: SKB_FRAG_PAGE_ORDER 3, 32 KiB (include/net/sock.h, net/core/sock.c
-/// skb_page_frag_refill).
-pub const SKB_FRAG_PAGE_BYTES: u64 = 32 * 1024;
+pub use crate::net::SKB_FRAG_PAGE_BYTES;
 
 /// A socket's page-frag chunks (sk_page_frag: physically contiguous chunks that tcp_sendmsg() copies data
 /// into), used in turn; the owner sizes them so data in flight is never overwritten.

@@ -15,7 +15,7 @@
 //!   no longer holds it.
 
 use crate::host::Host;
-use crate::metrics::RxPageCache;
+use crate::workload::RxPageCache;
 use crate::sim::hist::Histogram;
 use crate::sim::Time;
 use std::collections::VecDeque;

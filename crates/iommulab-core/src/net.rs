@@ -1,4 +1,4 @@
-//! Ethernet, IP and TCP sizes shared by the network workloads.
+//! Ethernet, IP and TCP sizes shared by the network workloads and the scenario schema (below both).
 
 /// include/uapi/linux/if_ether.h ETH_HLEN: the Ethernet header the NIC writes before the IP packet.
 pub const ETH_HLEN: u64 = 14;
@@ -43,3 +43,7 @@ impl Port {
         end
     }
 }
+
+/// sk_page_frag()'s chunks: SKB_FRAG_PAGE_ORDER 3, 32 KiB (include/net/sock.h, net/core/sock.c
+/// skb_page_frag_refill).
+pub const SKB_FRAG_PAGE_BYTES: u64 = 32 * 1024;
