@@ -8,6 +8,8 @@ import pytest
 
 from conftest import MINIMAL, SHORT, cli, cli_json
 
+DATA = pathlib.Path(__file__).parent / "data"
+
 
 def documented_keys():
     """The run keys docs/scenarios.md's "Output keys" table documents (first column, in backticks)."""
@@ -170,22 +172,21 @@ def test_printed_default_scenario_runs_as_a_file(write):
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
-def test_progress_bar_on_a_terminal_for_long_runs():
-    """On a terminal, runs longer than the delay (1 s by default, 0 here) draw a progress bar on stderr; the
-    table on stdout stays clean."""
+def _on_a_terminal(*args):
+    """Run the CLI with stderr on a 40x120 terminal (stdout a pipe); (stdout, what the terminal got)."""
+    import fcntl
     import os
     import pty
+    import struct
     import subprocess
     import sys
-    args = [sys.executable, "-m", "iommulab", "run", "--set", "run.duration_ms=50"]
-    import fcntl
-    import struct
     import termios
     master, slave = pty.openpty()
-    # A terminal of 40 rows by 120 columns (a fresh pty has none, and tqdm draws no bar below the last row).
+    # A fresh pty has no size, and tqdm draws no bar below the last row.
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     env = {**os.environ, "IOMMULAB_PROGRESS_DELAY": "0"}
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, text=True, env=env)
+    p = subprocess.Popen([sys.executable, "-m", "iommulab", *args], stdout=subprocess.PIPE, stderr=slave,
+                         text=True, env=env)
     os.close(slave)
     err = b""
     while True:
@@ -198,10 +199,32 @@ def test_progress_bar_on_a_terminal_for_long_runs():
         err += chunk
     out, _ = p.communicate(timeout=300)
     os.close(master)
-    assert p.returncode == 0
-    # tqdm's bar: percentage, runs done of all, elapsed<remaining.
+    assert p.returncode == 0, err[-500:]
+    return out, err
+
+
+def test_progress_bar_on_a_terminal_for_long_runs():
+    """On a terminal, runs longer than the delay (1 s by default, 0 here) draw a progress bar on stderr (tqdm:
+    percentage, runs done of all, elapsed<remaining); the table on stdout stays clean."""
+    out, err = _on_a_terminal("run", "--set", "run.duration_ms=50")
     assert b"%|" in err and b"/6 runs [" in err and b"<" in err, err[:200]
     assert "\r" not in out and "Gbps" in out
+    # Replay reads a trace with a bar in bytes of the file.
+    out, err = _on_a_terminal("replay", str(DATA / "testbed/k6.12-intel-cmoff-lazy/guest-trace.txt.xz"))
+    assert b"%|" in err and b"B/" in err, err[:200]
+    assert "\r" not in out and "iotlb_psi" in out
+
+
+def test_runs_on_several_threads_give_the_results_of_one():
+    one = cli("run", *SHORT, "--json", "--jobs", "1", check_rc=0).stdout
+    two = cli("run", *SHORT, "--json", "--jobs", "2", check_rc=0).stdout
+    assert one == two and len(json.loads(one)["runs"]) == 6
+    one = cli("validate", "C2.strict_inv_per_page", "C1.strict_lazy_ratio", "--seeds", "2", "--json", "--jobs", "1",
+              check_rc=0).stdout
+    assert one == cli("validate", "C2.strict_inv_per_page", "C1.strict_lazy_ratio", "--seeds", "2", "--json",
+                      check_rc=0).stdout
+    p = cli("run", "--jobs", "0")
+    assert p.returncode == 2 and "--jobs" in p.stderr and p.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("arch, cmdline, expect", [

@@ -84,3 +84,17 @@ def _cycle(deps: dict[str, set[str]]) -> list[str] | None:
 def test_no_cycles_between_a_layers_submodules():
     for layer in sorted(p.name for p in SRC.iterdir() if p.is_dir()):
         assert _cycle(submodule_imports(layer)) is None, f"{layer}: {_cycle(submodule_imports(layer))}"
+
+
+def test_cargo_doc_builds_without_warnings():
+    import os
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if not shutil.which("cargo"):
+        pytest.skip("no cargo on PATH")
+    p = subprocess.run(["cargo", "doc", "--no-deps", "-q"], cwd=SRC.parent.parent.parent, capture_output=True,
+                       text=True, env={**os.environ, "RUSTDOCFLAGS": "-D warnings"}, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]

@@ -258,6 +258,15 @@ class Progress:
         self.bar.set_postfix_str(label[:40], refresh=False)
         self.bar.refresh()
 
+    def bytes(self, done: int, total: int) -> None:
+        """Progress through a file: `done` of `total` bytes."""
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, delay=self.delay, file=sys.stderr, leave=False,
+                            dynamic_ncols=True)
+        self.bar.update(done - self.bar.n)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

@@ -147,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the traced kernel's tick falls in each jiffy on the trace clock (lazy mode; "
                     "default: inferred per phase from the trace)")
     rp.add_argument("--json", action="store_true", help='print {"phases": {NAME: {"counts": {...}}}, ...}')
+    rp.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
 
     e = sub.add_parser("explain", help="which DMA domain a kernel gives its devices, and why",
                        description="Resolve the default DMA domain as the kernel does (arch Kconfig default, "
@@ -426,8 +427,10 @@ def _cmd_report(a: argparse.Namespace) -> int:
 
 
 def _cmd_replay(a: argparse.Namespace) -> int:
-    res = replay(a.trace, iommu=a.iommu, caching_mode=a.caching_mode == "on", ats=a.ats, kernel=a.kernel,
-                 cmdline=a.cmdline, mode=a.mode, hz=a.hz, tick_phase_us=a.tick_phase_us, ats_phases=a.ats_phases)
+    with _progress(a, "bytes") as bar:
+        res = replay(a.trace, iommu=a.iommu, caching_mode=a.caching_mode == "on", ats=a.ats, kernel=a.kernel,
+                     cmdline=a.cmdline, mode=a.mode, hz=a.hz, tick_phase_us=a.tick_phase_us,
+                     ats_phases=a.ats_phases, progress=bar and bar.bytes)
     if a.json:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -8,7 +8,7 @@ import json
 import lzma
 import os
 import sys
-from typing import IO, Any
+from typing import IO, Any, Callable
 
 from . import _core
 from ._core import ScenarioError
@@ -19,23 +19,26 @@ COUNT_KEYS = ("map_events", "unmap_events", "map_syncs", "iotlb_psi", "iotlb_dsi
               "virtio_map", "virtio_unmap")
 
 
-def _open(path: str | os.PathLike) -> IO[bytes]:
-    """The trace's bytes: '-' is standard input; .xz, .gz and .bz2 files are decompressed on the fly."""
+def _open(path: str | os.PathLike) -> tuple[IO[bytes], IO[bytes] | None]:
+    """The trace's bytes, and the file under them (whose position is the progress; None for stdin): '-' is
+    standard input; .xz, .gz and .bz2 files are decompressed on the fly."""
     p = os.fspath(path)
     if p == "-":
-        return sys.stdin.buffer
-    opener = {".xz": lzma.open, ".lzma": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}.get(
-        os.path.splitext(p)[1], open)
+        return sys.stdin.buffer, None
+    opener = {".xz": lzma.open, ".lzma": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}.get(os.path.splitext(p)[1])
     try:
-        return opener(p, "rb")
+        raw = open(p, "rb")
     except OSError as e:
         raise ScenarioError(f"{p}: cannot open: {e.strerror or e}") from None
+    return (opener(raw, "rb") if opener else raw), raw
 
 
 def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool = False, ats: bool = False,
            kernel: str = "6.12", cmdline: str = "", mode: str | None = None, hz: int = 250,
-           tick_phase_us: float | None = None, ats_phases: list[str] | None = None) -> dict[str, Any]:
-    """Replay TRACE through the DMA layer and the IOMMU model; returns
+           tick_phase_us: float | None = None, ats_phases: list[str] | None = None,
+           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Replay TRACE through the DMA layer and the IOMMU model (`progress(bytes_read, file_size)` after each
+    chunk of the file); returns
     ``{"iommu", "kernel", "policy", "policy_reason", "hz", "lines", "phases": {NAME: {"counts": {...}}}}``.
     In lazy mode the scheduler tick's phase on the trace clock is inferred per phase unless given.
     ``ats`` gives every traced device ATS; ``ats_phases`` only the devices whose traffic fills those phases."""
@@ -53,7 +56,8 @@ def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool =
         raise ScenarioError(f"--tick-phase-us {tick_phase_us}: expected a time in µs >= 0")
     phase_ns = None if tick_phase_us is None else int(round(tick_phase_us * 1000))
     r = _core.Replay(name, iommu, caching_mode, ats, kernel, cmdline, mode, hz, phase_ns, list(ats_phases or []))
-    f = _open(trace)
+    f, raw = _open(trace)
+    size = os.fstat(raw.fileno()).st_size if raw is not None else 0
     try:
         while True:
             try:
@@ -63,9 +67,12 @@ def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool =
             if not chunk:
                 break
             r.feed(chunk)
+            if progress and raw is not None:
+                progress(raw.tell(), size)
     finally:
-        if f is not sys.stdin.buffer:
+        if raw is not None:
             f.close()
+            raw.close()
     return json.loads(r.finish())
 
 

@@ -777,7 +777,7 @@ pub struct NicRx {
     #[serde(default = "default_read_bytes")]
     pub read_bytes: u32,
     /// The most window a flow's socket offers: tcp_win_from_space(sk_rcvbuf), half of the buffer before Linux
-    /// 6.6 (tcp_adv_win_scale = 1), so half of tcp_rmem[2]; from 6.6 the buffer scaled by the measured
+    /// 6.6 (tcp_adv_win_scale = 1), so half of `tcp_rmem[2]`; from 6.6 the buffer scaled by the measured
     /// payload/truesize. The socket holds up to the whole buffer in skb truesize (tcp_space()), so before 6.6
     /// the payload it holds depends on the RX layout (`nic_rx::tcp`).
     #[serde(default = "default_rcvbuf")]
