@@ -89,3 +89,19 @@ def test_every_scenario_key_is_in_the_scenario_reference():
     named = lambda k: re.search(rf"(^|[\s#`\"]){re.escape(k)}\s*=", doc, re.M) or f"`{k}`" in doc
     missing = sorted(k for k in keys if not named(k.rsplit(".", 1)[-1]))
     assert len(keys) > 60 and not missing, missing
+
+
+def test_the_scenario_reference_is_generated_from_the_schema():
+    """docs/scenario-reference.md is what tools/scenario_reference.py writes from the schema (every key with
+    type, default, valid range and meaning), so it cannot fall behind the code."""
+    import json
+    sys.path.insert(0, str(ROOT / "tools"))
+    import scenario_reference
+    from iommulab import _core
+
+    want = scenario_reference.render(json.loads(_core.scenario_schema()))
+    have = (ROOT / "docs/scenario-reference.md").read_text()
+    assert have == want, "docs/scenario-reference.md is stale: python tools/scenario_reference.py > docs/scenario-reference.md"
+    # Every key of the schema has a row with a meaning.
+    rows = [l for l in have.splitlines() if l.startswith("| `")]
+    assert len(rows) > 150 and all(not l.rstrip().endswith("|  |") for l in rows)

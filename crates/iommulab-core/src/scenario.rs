@@ -5,6 +5,7 @@
 //! its keys; see `data/profiles/*.toml` for the profile format and the source of every number.
 
 use crate::input::{self, InputError, SourceDoc};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,11 +56,13 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     ),
 ];
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
+    /// The scenario's name (results and tables show it).
     #[serde(default)]
     pub name: String,
+    /// One line on what the scenario is.
     #[serde(default)]
     pub description: String,
     pub run: Run,
@@ -71,6 +74,7 @@ pub struct Scenario {
     pub attack: Attack,
     /// Consumed by the loader (see [`load`]); always empty in a loaded scenario.
     #[serde(default, skip_serializing)]
+    #[schemars(with = "BTreeMap<String, serde_json::Value>")]
     pub compare: toml::Table,
     /// Where a setting's value comes from, for settings a scenario sets beyond its profile: dotted key to
     /// `"source: …"`, `"assumed: …"` (no source gives it) or `"fitted: TARGET …"`. `validate` marks targets whose
@@ -78,6 +82,12 @@ pub struct Scenario {
     /// key drops its entry (the value is no longer the one described).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub provenance: BTreeMap<String, String>,
+}
+
+/// The scenario's schema as JSON Schema (from the types above: their fields, serde defaults and doc comments),
+/// from which docs/scenario-reference.md is generated.
+pub fn json_schema() -> String {
+    serde_json::to_string_pretty(&schemars::schema_for!(Scenario)).expect("schema serialises")
 }
 
 /// The kinds of `[provenance]` entry.
@@ -124,7 +134,7 @@ fn forget_provenance(table: &mut toml::Table, path: &[String]) {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Run {
     /// Simulated time measured, after the warm-up.
@@ -132,10 +142,11 @@ pub struct Run {
     /// Simulated time run before counters start (rings and pools fill, caches warm).
     #[serde(default = "default_warmup_ms")]
     pub warmup_ms: f64,
+    /// Seed of every random choice (arrivals, RSS hashing, reader delays): same scenario and seed, same result.
     #[serde(default = "default_seed")]
     pub seed: u64,
 }
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Attack {
     /// IOVA pages probed per second, round robin over every IOVA the device was ever handed (0: off).
@@ -153,7 +164,7 @@ fn default_seed() -> u64 {
     1
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Vendor {
     /// Intel VT-d: second-level page table, queued invalidation (PSI/DSI/global + wait descriptor).
@@ -175,13 +186,15 @@ impl Vendor {
 }
 
 /// A hardware platform: the IOMMU, memory, PCIe path and CPU costs. Loaded from a profile file.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Platform {
     /// Built-in profile name or a path (relative to the scenario file).
     pub profile: String,
+    /// One line on what the profile is.
     #[serde(default)]
     pub description: String,
+    /// The IOMMU's kind, which decides the driver model and the page-table format.
     pub vendor: Vendor,
     pub iommu: IommuProfile,
     pub memory: MemoryProfile,
@@ -195,10 +208,12 @@ pub struct Platform {
     pub sources: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IommuProfile {
+    /// IOTLB entries and associativity.
     pub iotlb_entries: u32,
+    /// IOTLB ways (entries / ways sets).
     pub iotlb_ways: u32,
     /// Entries of each paging-structure (walk) cache, top level first: one per non-leaf level; LRU.
     pub pwc_entries: Vec<u32>,
@@ -232,7 +247,7 @@ impl IommuProfile {
 }
 
 /// The hypervisor a guest platform runs under (KVM with QEMU as the VMM).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HypervisorProfile {
     /// Round trip of an MMIO write the VMM handles in user space: VM exit, KVM's return to the VMM,
@@ -246,6 +261,7 @@ pub struct HypervisorProfile {
     /// Device-thread CPU per packet (one GSO skb), besides translation and copying: QEMU's virtio-net
     /// (virtqueue_pop, the tap read or write) and vhost-net (handle_rx/handle_tx, the socket call).
     pub qemu_packet_ns: u64,
+    /// vhost-net's per-packet device-thread CPU (as `qemu_packet_ns`).
     pub vhost_packet_ns: u64,
     /// QEMU's translation of one guest page through the vIOMMU on a hit in its IOTLB (address_space_map
     /// through the IOMMU region, the IOTLB hash lookup).
@@ -265,9 +281,11 @@ pub struct HypervisorProfile {
     pub host_profile: String,
     /// VFIO_IOMMU_MAP_DMA: the ioctl, and per 4 KiB page the pin (pin_user_pages) and the host's iommu_map.
     pub vfio_map_ns: u64,
+    /// VFIO_IOMMU_MAP_DMA per 4 KiB page (pin and host map).
     pub vfio_map_page_ns: u64,
     /// VFIO_IOMMU_UNMAP_DMA: the ioctl with the host IOMMU's invalidation and wait, and per page the unpin.
     pub vfio_unmap_ns: u64,
+    /// VFIO_IOMMU_UNMAP_DMA per 4 KiB page (unpin).
     pub vfio_unmap_page_ns: u64,
     /// Nested translation (a VFIO device): the guest's IOMMU tables are stage 1 in the host's hardware over
     /// the host's stage 2; no shadowing, but a two-dimensional walk on a miss.
@@ -285,7 +303,7 @@ pub struct HypervisorProfile {
     pub vcmdq: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VirtioProfile {
     /// Guest CPU time to add one request to the request virtqueue (under viommu->request_lock).
@@ -297,7 +315,7 @@ pub struct VirtioProfile {
     pub min_page_kb: u32,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VtdProfile {
     /// Hardware time to process one IOTLB invalidation descriptor.
@@ -323,7 +341,7 @@ pub struct VtdProfile {
 
 /// The paging-structure-cache entries a PSI with IH=0 invalidates (VT-d spec §6.5.2.3, IOTLB Invalidate
 /// Descriptor, IH; an implementation may invalidate at a coarser granularity than requested).
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PsiNonLeaf {
     /// Only the non-leaf entries used to translate the ADDR/AM range (what the spec requires).
@@ -333,7 +351,7 @@ pub enum PsiNonLeaf {
     Domain,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Smmuv3Profile {
     /// CPU time to insert one 16-byte command (slot reservation on the shared producer index, copy).
@@ -361,7 +379,7 @@ pub struct Smmuv3Profile {
     pub caching_mode: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryProfile {
     /// One page-walk memory read by the IOMMU.
@@ -370,7 +388,7 @@ pub struct MemoryProfile {
     pub pages: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PcieProfile {
     /// Fixed latency of one DMA write through the root complex with an IOTLB hit.
@@ -385,6 +403,7 @@ pub struct PcieProfile {
     pub ats: bool,
     /// ATC entries and associativity (used when `ats`).
     pub atc_entries: u32,
+    /// ATC ways (atc_entries / ways sets).
     pub atc_ways: u32,
     /// Round trip of an ATS translation request on an ATC miss, before the IOMMU's own lookup.
     pub ats_request_ns: u64,
@@ -392,9 +411,10 @@ pub struct PcieProfile {
     pub ats_inv_ns: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CpuProfile {
+    /// Cores available to the workloads (one CPU each).
     pub cores: u32,
     /// Per packet off the wire: the driver's RX completion, skb build and GRO merge
     /// (mlx5e_handle_rx_cqe_mpwrq, napi_gro_receive).
@@ -424,11 +444,14 @@ pub struct CpuProfile {
     /// Cores sharing a cluster (an LLC slice group or mesh cluster) and cores per socket: CPU i sits in
     /// cluster i / cluster_cores of socket i / socket_cores.
     pub cluster_cores: u32,
+    /// Cores per socket (a multiple of cluster_cores).
     pub socket_cores: u32,
     /// One cache-line transfer (the stall of an atomic or a lock acquire on a line another core wrote last)
     /// from a core of the same cluster, of another cluster of the socket, of another socket.
     pub line_cluster_ns: u64,
+    /// One cache-line transfer from another cluster of the same socket.
     pub line_socket_ns: u64,
+    /// One cache-line transfer from another socket.
     pub line_remote_ns: u64,
     /// queue_iova(): append to this CPU's flush-queue ring.
     pub fq_entry_ns: u64,
@@ -459,7 +482,7 @@ impl CpuProfile {
 }
 
 /// The DMA-mapping policy of the device's default domain.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum PolicyName {
     /// Identity domain: dma-direct, no translation, no protection.
@@ -499,7 +522,7 @@ impl PolicyName {
     }
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Arch {
     X86_64,
@@ -507,12 +530,13 @@ pub enum Arch {
     S390,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Os {
     /// Kernel version, `MAJOR.MINOR`.
     #[serde(default = "default_kernel")]
     pub kernel: String,
+    /// The kernel's architecture (an IOMMU's vendor must match it).
     #[serde(default = "default_arch")]
     pub arch: Arch,
     pub policy: PolicyName,
@@ -537,7 +561,7 @@ fn default_hz() -> u32 {
     250
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Workload {
     pub nic_rx: Option<NicRx>,
@@ -548,7 +572,7 @@ pub struct Workload {
 }
 
 /// Which way a guest's TCP stream runs, from the guest's side.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     /// The guest receives (netperf TCP_MAERTS / iperf3 -R from the guest's view).
@@ -561,7 +585,7 @@ pub enum Direction {
 /// the guest's DMA API and the vIOMMU) carrying one bulk TCP stream to or from a peer host. The device is
 /// the VMM's (QEMU's virtio-net, vhost = false) or the host kernel's (vhost-net, vhost = true). Needs a
 /// guest platform (a profile with `[hypervisor]`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VirtioNet {
     /// The peer's link (the host's NIC).
@@ -577,6 +601,7 @@ pub struct VirtioNet {
     /// TSO/GRO size: the guest's largest TSO skb, and the host's GRO'd skbs handed to the tap.
     #[serde(default = "default_gro_max")]
     pub gso_max_bytes: u32,
+    /// The guest's MTU.
     pub mtu: u32,
     /// TCP Small Queues budget of the guest's sending socket (direction tx), as `workload.nic_tx`.
     #[serde(default = "default_tsq_bytes")]
@@ -595,14 +620,16 @@ fn default_virtqueue_size() -> u32 {
 
 /// Request/response over TCP (memcached- or HTTP-like): small requests in, a server thread per queue sends
 /// each response (mapped per send, unmapped on TX completion); closed loop or a fixed rate as wrk2.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Rr {
+    /// The NIC's line rate.
     pub line_rate_gbps: f64,
     /// NIC queues; queue q's NAPI and server thread run on CPU q.
     pub queues: u32,
     /// Client connections; connection c is steered to queue c % queues.
     pub connections: u32,
+    /// Packet size on the wire.
     #[serde(default = "default_rr_mtu")]
     pub mtu: u32,
     /// Request payload (one segment).
@@ -624,12 +651,14 @@ pub struct Rr {
     /// Kept-mapped RX pages the requests land in, one per request in turn.
     #[serde(default = "default_tx_rx_ring")]
     pub rx_ring_size: u32,
+    /// NAPI weight: packets per poll before it yields (NAPI_POLL_WEIGHT, 64).
     #[serde(default = "default_budget")]
     pub napi_budget: u32,
     /// RX completion-event moderation (CQE period mode). Default: mlx5's static 3 µs / 32 packets (en.h
     /// MLX5E_PARAMS_DEFAULT_RX_CQ_MODERATION_USEC_FROM_CQE, _PKTS), DIM off as latency-tuned servers run.
     #[serde(default = "default_rr_irq_usecs")]
     pub irq_usecs: u32,
+    /// Completions pending that fire the RX interrupt at once.
     #[serde(default = "default_rr_irq_frames")]
     pub irq_frames: u32,
 }
@@ -651,14 +680,16 @@ fn default_rr_irq_frames() -> u32 {
 
 /// A multi-queue NIC sending bulk TCP (iperf3 client): TSO skbs whose data sits in page frags, each frag
 /// mapped per send and unmapped on TX completion; the peer's ACKs come back through a kept-mapped RX ring.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NicTx {
+    /// The NIC's line rate.
     pub line_rate_gbps: f64,
     /// TX queues (XPS): queue q's completions, and the senders of its flows, run on CPU q.
     pub queues: u32,
     /// TCP flows, flow f on queue f % queues.
     pub flows: u32,
+    /// Packet size on the wire.
     pub mtu: u32,
     /// The largest TSO skb (GSO_MAX_SIZE: 64 KiB without BIG TCP).
     #[serde(default = "default_gro_max")]
@@ -679,11 +710,13 @@ pub struct NicTx {
     /// RX pages the ACKs land in, one per ACK in turn; page_pool keeps them mapped.
     #[serde(default = "default_tx_rx_ring")]
     pub rx_ring_size: u32,
+    /// NAPI weight: packets per poll before it yields (NAPI_POLL_WEIGHT, 64).
     #[serde(default = "default_budget")]
     pub napi_budget: u32,
     /// RX (ACK) completion-event moderation, as `workload.nic_rx`; TX completions use mlx5's defaults.
     #[serde(default = "default_irq_usecs")]
     pub irq_usecs: u32,
+    /// Completions pending that fire the RX interrupt at once.
     #[serde(default = "default_irq_frames")]
     pub irq_frames: u32,
 }
@@ -707,7 +740,7 @@ fn default_tx_rx_ring() -> u32 {
 
 /// fio against NVMe drives (O_DIRECT, closed loop): every I/O maps its buffer with one dma_map_sg() when it
 /// is submitted and unmaps it when it completes.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Nvme {
     /// Drives.
@@ -731,7 +764,7 @@ pub struct Nvme {
     pub drive_gbps: f64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum NvmeRw {
     Read,
@@ -744,9 +777,10 @@ fn default_rw() -> NvmeRw {
 }
 
 /// A multi-queue NIC receiving bulk TCP (iperf3-like) into page_pool-backed rings.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NicRx {
+    /// The NIC's line rate (the senders' aggregate).
     pub line_rate_gbps: f64,
     /// RSS queues; queue q's interrupt and NAPI run on CPU q.
     pub queues: u32,
@@ -765,6 +799,7 @@ pub struct NicRx {
     pub mtu: u32,
     /// RX descriptors per queue.
     pub ring_size: u32,
+    /// NAPI weight: packets per poll before it yields (NAPI_POLL_WEIGHT, 64).
     #[serde(default = "default_budget")]
     pub napi_budget: u32,
     /// Keep pages mapped in a page_pool and recycle them (false: map on refill, unmap on every packet).
@@ -805,6 +840,7 @@ pub struct NicRx {
     /// _PKTS).
     #[serde(default = "default_irq_usecs")]
     pub irq_usecs: u32,
+    /// Completions pending that fire the RX interrupt at once.
     #[serde(default = "default_irq_frames")]
     pub irq_frames: u32,
     /// DIM's adaptation (lib/dim/net_dim.c) tunes the RX and TX completion queues' moderation, as mlx5 does
@@ -829,7 +865,7 @@ pub struct NicRx {
     pub rtt_us: f64,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SenderModel {
     #[default]
@@ -843,7 +879,7 @@ fn default_irq_frames() -> u32 {
     64
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Readers {
     #[default]
@@ -851,7 +887,7 @@ pub enum Readers {
     Own,
 }
 
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RqKind {
     #[default]
@@ -859,7 +895,7 @@ pub enum RqKind {
     Mlx5Striding,
 }
 /// How a NIC fills its RX rings when the interface comes up.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RingFill {
     /// Every channel's NAPI posts its own ring, all at once, each on its CPU (mlx5e_activate_channels

@@ -266,6 +266,12 @@ fn explain(
     Ok(serde_json::to_string(&e).expect("serialises"))
 }
 
+/// The scenario schema as JSON Schema text.
+#[pyfunction]
+fn scenario_schema() -> String {
+    scenario::json_schema()
+}
+
 #[pyfunction]
 fn builtin_scenarios() -> Vec<(String, String)> {
     scenario::BUILTIN_SCENARIOS
@@ -291,6 +297,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Replay>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_scenarios, m)?)?;
+    m.add_function(wrap_pyfunction!(scenario_schema, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_profiles, m)?)?;
     Ok(())
