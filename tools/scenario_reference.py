@@ -1,6 +1,6 @@
 """Generate docs/scenario-reference.md from the scenario schema: every key with its type, default, valid range
 and meaning. Keys, types, defaults and meanings come from the Rust types (their JSON Schema, via schemars: field
-doc comments, serde defaults); the valid ranges from the loader's checks in scenario.rs (each names its key and
+doc comments, serde defaults); the valid ranges from the loader's checks in scenario/*.rs (each names its key and
 says what it expects). tests/test_readme.py fails when the committed page differs from what this writes.
 
     python tools/scenario_reference.py > docs/scenario-reference.md
@@ -14,13 +14,13 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).parent.parent
-SCENARIO_RS = ROOT / "crates/iommulab-core/src/scenario.rs"
+SCENARIO_DIR = ROOT / "crates/iommulab-core/src/scenario"
 # Tables in the order a scenario file has them.
 ORDER = ["run", "platform", "os", "workload", "hypervisor", "attack", "provenance", "compare"]
 
 
 def _consts(src: str) -> dict[str, str]:
-    """`const NAME: T = VALUE;` of scenario.rs (and the crate's MIN_LINE_RATE_GBPS etc. it uses)."""
+    """`const NAME: T = VALUE;` of the schema's sources (MAX_CPUS, MIN_LINE_RATE_GBPS, …)."""
     out = {}
     for m in re.finditer(r"const ([A-Z_][A-Z0-9_]*): [^=]+= ([^;]+);", src):
         out[m.group(1)] = m.group(2).strip().replace("_", "")
@@ -29,7 +29,7 @@ def _consts(src: str) -> dict[str, str]:
 
 def checks(src: str | None = None) -> dict[str, list[str]]:
     """What the loader expects of each key: the `expected …` message of every check naming it."""
-    src = src if src is not None else SCENARIO_RS.read_text()
+    src = src if src is not None else "\n".join(p.read_text() for p in sorted(SCENARIO_DIR.glob("*.rs")))
     consts = _consts(src)
     out: dict[str, list[str]] = {}
     pat = r'check\(\s*(?:[^;]*?),\s*"([a-z_.0-9]+)",\s*(?:format!\(\s*)?"((?:[^"\\]|\\.)*)"'

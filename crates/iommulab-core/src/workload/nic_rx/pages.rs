@@ -15,9 +15,9 @@
 //!   no longer holds it.
 
 use crate::host::Host;
-use crate::workload::RxPageCache;
 use crate::sim::hist::Histogram;
 use crate::sim::Time;
+use crate::workload::RxPageCache;
 use std::collections::VecDeque;
 
 /// include/net/page_pool/types.h PP_ALLOC_CACHE_SIZE and PP_ALLOC_CACHE_REFILL.

@@ -1,0 +1,571 @@
+//! Loading a scenario: its file or a built-in, the profile it names (merged under its own keys), `--set`
+//! overrides and the `[compare]` axes, into checked variants.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Where a scenario comes from.
+pub enum Source<'a> {
+    Builtin(&'a str),
+    File(&'a Path),
+    /// TOML text with a display name (used for errors).
+    Text {
+        name: &'a str,
+        text: &'a str,
+    },
+}
+
+/// One concrete run of a loaded scenario: the `[compare]` values that produced it, and the scenario.
+#[derive(Debug, Clone)]
+pub struct Variant {
+    pub label: String,
+    pub overrides: Vec<(String, toml::Value)>,
+    pub scenario: Scenario,
+}
+
+struct Origins<'a> {
+    doc: &'a SourceDoc,
+    profile: Option<&'a SourceDoc>,
+    overrides: &'a [(String, String)],
+}
+
+impl Origins<'_> {
+    /// Attribute an error at key `path` to the `--set` flag, scenario line or profile line that wrote it.
+    fn error(&self, path: &[String], msg: &str) -> InputError {
+        let key = path.join(".");
+        for (k, v) in self.overrides.iter().rev() {
+            let kp = input::split_key(k).unwrap_or_default();
+            let n = kp.len().min(path.len());
+            if n > 0 && kp[..n] == path[..n] {
+                return InputError::new(format!("--set {k}={v}"), format!("key `{key}`: {msg}"));
+            }
+        }
+        let (loc, full) = self.doc.locate(path);
+        if !full && path.first().map(String::as_str) == Some("platform") {
+            if let Some(p) = self.profile {
+                let (ploc, pfull) = p.locate(&path[1..]);
+                if pfull {
+                    return InputError::new(ploc, format!("key `{}`: {msg}", path[1..].join(".")));
+                }
+            }
+        }
+        let key = if key.is_empty() {
+            "(top level)".to_string()
+        } else {
+            format!("`{key}`")
+        };
+        InputError::new(loc, format!("key {key}: {msg}"))
+    }
+}
+
+fn read_named(path: &Path) -> Result<String, InputError> {
+    std::fs::read(path)
+        .map_err(|e| {
+            let why = match e.kind() {
+                std::io::ErrorKind::NotFound => "no such file".to_string(),
+                _ => e.to_string(),
+            };
+            InputError::new(path.display().to_string(), format!("cannot read: {why}"))
+        })
+        .and_then(|b| {
+            String::from_utf8(b).map_err(|_| {
+                InputError::new(path.display().to_string(), "expected UTF-8 TOML text")
+            })
+        })
+}
+
+/// A built-in profile as a platform (the host a guest profile names).
+pub fn builtin_platform(name: &str) -> Option<Platform> {
+    let (n, text) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == name)?;
+    let mut t: toml::Table = toml::from_str(text).ok()?;
+    t.insert("profile".into(), toml::Value::String(n.to_string()));
+    toml::Value::Table(t).try_into().ok()
+}
+
+fn load_profile(name: &str, base: Option<&Path>) -> Result<SourceDoc, InputError> {
+    if let Some((n, text)) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == name) {
+        return SourceDoc::parse(&format!("profile:{n}"), text);
+    }
+    let p = PathBuf::from(name);
+    let p = match base {
+        Some(b) if p.is_relative() => b.join(p),
+        _ => p,
+    };
+    if !p.exists() {
+        let names: Vec<_> = BUILTIN_PROFILES.iter().map(|(n, _)| *n).collect();
+        return Err(InputError::new(
+            "platform.profile",
+            format!(
+                "no built-in profile or file `{name}` (built-in: {})",
+                names.join(", ")
+            ),
+        ));
+    }
+    SourceDoc::parse(&p.display().to_string(), &read_named(&p)?)
+}
+
+/// Flatten `[compare]` into (key path, values) axes. Arrays are leaves; tables nest (`[compare.os] policy = [..]`
+/// and `[compare] "os.policy" = [..]` mean the same).
+fn compare_axes(
+    t: &toml::Table,
+    prefix: &[String],
+    out: &mut Vec<(Vec<String>, Vec<toml::Value>)>,
+) -> Result<(), (Vec<String>, String)> {
+    for (k, v) in t {
+        let mut path = prefix.to_vec();
+        path.extend(input::split_key(k).map_err(|m| (prefix.to_vec(), m))?);
+        match v {
+            // A named axis: `[[compare.NAME]]` tables, each a `label` and the keys it sets.
+            toml::Value::Array(a) if !a.is_empty() && a.iter().all(|x| x.is_table()) => {
+                let mut labels = std::collections::BTreeSet::new();
+                for (i, x) in a.iter().enumerate() {
+                    let mut at = vec!["compare".to_string()];
+                    at.extend(path.iter().cloned());
+                    at.push(i.to_string());
+                    let tbl = x.as_table().expect("checked");
+                    let label = tbl.get("label").and_then(|l| l.as_str());
+                    let Some(label) =
+                        label.filter(|l| !l.is_empty() && !l.contains(char::is_whitespace))
+                    else {
+                        at.push("label".into());
+                        return Err((at, "expected a label: one word naming this setting".into()));
+                    };
+                    if !labels.insert(label.to_string()) {
+                        at.push("label".into());
+                        return Err((at, format!("label `{label}` is used twice")));
+                    }
+                    if tbl.len() < 2 {
+                        return Err((
+                            at,
+                            "expected at least one `\"key.path\" = value` besides label".into(),
+                        ));
+                    }
+                    for k in tbl.keys().filter(|k| *k != "label") {
+                        input::split_key(k).map_err(|m| (at.clone(), m))?;
+                    }
+                }
+                out.push((path, a.clone()))
+            }
+            toml::Value::Array(a) if !a.is_empty() => out.push((path, a.clone())),
+            toml::Value::Table(sub) => compare_axes(sub, &path, out)?,
+            _ => {
+                let mut full = vec!["compare".to_string()];
+                full.extend(path);
+                return Err((
+                    full,
+                    "expected a non-empty array of values to compare".into(),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A VFIO-assigned device (a hardware workload) on a guest profile translates through the host's IOMMU:
+/// take the host profile's IOMMU caches and table format, walk latency and PCIe path (and, nested, its
+/// command costs: the hardware executes the guest's commands) into the guest's platform `profile`, before
+/// the scenario's own platform keys `own` go over them.
+fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&toml::Value>) {
+    let hardware = workload.and_then(|w| w.as_table()).is_some_and(|w| {
+        ["nic_rx", "nic_tx", "rr", "nvme"]
+            .iter()
+            .any(|k| w.contains_key(*k))
+    });
+    let hyp = |t: &toml::Table, k: &str| t.get("hypervisor").and_then(|h| h.get(k)).cloned();
+    let Some(host_name) = hyp(own, "host_profile").or_else(|| hyp(profile, "host_profile")) else {
+        return;
+    };
+    let host = host_name
+        .as_str()
+        .and_then(|n| BUILTIN_PROFILES.iter().find(|(b, _)| *b == n))
+        .and_then(|(_, text)| toml::from_str::<toml::Table>(text).ok());
+    let (true, Some(host)) = (hardware, host) else {
+        return;
+    };
+    let nested = hyp(own, "nested")
+        .or_else(|| hyp(profile, "nested"))
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    for section in ["pcie"] {
+        if let Some(v) = host.get(section) {
+            profile.insert(section.into(), v.clone());
+        }
+    }
+    let mut copy = |path: &[&str]| {
+        let p: Vec<String> = path.iter().map(|s| s.to_string()).collect();
+        let mut cur = Some(&host);
+        for seg in &p[..p.len() - 1] {
+            cur = cur.and_then(|t| t.get(seg)).and_then(|v| v.as_table());
+        }
+        if let Some(v) = cur.and_then(|t| t.get(&p[p.len() - 1])) {
+            let _ = input::set_path(profile, &p, v.clone());
+        }
+    };
+    copy(&["memory", "walk_read_ns"]);
+    for k in [
+        "iotlb_entries",
+        "iotlb_ways",
+        "pwc_entries",
+        "pwc_ways",
+        "ias_bits",
+        "granule_kb",
+        "large_pages",
+    ] {
+        copy(&["iommu", k]);
+    }
+    if nested {
+        for k in ["vtd", "smmuv3"] {
+            if let Some(v) = host.get("iommu").and_then(|i| i.get(k)) {
+                let _ = input::set_path(profile, &["iommu".into(), k.into()], v.clone());
+            }
+        }
+    }
+}
+
+/// The part of `over` whose keys `base` has (tables recursively; `profile` always).
+fn shared_keys(over: &toml::Table, base: &toml::Table) -> toml::Table {
+    let mut out = toml::Table::new();
+    for (k, v) in over {
+        match (v, base.get(k)) {
+            (toml::Value::Table(o), Some(toml::Value::Table(b))) => {
+                out.insert(k.clone(), toml::Value::Table(shared_keys(o, b)));
+            }
+            (v, Some(_)) => {
+                out.insert(k.clone(), v.clone());
+            }
+            (v, None) if k == "profile" => {
+                out.insert(k.clone(), v.clone());
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn deserialize(table: toml::Table) -> Result<Scenario, (Vec<String>, String)> {
+    check_provenance(&table)?;
+    let de = toml::Value::Table(table);
+    let sc: Scenario = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path: Vec<String> = e
+            .path()
+            .iter()
+            .filter_map(|s| match s {
+                serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                _ => None,
+            })
+            .collect();
+        (path, e.into_inner().message().to_string())
+    })?;
+    sc.validate()?;
+    Ok(sc)
+}
+
+fn value_label(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The text of the `--set` flag that wrote key `path` when TOML read it as a number or boolean but the key
+/// expects a string (`msg` is the deserializer's complaint), so it can be taken as written. The last flag for
+/// a key is the value the key holds (profile keys too: overrides are merged over the profile).
+fn set_as_written(path: &[String], msg: &str, overrides: &[(String, String)]) -> Option<String> {
+    // serde's complaint for a plain string key, and toml's for a named choice (an enum).
+    if !(msg.contains("expected a string") || msg.contains("expected string only")) {
+        return None;
+    }
+    let (_, raw) = overrides
+        .iter()
+        .rev()
+        .find(|(k, _)| input::split_key(k).is_ok_and(|kp| kp == path))?;
+    matches!(
+        input::parse_value(raw),
+        toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_)
+    )
+    .then(|| raw.trim().to_string())
+}
+
+/// Load a scenario, apply `--set key=value` overrides, merge its platform profile and expand `[compare]`.
+pub fn load(
+    source: Source<'_>,
+    overrides: &[(String, String)],
+) -> Result<Vec<Variant>, InputError> {
+    let (name, text, base) = match source {
+        Source::Builtin(n) => {
+            let Some((_, t)) = BUILTIN_SCENARIOS.iter().find(|(b, _)| *b == n) else {
+                let names: Vec<_> = BUILTIN_SCENARIOS.iter().map(|(n, _)| *n).collect();
+                return Err(InputError::new(
+                    "scenario",
+                    format!(
+                        "no built-in scenario `{n}` (built-in: {})",
+                        names.join(", ")
+                    ),
+                ));
+            };
+            (format!("builtin:{n}"), t.to_string(), None)
+        }
+        Source::File(p) => (
+            p.display().to_string(),
+            read_named(p)?,
+            p.parent().map(Path::to_path_buf),
+        ),
+        Source::Text { name, text } => (name.to_string(), text.to_string(), None),
+    };
+    let doc = SourceDoc::parse(&name, &text)?;
+    let mut table = doc.table()?;
+
+    for (k, raw) in overrides {
+        let path =
+            input::split_key(k).map_err(|m| InputError::new(format!("--set {k}={raw}"), m))?;
+        input::set_path(&mut table, &path, input::parse_value(raw))
+            .map_err(|m| InputError::new(format!("--set {k}={raw}"), m))?;
+        forget_provenance(&mut table, &path);
+        // Pinning a key on the command line removes it from the comparison.
+        if path.first().map(String::as_str) != Some("compare") {
+            if let Some(toml::Value::Table(c)) = table.get_mut("compare") {
+                c.remove(&path.join("."));
+                let quoted = path
+                    .iter()
+                    .map(|s| {
+                        if s.contains('.') {
+                            format!("\"{s}\"")
+                        } else {
+                            s.clone()
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                input::remove_path(c, &quoted);
+            }
+        }
+    }
+
+    let mut origins = Origins {
+        doc: &doc,
+        profile: None,
+        overrides,
+    };
+    let profile_doc;
+    // The scenario's own [platform] keys (with --set's), to merge over another profile a variant names.
+    let mut own_platform = toml::Table::new();
+    match table
+        .get("platform")
+        .and_then(|p| p.as_table())
+        .map(|p| p.get("profile"))
+    {
+        Some(Some(toml::Value::String(pname))) => {
+            let pname = pname.clone();
+            profile_doc = load_profile(&pname, base.as_deref()).map_err(|e| {
+                if e.origin == "platform.profile" {
+                    origins.error(&["platform".into(), "profile".into()], &e.msg)
+                } else {
+                    e
+                }
+            })?;
+            let mut merged = profile_doc.table()?;
+            if let Some(toml::Value::Table(p)) = table.remove("platform") {
+                own_platform = p.clone();
+                with_host(&mut merged, &p, table.get("workload"));
+                input::merge(&mut merged, p);
+            }
+            table.insert("platform".into(), toml::Value::Table(merged));
+            origins.profile = Some(&profile_doc);
+        }
+        Some(Some(_)) => {
+            return Err(origins.error(
+                &["platform".into(), "profile".into()],
+                "expected a profile name or path (a string)",
+            ))
+        }
+        _ => {
+            return Err(origins.error(
+                &["platform".into()],
+                "expected `profile = \"NAME\"` in [platform] (built-in: vtd-server)",
+            ))
+        }
+    }
+
+    let mut axes = Vec::new();
+    match table.remove("compare") {
+        Some(toml::Value::Table(c)) => {
+            compare_axes(&c, &[], &mut axes).map_err(|(p, m)| origins.error(&p, &m))?
+        }
+        Some(_) => {
+            return Err(origins.error(
+                &["compare".into()],
+                "expected a table of `key.path = [values…]`",
+            ))
+        }
+        None => {}
+    }
+
+    let base_sc = loop {
+        match deserialize(table.clone()) {
+            Ok(sc) => break sc,
+            Err((p, m)) => match set_as_written(&p, &m, overrides) {
+                // `--set os.kernel=6.10`: TOML reads a number, the key wants text; take it as written.
+                Some(raw) => input::set_path(&mut table, &p, toml::Value::String(raw))
+                    .map_err(|e| origins.error(&p, &e))?,
+                None => return Err(origins.error(&p, &m)),
+            },
+        }
+    };
+    if axes.is_empty() {
+        return Ok(vec![Variant {
+            label: base_sc.os.policy.as_str().into(),
+            overrides: vec![],
+            scenario: base_sc,
+        }]);
+    }
+    // Cartesian product of the axes, in the order written.
+    let mut combos: Vec<Vec<(usize, usize)>> = vec![vec![]];
+    for (ai, (_, vals)) in axes.iter().enumerate() {
+        combos = combos
+            .into_iter()
+            .flat_map(|c| {
+                (0..vals.len()).map(move |vi| {
+                    let mut c = c.clone();
+                    c.push((ai, vi));
+                    c
+                })
+            })
+            .collect();
+    }
+    if combos.len() > 4096 {
+        return Err(origins.error(
+            &["compare".into()],
+            &format!("expected at most 4096 combinations, got {}", combos.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(combos.len());
+    for combo in combos {
+        let mut t = table.clone();
+        let mut ov = Vec::new();
+        // Label parts, in axis order: a named setting's label, or (key, value).
+        let mut parts: Vec<Result<String, (String, toml::Value)>> = Vec::new();
+        for (ai, vi) in combo {
+            let (path, vals) = &axes[ai];
+            let cp = || {
+                let mut cp = vec!["compare".to_string()];
+                cp.extend(path.iter().cloned());
+                cp
+            };
+            if let toml::Value::Table(named) = &vals[vi] {
+                for (k, v) in named.iter().filter(|(k, _)| *k != "label") {
+                    let kp = input::split_key(k).map_err(|m| origins.error(&cp(), &m))?;
+                    // A key pinned with --set keeps the user's value.
+                    if overrides
+                        .iter()
+                        .any(|(o, _)| input::split_key(o).is_ok_and(|op| op == kp))
+                    {
+                        continue;
+                    }
+                    input::set_path(&mut t, &kp, v.clone())
+                        .map_err(|m| origins.error(&cp(), &m))?;
+                    forget_provenance(&mut t, &kp);
+                    ov.push((k.clone(), v.clone()));
+                }
+                parts.push(Ok(named["label"].as_str().unwrap_or_default().to_string()));
+                continue;
+            }
+            input::set_path(&mut t, path, vals[vi].clone())
+                .map_err(|m| origins.error(&cp(), &m))?;
+            forget_provenance(&mut t, path);
+            ov.push((path.join("."), vals[vi].clone()));
+            parts.push(Err((path.join("."), vals[vi].clone())));
+        }
+        // A variant naming another profile: that profile, under the scenario's own platform keys and the
+        // variant's.
+        let profile_of = |t: &toml::Table| {
+            t.get("platform")
+                .and_then(|p| p.get("profile"))
+                .and_then(|p| p.as_str())
+                .map(str::to_string)
+        };
+        if let Some(pname) = profile_of(&t).filter(|n| Some(n) != profile_of(&table).as_ref()) {
+            let doc = load_profile(&pname, base.as_deref()).map_err(|e| {
+                InputError::new(
+                    doc.locate(&["compare".into()]).0,
+                    format!("platform.profile {pname}: {}", e.msg),
+                )
+            })?;
+            let mut merged = doc.table()?;
+            // The scenario's platform keys the named profile has; one it lacks configures another vendor
+            // (an [iommu.smmuv3] key beside a virtio-iommu variant) and is left out of that variant.
+            with_host(&mut merged, &own_platform, t.get("workload"));
+            let shared = shared_keys(&own_platform, &merged);
+            input::merge(&mut merged, shared);
+            let mut fresh = t.clone();
+            fresh.insert("platform".into(), toml::Value::Table(merged));
+            for (k, v) in ov.iter().filter(|(k, _)| k.starts_with("platform.")) {
+                let kp = input::split_key(k).map_err(|m| InputError::new("compare", m))?;
+                input::set_path(&mut fresh, &kp, v.clone())
+                    .map_err(|m| InputError::new("compare", m))?;
+            }
+            // What [provenance] said of keys the variant's profile lacks goes with them.
+            let gone: Vec<Vec<String>> = fresh
+                .get("provenance")
+                .and_then(|p| p.as_table())
+                .map(|p| {
+                    p.keys()
+                        .filter_map(|k| input::split_key(k).ok())
+                        .filter(|kp| kp[0] == "platform" && !input::has_path(&fresh, kp))
+                        .collect()
+                })
+                .unwrap_or_default();
+            for kp in gone {
+                forget_provenance(&mut fresh, &kp);
+            }
+            t = fresh;
+        }
+        // Named settings lead the label ("strict-cm rx vhost=on").
+        parts.sort_by_key(|p| p.is_err());
+        let sc = deserialize(t).map_err(|(p, m)| {
+            let axis = ov.iter().find(|(k, _)| p.join(".").starts_with(k.as_str()));
+            match axis {
+                Some((k, v)) => {
+                    let mut cp = vec!["compare".to_string()];
+                    cp.extend(input::split_key(k).unwrap_or_default());
+                    let (qloc, qfull) = doc.locate(&["compare".into(), k.clone()]);
+                    let loc = if qfull { qloc } else { doc.locate(&cp).0 };
+                    InputError::new(loc, format!("compare `{k}` value {v}: {m}"))
+                }
+                None => origins.error(&p, &m),
+            }
+        })?;
+        // With a named axis: its labels, names as they are, flags as key=on|off, numbers as key=value
+        // ("strict-cm rx vhost=on"). Otherwise one axis of names (policies, kernels) reads as its value; a
+        // flag or a number needs its key.
+        let label = if parts.iter().any(|p| p.is_ok()) {
+            parts
+                .iter()
+                .map(|p| match p {
+                    Ok(l) => l.clone(),
+                    Err((_, toml::Value::String(v))) => v.clone(),
+                    Err((k, v)) => {
+                        let k = k.rsplit('.').next().unwrap_or(k);
+                        match v.as_bool() {
+                            Some(b) => format!("{k}={}", if b { "on" } else { "off" }),
+                            None => format!("{k}={}", value_label(v)),
+                        }
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        } else if ov.len() == 1 && ov[0].1.is_str() {
+            value_label(&ov[0].1)
+        } else {
+            ov.iter()
+                .map(|(k, v)| format!("{}={}", k.rsplit('.').next().unwrap_or(k), value_label(v)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        out.push(Variant {
+            label,
+            overrides: ov,
+            scenario: sc,
+        });
+    }
+    Ok(out)
+}

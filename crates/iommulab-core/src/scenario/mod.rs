@@ -1,0 +1,959 @@
+//! The scenario schema: one TOML file with `[run]`, `[platform]`, `[os]`, `[workload.*]` and an optional
+//! `[compare]` table whose arrays turn one scenario into several runs.
+//!
+//! Every struct rejects unknown keys. `[platform]` names a profile (built-in or a file) and may override any of
+//! its keys; see `data/profiles/*.toml` for the profile format and the source of every number.
+
+use crate::input::{self, InputError, SourceDoc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+mod load;
+mod nic_rx;
+mod nic_tx;
+mod nvme;
+mod os;
+mod platform;
+mod rr;
+mod virtio_net;
+pub use load::*;
+pub use nic_rx::*;
+pub use nic_tx::*;
+pub use nvme::*;
+pub use os::*;
+pub use platform::*;
+pub use rr::*;
+pub use virtio_net::*;
+
+pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
+    ("default", include_str!("../../data/scenarios/default.toml")),
+    ("c1", include_str!("../../data/scenarios/c1.toml")),
+    ("c2", include_str!("../../data/scenarios/c2.toml")),
+    ("c3", include_str!("../../data/scenarios/c3.toml")),
+    ("nvme", include_str!("../../data/scenarios/nvme.toml")),
+    ("seed004", include_str!("../../data/scenarios/seed004.toml")),
+    (
+        "seed001-x86",
+        include_str!("../../data/scenarios/seed001-x86.toml"),
+    ),
+    (
+        "seed001-arm",
+        include_str!("../../data/scenarios/seed001-arm.toml"),
+    ),
+    ("nested", include_str!("../../data/scenarios/nested.toml")),
+    ("tx", include_str!("../../data/scenarios/tx.toml")),
+    ("rr", include_str!("../../data/scenarios/rr.toml")),
+];
+pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
+    (
+        "vtd-server",
+        include_str!("../../data/profiles/vtd-server.toml"),
+    ),
+    (
+        "smmuv3-server",
+        include_str!("../../data/profiles/smmuv3-server.toml"),
+    ),
+    (
+        "virtio-guest",
+        include_str!("../../data/profiles/virtio-guest.toml"),
+    ),
+    (
+        "kvm-vtd-guest",
+        include_str!("../../data/profiles/kvm-vtd-guest.toml"),
+    ),
+    (
+        "kvm-smmuv3-guest",
+        include_str!("../../data/profiles/kvm-smmuv3-guest.toml"),
+    ),
+    (
+        "virtio-guest-arm64",
+        include_str!("../../data/profiles/virtio-guest-arm64.toml"),
+    ),
+];
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// The scenario's name (results and tables show it).
+    #[serde(default)]
+    pub name: String,
+    /// One line on what the scenario is.
+    #[serde(default)]
+    pub description: String,
+    pub run: Run,
+    pub platform: Platform,
+    pub os: Os,
+    pub workload: Workload,
+    /// A malicious device replaying the IOVAs it has seen (off by default).
+    #[serde(default)]
+    pub attack: Attack,
+    /// Consumed by the loader (see [`load`]); always empty in a loaded scenario.
+    #[serde(default, skip_serializing)]
+    #[schemars(with = "BTreeMap<String, serde_json::Value>")]
+    pub compare: toml::Table,
+    /// Where a setting's value comes from, for settings a scenario sets beyond its profile: dotted key to
+    /// `"source: …"`, `"assumed: …"` (no source gives it) or `"fitted: TARGET …"`. `validate` marks targets whose
+    /// scenario carries an assumed or fitted setting as not independent. A `--set` or `[compare]` value for a
+    /// key drops its entry (the value is no longer the one described).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub provenance: BTreeMap<String, String>,
+}
+
+/// The scenario's schema as JSON Schema (from the types above: their fields, serde defaults and doc comments),
+/// from which docs/scenario-reference.md is generated.
+pub fn json_schema() -> String {
+    serde_json::to_string_pretty(&schemars::schema_for!(Scenario)).expect("schema serialises")
+}
+
+/// The kinds of `[provenance]` entry.
+pub const PROVENANCE_KINDS: &[&str] = &["source", "assumed", "fitted"];
+
+/// Every `[provenance]` key names a setting the scenario holds, and every value starts with its kind.
+fn check_provenance(table: &toml::Table) -> Result<(), (Vec<String>, String)> {
+    let Some(prov) = table.get("provenance") else {
+        return Ok(());
+    };
+    let Some(prov) = prov.as_table() else {
+        return Err((
+            vec!["provenance".into()],
+            "expected a table of `\"dotted.key\" = \"source|assumed|fitted: why\"`".into(),
+        ));
+    };
+    for (k, v) in prov {
+        let at = vec!["provenance".to_string(), k.clone()];
+        let path = input::split_key(k).map_err(|m| (at.clone(), m))?;
+        if !input::has_path(table, &path) || path[0] == "provenance" || path[0] == "compare" {
+            return Err((at, format!("`{k}` is not a setting of this scenario")));
+        }
+        let kind = v
+            .as_str()
+            .and_then(|s| s.split_once(':'))
+            .map(|(kind, why)| (kind, why.trim()));
+        match kind {
+            Some((kind, why)) if PROVENANCE_KINDS.contains(&kind) && !why.is_empty() => {}
+            _ => {
+                return Err((
+                    at,
+                    format!("expected \"{}: why\"", PROVENANCE_KINDS.join("|")),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A new value for `path` drops what `[provenance]` said about the old one.
+fn forget_provenance(table: &mut toml::Table, path: &[String]) {
+    if let Some(toml::Value::Table(p)) = table.get_mut("provenance") {
+        p.remove(&path.join("."));
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Run {
+    /// Simulated time measured, after the warm-up.
+    pub duration_ms: f64,
+    /// Simulated time run before counters start (rings and pools fill, caches warm).
+    #[serde(default = "default_warmup_ms")]
+    pub warmup_ms: f64,
+    /// Seed of every random choice (arrivals, RSS hashing, reader delays): same scenario and seed, same result.
+    #[serde(default = "default_seed")]
+    pub seed: u64,
+}
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Attack {
+    /// IOVA pages probed per second, round robin over every IOVA the device was ever handed (0: off).
+    #[serde(default)]
+    pub replay_per_sec: f64,
+    /// Replay only the last `recent` IOVA pages handed out, newest kept (0: every IOVA ever seen).
+    #[serde(default)]
+    pub recent: u32,
+}
+
+fn default_warmup_ms() -> f64 {
+    10.0
+}
+fn default_seed() -> u64 {
+    1
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Workload {
+    pub nic_rx: Option<NicRx>,
+    pub nic_tx: Option<NicTx>,
+    pub rr: Option<Rr>,
+    pub nvme: Option<Nvme>,
+    pub virtio_net: Option<VirtioNet>,
+}
+
+/// Estimate: a round trip between hosts in one rack (two NIC and one switch traversals, the peer's stack).
+fn default_rtt_us() -> f64 {
+    10.0
+}
+fn default_irq_usecs() -> u32 {
+    64
+}
+fn default_irq_frames() -> u32 {
+    64
+}
+
+/// mlx5 en.h MLX5E_PARAMS_DEFAULT_LOG_RQ_SIZE: 1024 RX descriptors.
+fn default_tx_rx_ring() -> u32 {
+    1024
+}
+fn default_tsq_bytes() -> u64 {
+    16 * 65536
+}
+fn default_gro_max_u64() -> u64 {
+    65536
+}
+fn default_gro_max() -> u32 {
+    65536
+}
+fn default_budget() -> u32 {
+    64
+}
+fn default_true() -> bool {
+    true
+}
+/// A semantic check: Ok, or the dotted key and what was expected.
+fn check(ok: bool, key: &str, msg: impl Into<String>) -> Result<(), (Vec<String>, String)> {
+    if ok {
+        Ok(())
+    } else {
+        Err((key.split('.').map(String::from).collect(), msg.into()))
+    }
+}
+
+fn check_rtt(rtt_us: f64, key: &str) -> Result<(), (Vec<String>, String)> {
+    check(
+        (0.0..=1e6).contains(&rtt_us),
+        key,
+        "expected 0..=1000000 µs",
+    )
+}
+
+impl Scenario {
+    /// Semantic checks serde cannot express. Errors name the key.
+    fn validate(&self) -> Result<(), (Vec<String>, String)> {
+        let finite_pos = |x: f64| x > 0.0 && x.is_finite();
+        let r = &self.run;
+        check(
+            finite_pos(r.duration_ms),
+            "run.duration_ms",
+            "expected a positive number of milliseconds",
+        )?;
+        check(
+            r.warmup_ms >= 0.0 && r.warmup_ms.is_finite(),
+            "run.warmup_ms",
+            "expected zero or a positive number of milliseconds",
+        )?;
+        check(
+            r.duration_ms + r.warmup_ms <= 60_000.0,
+            "run.duration_ms",
+            "expected at most 60000 ms of simulated time (warm-up included)",
+        )?;
+        check(
+            (0.0..=1e9).contains(&self.attack.replay_per_sec),
+            "attack.replay_per_sec",
+            "expected 0 (off) to 1e9 probes per second",
+        )?;
+        let io = &self.platform.iommu;
+        check(
+            (1..=MAX_CACHE_ENTRIES).contains(&io.iotlb_entries),
+            "platform.iommu.iotlb_entries",
+            format!("expected 1..={MAX_CACHE_ENTRIES} entries"),
+        )?;
+        check(
+            io.iotlb_ways > 0 && io.iotlb_entries.is_multiple_of(io.iotlb_ways),
+            "platform.iommu.iotlb_ways",
+            "expected iotlb_entries to be a non-zero multiple of iotlb_ways",
+        )?;
+        check(
+            io.pwc_ways == 0 || io.pwc_entries.iter().all(|n| n % io.pwc_ways == 0),
+            "platform.iommu.pwc_ways",
+            "expected 0 (fully associative) or a divisor of every pwc_entries count",
+        )?;
+        let fmt = crate::hw::pt_format(self.platform.vendor, io)
+            .map_err(|(k, m)| (vec!["platform".into(), "iommu".into(), k.into()], m))?;
+        check(
+            io.pwc_entries.len() == fmt.levels as usize - 1
+                && io
+                    .pwc_entries
+                    .iter()
+                    .all(|n| (0..=MAX_PWC_ENTRIES).contains(n)),
+            "platform.iommu.pwc_entries",
+            format!(
+                "expected one entry count (0..={MAX_PWC_ENTRIES}; 0: no such cache) per non-leaf level of the {}-level table: {} values",
+                fmt.levels,
+                fmt.levels - 1
+            ),
+        )?;
+        match self.platform.vendor {
+            Vendor::Vtd => {
+                let Some(v) = &io.vtd else {
+                    return check(
+                        false,
+                        "platform.iommu.vtd",
+                        "expected an [iommu.vtd] section for vendor \"vtd\"",
+                    );
+                };
+                check(
+                    v.mamv <= 63,
+                    "platform.iommu.vtd.mamv",
+                    "expected an address-mask limit of 0..=63",
+                )?;
+            }
+            Vendor::Virtio => {
+                let Some(v) = &io.virtio else {
+                    return check(
+                        false,
+                        "platform.iommu.virtio",
+                        "expected an [iommu.virtio] section for vendor \"virtio\"",
+                    );
+                };
+                check(
+                    v.min_page_kb.is_power_of_two() && v.min_page_kb >= 4,
+                    "platform.iommu.virtio.min_page_kb",
+                    "expected a power of two of at least 4 KiB",
+                )?;
+            }
+            Vendor::Smmuv3 => {
+                let Some(v) = &io.smmuv3 else {
+                    return check(
+                        false,
+                        "platform.iommu.smmuv3",
+                        "expected an [iommu.smmuv3] section for vendor \"smmuv3\"",
+                    );
+                };
+                check(
+                    v.stage == 1 || v.stage == 2,
+                    "platform.iommu.smmuv3.stage",
+                    "expected stage 1 or 2",
+                )?;
+            }
+        }
+        let pcie = &self.platform.pcie;
+        check(
+            (1..=65536).contains(&pcie.translation_slots),
+            "platform.pcie.translation_slots",
+            "expected 1..=65536",
+        )?;
+        if pcie.ats {
+            check(
+                (1..=MAX_CACHE_ENTRIES).contains(&pcie.atc_entries),
+                "platform.pcie.atc_entries",
+                format!("expected 1..={MAX_CACHE_ENTRIES} entries"),
+            )?;
+            check(
+                pcie.atc_ways > 0 && pcie.atc_entries.is_multiple_of(pcie.atc_ways),
+                "platform.pcie.atc_ways",
+                "expected atc_entries to be a non-zero multiple of atc_ways",
+            )?;
+        }
+        check(
+            (MIN_LINE_RATE_GBPS..=1e6).contains(&pcie.link_gbps),
+            "platform.pcie.link_gbps",
+            format!("expected a bandwidth in [{MIN_LINE_RATE_GBPS}, 1000000] Gbps"),
+        )?;
+        let cpu = &self.platform.cpu;
+        check(
+            (1..=MAX_CPUS).contains(&cpu.cores),
+            "platform.cpu.cores",
+            format!("expected 1..={MAX_CPUS} cores"),
+        )?;
+        check(
+            (1..=cpu.cores.max(1)).contains(&cpu.cluster_cores),
+            "platform.cpu.cluster_cores",
+            format!(
+                "expected 1..={} cores per cluster (platform.cpu.cores)",
+                cpu.cores
+            ),
+        )?;
+        check(
+            cpu.socket_cores >= cpu.cluster_cores
+                && cpu.socket_cores.is_multiple_of(cpu.cluster_cores),
+            "platform.cpu.socket_cores",
+            "expected a multiple of platform.cpu.cluster_cores",
+        )?;
+        check(
+            cpu.copy_ns_per_byte >= 0.0 && cpu.copy_ns_per_byte.is_finite(),
+            "platform.cpu.copy_ns_per_byte",
+            "expected a finite cost >= 0",
+        )?;
+        check(
+            (1..=10_000).contains(&self.os.hz),
+            "os.hz",
+            "expected CONFIG_HZ in 1..=10000 (e.g. 100, 250, 1000)",
+        )?;
+        check(
+            self.os.sched_wakeup_granularity_us.is_none_or(|g| g >= 1),
+            "os.sched_wakeup_granularity_us",
+            "expected a granularity of at least 1 µs",
+        )?;
+        parse_kernel(&self.os.kernel).map_err(|m| (vec!["os".into(), "kernel".into()], m))?;
+        // VT-d is an x86 IOMMU and SMMUv3 an Arm one; virtio-iommu serves any guest.
+        let arch_ok = match self.platform.vendor {
+            Vendor::Vtd => self.os.arch == Arch::X86_64,
+            Vendor::Smmuv3 => self.os.arch == Arch::Arm64,
+            Vendor::Virtio => self.os.arch != Arch::S390,
+        };
+        check(
+            arch_ok,
+            "os.arch",
+            match self.platform.vendor {
+                Vendor::Vtd => "expected x86_64: the platform's IOMMU is Intel VT-d",
+                Vendor::Smmuv3 => "expected arm64: the platform's IOMMU is an Arm SMMUv3",
+                Vendor::Virtio => "expected x86_64 or arm64 for a virtio-iommu guest",
+            },
+        )?;
+        check(
+            self.platform.hypervisor.is_some() || self.platform.vendor != Vendor::Virtio,
+            "platform.hypervisor",
+            "expected a [hypervisor] section: a virtio-iommu platform is a guest (its kick is an exit)",
+        )?;
+        check(
+            self.platform.hypervisor.is_some()
+                || !io.smmuv3.as_ref().is_some_and(|s| s.caching_mode),
+            "platform.iommu.smmuv3.caching_mode",
+            "expected false on bare metal: only an emulated SMMUv3 has the caching-mode quirk",
+        )?;
+        if let Some(h) = &self.platform.hypervisor {
+            // virtio-iommu's requests keep their own costs ([iommu.virtio]); QEMU's VT-d and SMMUv3 trap.
+            check(
+                !io.smmuv3.as_ref().is_some_and(|s| s.ecmdq),
+                "platform.iommu.smmuv3.ecmdq",
+                "expected false in a guest: QEMU's SMMUv3 emulates no ECMDQ",
+            )?;
+            check(
+                h.mmio_exit_ns <= 10_000_000,
+                "platform.hypervisor.mmio_exit_ns",
+                "expected at most 10 ms",
+            )?;
+        }
+        let w = &self.workload;
+        let sections = w.nic_rx.is_some() as u32
+            + w.nic_tx.is_some() as u32
+            + w.rr.is_some() as u32
+            + w.nvme.is_some() as u32
+            + w.virtio_net.is_some() as u32;
+        check(
+            sections == 1,
+            "workload",
+            format!(
+                "expected exactly one workload section ([workload.nic_rx], [workload.nic_tx], \
+                 [workload.rr], [workload.nvme] or [workload.virtio_net]), found {sections}"
+            ),
+        )?;
+        // A physical device behind an emulated VT-d or SMMUv3 is VFIO's, every guest mapping shadowed into
+        // the host IOMMU: not modelled yet. virtio-iommu's requests already stand for the host's work.
+        let hw_device =
+            w.nic_rx.is_some() || w.nic_tx.is_some() || w.rr.is_some() || w.nvme.is_some();
+        if let Some(h) = &self.platform.hypervisor {
+            let host = builtin_platform(&h.host_profile).filter(|p| p.hypervisor.is_none());
+            let Some(host) = host else {
+                return Err((
+                    vec![
+                        "platform".into(),
+                        "hypervisor".into(),
+                        "host_profile".into(),
+                    ],
+                    format!(
+                        "expected a built-in bare-metal profile, not `{}`",
+                        h.host_profile
+                    ),
+                ));
+            };
+            check(
+                self.platform.vendor == Vendor::Virtio || host.vendor == self.platform.vendor,
+                "platform.hypervisor.host_profile",
+                format!(
+                    "expected a host with the guest's IOMMU ({}): QEMU's vIOMMU passes a VFIO device to the \
+                     host's own",
+                    self.platform.vendor.as_str()
+                ),
+            )?;
+            let emulated = self.platform.vendor != Vendor::Virtio && !h.nested;
+            // QEMU refuses vfio-pci behind intel-iommu without caching-mode=on: it must see every map.
+            let sees_maps = match self.platform.vendor {
+                Vendor::Vtd => io.vtd.as_ref().is_some_and(|v| v.caching_mode),
+                Vendor::Smmuv3 => io.smmuv3.as_ref().is_some_and(|s| s.caching_mode),
+                Vendor::Virtio => true,
+            };
+            check(
+                !(hw_device && emulated && !sees_maps),
+                match self.platform.vendor {
+                    Vendor::Vtd => "platform.iommu.vtd.caching_mode",
+                    _ => "platform.iommu.smmuv3.caching_mode",
+                },
+                "expected true for a VFIO-assigned device behind an emulated IOMMU: QEMU shadows the \
+                 guest's mappings only if the driver invalidates after each map (or set \
+                 platform.hypervisor.nested)",
+            )?;
+            check(
+                !(h.nested && self.platform.vendor == Vendor::Virtio),
+                "platform.hypervisor.nested",
+                "expected false for virtio-iommu: nesting puts an emulated VT-d or SMMUv3's tables in hardware",
+            )?;
+            check(
+                !(h.nested && w.virtio_net.is_some()),
+                "platform.hypervisor.nested",
+                "expected false with [workload.virtio_net]: QEMU's and vhost's software device cannot use \
+                 hardware nested translation",
+            )?;
+            check(
+                !h.vcmdq || (h.nested && self.platform.vendor == Vendor::Smmuv3),
+                "platform.hypervisor.vcmdq",
+                "expected true only with nested = true on an SMMUv3 guest (a hardware command queue the \
+                 guest owns)",
+            )?;
+        }
+        if let Some(vn) = &w.virtio_net {
+            check(
+                self.platform.hypervisor.is_some(),
+                "workload.virtio_net",
+                format!(
+                    "expected a guest platform (a profile with [hypervisor], e.g. kvm-vtd-guest): \
+                     profile {} is bare metal",
+                    self.platform.profile
+                ),
+            )?;
+            vn.validate()?;
+        }
+        if let Some(nic) = &w.nic_rx {
+            nic.validate(cpu.cores)?;
+            let blocks = matches!(self.os.policy, PolicyName::Fands | PolicyName::Fns)
+                && nic.rq == RqKind::Mlx5Striding;
+            check(
+                !blocks || io.granule_kb == 4,
+                "os.policy",
+                format!(
+                    "expected a 4 KiB IOMMU granule for \"{}\" with a striding RQ: its WQE blocks map \
+                     4 KiB pages one by one (platform.iommu.granule_kb is {})",
+                    self.os.policy.as_str(),
+                    io.granule_kb
+                ),
+            )?;
+        }
+        if let Some(nic) = &w.nic_tx {
+            nic.validate(cpu.cores)?;
+        }
+        if let Some(rr) = &w.rr {
+            rr.validate(cpu.cores)?;
+        }
+        if let Some(nvme) = &w.nvme {
+            nvme.validate(cpu.cores)?;
+        }
+        Ok(())
+    }
+}
+
+/// What every NIC workload section checks: line rate, one CPU per queue, NAPI budget, RX moderation.
+/// The slowest link a NIC scenario takes: 1 Mbit/s, where a jumbo frame already takes 72 µs of wire time.
+/// Slower links carry no traffic a run of at most a minute could measure; the model's wire clock is kept in
+/// picoseconds, which a slot of hours would overflow.
+pub const MIN_LINE_RATE_GBPS: f64 = 0.001;
+
+fn check_nic(
+    section: &str,
+    line_rate_gbps: f64,
+    queues: u32,
+    cores: u32,
+    napi_budget: u32,
+    irq_usecs: u32,
+    irq_frames: u32,
+) -> Result<(), (Vec<String>, String)> {
+    let key = |k: &str| format!("{section}.{k}");
+    check(
+        (MIN_LINE_RATE_GBPS..=3200.0).contains(&line_rate_gbps),
+        &key("line_rate_gbps"),
+        format!("expected a line rate in [{MIN_LINE_RATE_GBPS}, 3200] Gbps"),
+    )?;
+    check(
+        queues >= 1 && queues <= cores,
+        &key("queues"),
+        format!("expected 1..={cores} queues (one CPU each, platform.cpu.cores)"),
+    )?;
+    check(napi_budget >= 1, &key("napi_budget"), "expected at least 1")?;
+    check(
+        irq_usecs <= 1_000_000,
+        &key("irq_usecs"),
+        "expected 0..=1000000 µs",
+    )?;
+    check(irq_frames >= 1, &key("irq_frames"), "expected at least 1")
+}
+
+/// Bounds that keep a typo from allocating the machine away.
+const MAX_CACHE_ENTRIES: u32 = 1 << 20;
+const MAX_PWC_ENTRIES: u32 = 1 << 16;
+const MAX_CPUS: u32 = 4096;
+/// page_pool ptr_ring limit: net/core/page_pool.c page_pool_init() ring_qsize = min(pool_size, 16384).
+const PP_MAX_POOL_SIZE: u32 = 16384;
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// Hypervisor costs for unit tests across the crate.
+    pub(crate) fn hypervisor() -> HypervisorProfile {
+        HypervisorProfile {
+            mmio_exit_ns: 5000,
+            kick_exit_ns: 1000,
+            irq_inject_ns: 2000,
+            qemu_packet_ns: 2000,
+            vhost_packet_ns: 1000,
+            qemu_translate_ns: 100,
+            vhost_iotlb_lookup_ns: 100,
+            vhost_iotlb_miss_ns: 10000,
+            vhost_invalidate_ns: 1000,
+            vhost_iotlb_entries: 2048,
+            host_profile: "vtd-server".into(),
+            vfio_map_ns: 2000,
+            vfio_map_page_ns: 300,
+            vfio_unmap_ns: 4000,
+            vfio_unmap_page_ns: 100,
+            nested: false,
+            nested_inv_ns: 3000,
+            nested_s2_reads: 1,
+            vcmdq: false,
+        }
+    }
+
+    fn text(s: &str) -> Result<Vec<Variant>, InputError> {
+        load(
+            Source::Text {
+                name: "t.toml",
+                text: s,
+            },
+            &[],
+        )
+    }
+    const MIN: &str = "[run]\nduration_ms = 1\n[platform]\nprofile = \"vtd-server\"\n[os]\npolicy = \"strict\"\n[workload.nic_rx]\nline_rate_gbps = 10\nqueues = 2\nflows = 2\nmtu = 4096\nring_size = 64\n";
+
+    #[test]
+    fn builtin_default_loads_and_compares_three_policies() {
+        let v = load(Source::Builtin("default"), &[]).unwrap();
+        let pols: Vec<_> = v.iter().map(|v| v.scenario.os.policy).collect();
+        assert!(v
+            .iter()
+            .any(|v| !v.scenario.workload.nic_rx.as_ref().unwrap().page_pool));
+        assert!(
+            pols.contains(&PolicyName::Passthrough)
+                && pols.contains(&PolicyName::Lazy)
+                && pols.contains(&PolicyName::Strict)
+        );
+    }
+
+    #[test]
+    fn minimal_scenario_loads() {
+        let v = text(MIN).unwrap();
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].scenario.platform.iommu.ias_bits, 48);
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_key() {
+        let e = text(&MIN.replace("queues = 2", "queues = 2\nqueuez = 3")).unwrap_err();
+        assert_eq!(e.origin, "t.toml:10:1", "{e}");
+        assert!(
+            e.msg.contains("queuez") && e.msg.contains("expected"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_type_names_line_and_expectation() {
+        let e = text(&MIN.replace("queues = 2", "queues = \"two\"")).unwrap_err();
+        assert_eq!(e.origin, "t.toml:9:1", "{e}");
+        assert!(
+            e.msg.contains("workload.nic_rx.queues") && e.msg.contains("u32"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn missing_key_names_section() {
+        let e = text(&MIN.replace("mtu = 4096\n", "")).unwrap_err();
+        assert!(e.msg.contains("missing field `mtu`"), "{e}");
+        assert!(e.origin.starts_with("t.toml:7:"), "{e}");
+    }
+
+    #[test]
+    fn set_overrides_and_blames_the_flag() {
+        let ov = vec![("workload.nic_rx.queues".to_string(), "4".to_string())];
+        let v = load(
+            Source::Text {
+                name: "t.toml",
+                text: MIN,
+            },
+            &ov,
+        )
+        .unwrap();
+        assert_eq!(v[0].scenario.workload.nic_rx.as_ref().unwrap().queues, 4);
+        let ov = vec![("os.polcy".to_string(), "lazy".to_string())];
+        let e = load(
+            Source::Text {
+                name: "t.toml",
+                text: MIN,
+            },
+            &ov,
+        )
+        .unwrap_err();
+        assert_eq!(e.origin, "--set os.polcy=lazy", "{e}");
+    }
+
+    #[test]
+    fn a_set_value_read_as_a_number_where_text_is_expected_is_taken_as_written() {
+        let set = |k: &str, v: &str| {
+            load(
+                Source::Text {
+                    name: "t.toml",
+                    text: MIN,
+                },
+                &[(k.to_string(), v.to_string())],
+            )
+        };
+        // TOML reads 6.10 as the float 6.1; the kernel is the text as written.
+        assert_eq!(
+            set("os.kernel", "6.10").unwrap()[0].scenario.os.kernel,
+            "6.10"
+        );
+        assert_eq!(
+            set("os.kernel", "6.0").unwrap()[0].scenario.os.kernel,
+            "6.0"
+        );
+        // A number where a number is expected still has to be one of the right kind.
+        let e = set("workload.nic_rx.queues", "4.5").unwrap_err();
+        assert_eq!(e.origin, "--set workload.nic_rx.queues=4.5", "{e}");
+        // A named choice given a number is read as that name, so the error lists the choices.
+        let e = set("os.policy", "1").unwrap_err();
+        assert!(e.msg.contains("unknown variant `1`"), "{e}");
+    }
+
+    #[test]
+    fn platform_keys_override_profile_and_profile_errors_point_at_override() {
+        let v = text(&MIN.replace(
+            "profile = \"vtd-server\"",
+            "profile = \"vtd-server\"\niommu.iotlb_entries = 256",
+        ))
+        .unwrap();
+        assert_eq!(v[0].scenario.platform.iommu.iotlb_entries, 256);
+        let e = text(&MIN.replace("profile = \"vtd-server\"", "profile = \"nope\"")).unwrap_err();
+        assert!(
+            e.origin.starts_with("t.toml:4:") && e.msg.contains("vtd-server"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn provenance_names_settings_and_their_kind_and_a_new_value_drops_it() {
+        let prov = |body: &str| format!("{MIN}[provenance]\n{body}\n");
+        let v = text(&prov(
+            "\"workload.nic_rx.queues\" = \"assumed: one per flow\"",
+        ))
+        .unwrap();
+        assert_eq!(
+            v[0].scenario.provenance["workload.nic_rx.queues"],
+            "assumed: one per flow"
+        );
+        // A profile key the scenario inherits is a setting too.
+        assert!(text(&prov(
+            "\"platform.pcie.link_gbps\" = \"source: PCIe 3.0 x16\""
+        ))
+        .is_ok());
+        let e = text(&prov("\"workload.nic_rx.queue\" = \"assumed: x\"")).unwrap_err();
+        assert!(
+            e.to_string().contains("provenance") && e.msg.contains("not a setting"),
+            "{e}"
+        );
+        let e = text(&prov("\"workload.nic_rx.queues\" = \"guessed: x\"")).unwrap_err();
+        assert!(e.msg.contains("source|assumed|fitted"), "{e}");
+        let e = text(&prov("\"workload.nic_rx.queues\" = \"assumed:\"")).unwrap_err();
+        assert!(e.msg.contains("source|assumed|fitted"), "{e}");
+        let set = vec![("workload.nic_rx.queues".to_string(), "4".to_string())];
+        let src = prov("\"workload.nic_rx.queues\" = \"assumed: one per flow\"");
+        let v = load(
+            Source::Text {
+                name: "t.toml",
+                text: &src,
+            },
+            &set,
+        )
+        .unwrap();
+        assert!(v[0].scenario.provenance.is_empty());
+        let cmp = format!("{src}[compare]\n\"workload.nic_rx.queues\" = [1, 2]\n");
+        assert!(text(&cmp)
+            .unwrap()
+            .iter()
+            .all(|v| v.scenario.provenance.is_empty()));
+    }
+
+    #[test]
+    fn builtin_scenarios_say_where_every_platform_override_comes_from() {
+        for (name, body) in BUILTIN_SCENARIOS {
+            let t: toml::Table = toml::from_str(body).unwrap();
+            let mut keys = vec![];
+            if let Some(toml::Value::Table(p)) = t.get("platform") {
+                setting_keys(p, "platform", &mut keys);
+            }
+            let prov = t.get("provenance").and_then(|p| p.as_table());
+            for k in keys.iter().filter(|k| *k != "platform.profile") {
+                assert!(
+                    prov.is_some_and(|p| p.contains_key(k)),
+                    "scenario {name}: {k} overrides its profile without a [provenance] entry"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn compare_expands_in_order_and_set_pins_an_axis() {
+        let s = format!("{MIN}[compare]\n\"os.policy\" = [\"lazy\", \"strict\"]\n\"workload.nic_rx.queues\" = [1, 2]\n");
+        let v = text(&s).unwrap();
+        assert_eq!(v.len(), 4);
+        assert_eq!(v[0].label, "policy=lazy queues=1");
+        let ov = vec![("os.policy".to_string(), "passthrough".to_string())];
+        let v = load(
+            Source::Text {
+                name: "t.toml",
+                text: &s,
+            },
+            &ov,
+        )
+        .unwrap();
+        assert_eq!(v.len(), 2);
+        assert!(v
+            .iter()
+            .all(|x| x.scenario.os.policy == PolicyName::Passthrough));
+        let bad = format!("{MIN}[compare]\n\"os.policy\" = [\"lazy\", \"fast\"]\n");
+        let e = text(&bad).unwrap_err();
+        assert!(
+            e.origin.starts_with("t.toml:14:") && e.msg.contains("fast"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn semantic_checks_name_the_key() {
+        let e = text(&MIN.replace("queues = 2", "queues = 0")).unwrap_err();
+        assert!(e.msg.contains("workload.nic_rx.queues"), "{e}");
+        let e = text(&MIN.replace("duration_ms = 1", "duration_ms = -1")).unwrap_err();
+        assert!(e.msg.contains("run.duration_ms"), "{e}");
+    }
+
+    #[test]
+    fn missing_file_is_one_line() {
+        let e = load(Source::File(Path::new("/nonexistent/x.toml")), &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "/nonexistent/x.toml: cannot read: no such file"
+        );
+    }
+
+    /// Every number, capability flag or array of numbers in a profile, as its dotted key.
+    fn setting_keys(t: &toml::Table, prefix: &str, out: &mut Vec<String>) {
+        for (k, v) in t {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Integer(_) | toml::Value::Float(_) | toml::Value::Boolean(_) => {
+                    out.push(key)
+                }
+                toml::Value::Array(a) if a.iter().all(|x| x.is_integer() || x.is_float()) => {
+                    out.push(key)
+                }
+                // A named choice inside a section (the top level's description and vendor are not settings).
+                toml::Value::String(_) if !prefix.is_empty() => out.push(key),
+                toml::Value::Table(inner) if key != "sources" => setting_keys(inner, &key, out),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn builtin_profiles_cite_a_source_for_every_number_and_flag() {
+        for (name, text) in BUILTIN_PROFILES {
+            let t: toml::Table = toml::from_str(text).unwrap();
+            let sources = t
+                .get("sources")
+                .and_then(|s| s.as_table())
+                .cloned()
+                .unwrap_or_default();
+            let mut keys = vec![];
+            setting_keys(&t, "", &mut keys);
+            assert!(keys.len() > 20, "{name}: {keys:?}");
+            let missing: Vec<_> = keys
+                .iter()
+                .filter(|k| {
+                    sources
+                        .get(*k)
+                        .and_then(|s| s.as_str())
+                        .is_none_or(|s| s.len() <= 10)
+                })
+                .collect();
+            assert!(
+                missing.is_empty(),
+                "profile {name}: no source for {missing:?}"
+            );
+            // A figure taken from a simulator's defaults or another machine is an estimate for this one.
+            let borrowed: Vec<_> = sources
+                .iter()
+                .filter_map(|(k, v)| Some((k, v.as_str()?)))
+                .filter(|(_, v)| {
+                    (v.contains("gem5") || v.contains("borrowed") || v.contains("reused"))
+                        && !v.starts_with("estimate")
+                })
+                .collect();
+            assert!(
+                borrowed.is_empty(),
+                "profile {name}: borrowed figures not marked as estimates: {borrowed:?}"
+            );
+            let extra: Vec<_> = sources.keys().filter(|k| !keys.contains(k)).collect();
+            assert!(
+                extra.is_empty(),
+                "profile {name}: sources for keys it does not have: {extra:?}"
+            );
+        }
+    }
+
+    const GUEST_NET: &str =
+        "[workload.virtio_net]\nline_rate_gbps = 10\ndirection = \"rx\"\nmtu = 1500\n";
+
+    #[test]
+    fn every_builtin_profile_runs_the_minimal_scenario() {
+        for (name, _) in BUILTIN_PROFILES {
+            let arch = if name.contains("smmuv3") {
+                "arm64"
+            } else {
+                "x86_64"
+            };
+            let mut sc = MIN
+                .replace("vtd-server", name)
+                .replace("[os]\n", &format!("[os]\narch = \"{arch}\"\n"));
+            if name.starts_with("kvm-") {
+                // A guest with an emulated IOMMU runs a virtio device.
+                let at = sc.find("[workload.nic_rx]").unwrap();
+                sc.truncate(at);
+                sc.push_str(GUEST_NET);
+            }
+            let v = text(&sc).unwrap();
+            assert_eq!(v[0].scenario.platform.profile, *name);
+            // ... and simulates it: traffic flows.
+            let r = crate::run::run_variant(&v[0]);
+            assert!(
+                r.throughput_gbps > 1.0,
+                "profile {name}: {} Gbps",
+                r.throughput_gbps
+            );
+            assert!(r.sim_seconds > 0.0, "profile {name}");
+        }
+    }
+}

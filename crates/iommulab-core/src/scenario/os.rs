@@ -1,0 +1,112 @@
+//! `[os]`: the kernel (version, architecture, command line, CONFIG_HZ) and the DMA policy.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The DMA-mapping policy of the device's default domain.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyName {
+    /// Identity domain: dma-direct, no translation, no protection.
+    Passthrough,
+    /// DMA domain: invalidate on every unmap before the IOVA is freed.
+    Strict,
+    /// DMA-FQ domain: unmaps queue on a per-CPU flush queue, flushed whole-domain by timer or when full.
+    Lazy,
+    /// xSMMU (seed 002 §3.2): unmap without sync, pages held per queue until one domain-wide invalidation
+    /// at the end of each NAPI poll or TX completion batch.
+    Xsmmu,
+    /// FANDS (seed 002 §3.1): one contiguous IOVA block per RX multi-packet WQE, invalidated once at
+    /// unmap; no RX page recycling under the IOMMU; strict elsewhere.
+    Fands,
+    /// F&S (SOSP'24 §3): contiguous 64-page IOVA chunks (per RX multi-packet WQE, and packed across
+    /// descriptors for single mappings), one invalidation per descriptor, with IH so walk caches survive.
+    Fns,
+    /// Block batching with recycling: mappings packed into per-CPU IOVA chunks with per-chunk reference
+    /// counts; unmapped pages held until one range invalidation per chunk at the end of each batch.
+    Blocks,
+    /// Resolve from `os.arch` and `os.cmdline` as iommu_subsys_init() does.
+    Auto,
+}
+
+impl PolicyName {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::Passthrough => "passthrough",
+            PolicyName::Strict => "strict",
+            PolicyName::Lazy => "lazy",
+            PolicyName::Xsmmu => "xsmmu",
+            PolicyName::Fands => "fands",
+            PolicyName::Fns => "fns",
+            PolicyName::Blocks => "blocks",
+            PolicyName::Auto => "auto",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    X86_64,
+    Arm64,
+    S390,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Os {
+    /// Kernel version, `MAJOR.MINOR`.
+    #[serde(default = "default_kernel")]
+    pub kernel: String,
+    /// The kernel's architecture (an IOMMU's vendor must match it).
+    #[serde(default = "default_arch")]
+    pub arch: Arch,
+    pub policy: PolicyName,
+    /// Kernel command line; read when `policy = "auto"`.
+    #[serde(default)]
+    pub cmdline: String,
+    /// CONFIG_HZ: the flush-queue timer is rounded to jiffies.
+    #[serde(default = "default_hz")]
+    pub hz: u32,
+    /// CFS wakeup granularity (µs): how far a waking task or ksoftirqd must be behind the running one to
+    /// preempt it (`sim::sched`). Default: the kernel's 1 ms scaled by 1 + log2(min(cores, 8)).
+    #[serde(default)]
+    pub sched_wakeup_granularity_us: Option<u32>,
+}
+fn default_kernel() -> String {
+    "6.12".into()
+}
+fn default_arch() -> Arch {
+    Arch::X86_64
+}
+fn default_hz() -> u32 {
+    250
+}
+
+/// `"6.12"` → (6, 12).
+pub fn parse_kernel(v: &str) -> Result<(u32, u32), String> {
+    let mut it = v.trim().splitn(3, '.');
+    let maj = it.next().and_then(|s| s.parse::<u32>().ok());
+    let min = it.next().and_then(|s| {
+        s.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse::<u32>()
+            .ok()
+    });
+    match (maj, min) {
+        (Some(a), Some(b)) if (KERNEL_OLDEST..=KERNEL_NEWEST).contains(&(a, b)) => Ok((a, b)),
+        (Some(a), Some(b)) => Err(format!(
+            "kernel {a}.{b}: expected {}.{} to {}.{}, the kernels whose DMA-layer rules the model follows",
+            KERNEL_OLDEST.0, KERNEL_OLDEST.1, KERNEL_NEWEST.0, KERNEL_NEWEST.1
+        )),
+        _ => Err(format!(
+            "expected a kernel version like \"6.12\", got \"{v}\""
+        )),
+    }
+}
+
+/// The oldest kernel modelled: 5.15 introduced the DMA-FQ domain type (IOMMU_DOMAIN_DMA_FQ) that the
+/// default-domain rules and the flush queue follow.
+pub const KERNEL_OLDEST: (u32, u32) = (5, 15);
+/// The newest kernel whose changes the model knows (the qi_desc_iotlb IH fix, kernel.rs).
+pub const KERNEL_NEWEST: (u32, u32) = (6, 18);

@@ -1,0 +1,322 @@
+//! `[platform]`: the platform profile a scenario names (built-in or a file) and the keys it may override:
+//! the IOMMU, PCIe, memory, CPU costs and, for a guest, the hypervisor.
+
+#[allow(unused_imports)]
+use super::*;
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Vendor {
+    /// Intel VT-d: second-level page table, queued invalidation (PSI/DSI/global + wait descriptor).
+    Vtd,
+    /// Arm SMMUv3: LPAE page table, command queue (TLBI by VA or range, by ASID/VMID, CMD_SYNC).
+    Smmuv3,
+    /// virtio-iommu: MAP/UNMAP requests on a virtqueue to the host (a paravirtual IOMMU in a guest).
+    Virtio,
+}
+
+impl Vendor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Vendor::Vtd => "vtd",
+            Vendor::Smmuv3 => "smmuv3",
+            Vendor::Virtio => "virtio",
+        }
+    }
+}
+
+/// A hardware platform: the IOMMU, memory, PCIe path and CPU costs. Loaded from a profile file.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Platform {
+    /// Built-in profile name or a path (relative to the scenario file).
+    pub profile: String,
+    /// One line on what the profile is.
+    #[serde(default)]
+    pub description: String,
+    /// The IOMMU's kind, which decides the driver model and the page-table format.
+    pub vendor: Vendor,
+    pub iommu: IommuProfile,
+    pub memory: MemoryProfile,
+    pub pcie: PcieProfile,
+    pub cpu: CpuProfile,
+    /// A guest: its IOMMU is emulated by the hypervisor, and the CPUs are vCPUs (absent: bare metal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor: Option<HypervisorProfile>,
+    /// Where each number comes from: `"section.key" = "source"`.
+    #[serde(default)]
+    pub sources: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IommuProfile {
+    /// IOTLB entries and associativity.
+    pub iotlb_entries: u32,
+    /// IOTLB ways (entries / ways sets).
+    pub iotlb_ways: u32,
+    /// Entries of each paging-structure (walk) cache, top level first: one per non-leaf level; LRU.
+    pub pwc_entries: Vec<u32>,
+    /// Associativity of the walk caches (0 = fully associative).
+    pub pwc_ways: u32,
+    /// Input address bits of the DMA domain's page table (VT-d address width: 48 → 4 levels, 57 → 5;
+    /// LPAE IAS); with the granule it decides the levels a walk reads.
+    pub ias_bits: u32,
+    /// Translation granule in KiB: 4 (VT-d; LPAE), 16 or 64 (LPAE).
+    pub granule_kb: u32,
+    /// Superpages / block mappings (VT-d CAP.SLLPS 2M and 1G; LPAE blocks of the granule).
+    pub large_pages: bool,
+    /// dev->iommu->shadow_on_flush: a hypervisor shadows the IOTLB flushes (s390 zPCI under z/VM or KVM), so
+    /// a lazy domain gets one 32768-entry flush queue with a 1 s timer instead of per-CPU rings of 256.
+    #[serde(default)]
+    pub shadow_on_flush: bool,
+    /// Intel VT-d queued invalidation (required when `vendor = "vtd"`).
+    pub vtd: Option<VtdProfile>,
+    /// Arm SMMUv3 command queue (required when `vendor = "smmuv3"`).
+    pub smmuv3: Option<Smmuv3Profile>,
+    /// virtio-iommu request queue (required when `vendor = "virtio"`).
+    #[serde(default)]
+    pub virtio: Option<VirtioProfile>,
+}
+
+impl IommuProfile {
+    /// Entries of the last walk cache (the one holding level-2 entries: F&S's PTcache-L3).
+    pub fn last_walk_cache_entries(&self) -> u64 {
+        self.pwc_entries.last().map_or(0, |&n| n as u64)
+    }
+}
+
+/// The hypervisor a guest platform runs under (KVM with QEMU as the VMM).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HypervisorProfile {
+    /// Round trip of an MMIO write the VMM handles in user space: VM exit, KVM's return to the VMM,
+    /// dispatch to the device's handler and back, re-entry (without the handler's own work).
+    pub mmio_exit_ns: u64,
+    /// Round trip of a virtqueue notification KVM completes in the kernel (ioeventfd): exit, eventfd
+    /// signal, re-entry.
+    pub kick_exit_ns: u64,
+    /// From the device's interrupt (irqfd) to the guest vCPU running its handler.
+    pub irq_inject_ns: u64,
+    /// Device-thread CPU per packet (one GSO skb), besides translation and copying: QEMU's virtio-net
+    /// (virtqueue_pop, the tap read or write) and vhost-net (handle_rx/handle_tx, the socket call).
+    pub qemu_packet_ns: u64,
+    /// vhost-net's per-packet device-thread CPU (as `qemu_packet_ns`).
+    pub vhost_packet_ns: u64,
+    /// QEMU's translation of one guest page through the vIOMMU on a hit in its IOTLB (address_space_map
+    /// through the IOMMU region, the IOTLB hash lookup).
+    pub qemu_translate_ns: u64,
+    /// vhost's device-IOTLB lookup on a hit (vhost_iotlb_itree_first), per page.
+    pub vhost_iotlb_lookup_ns: u64,
+    /// A vhost device-IOTLB miss: VHOST_IOTLB_MISS read by QEMU, its translation, VHOST_IOTLB_UPDATE
+    /// written back, vhost resuming (the walk's reads are added at `memory.walk_read_ns`, which on a guest
+    /// platform is the emulator's software read of one guest page-table entry).
+    pub vhost_iotlb_miss_ns: u64,
+    /// QEMU writing one VHOST_IOTLB_INVALIDATE to vhost (its IOMMU notifier, per invalidated range).
+    pub vhost_invalidate_ns: u64,
+    /// vhost's device-IOTLB capacity (drivers/vhost/vhost.c max_iotlb_entries).
+    pub vhost_iotlb_entries: u32,
+    /// The bare-metal profile of the host the guest runs on (built-in): its IOMMU hardware translates a
+    /// VFIO-assigned device's DMA, through shadow mappings or, with `nested`, two stages.
+    pub host_profile: String,
+    /// VFIO_IOMMU_MAP_DMA: the ioctl, and per 4 KiB page the pin (pin_user_pages) and the host's iommu_map.
+    pub vfio_map_ns: u64,
+    /// VFIO_IOMMU_MAP_DMA per 4 KiB page (pin and host map).
+    pub vfio_map_page_ns: u64,
+    /// VFIO_IOMMU_UNMAP_DMA: the ioctl with the host IOMMU's invalidation and wait, and per page the unpin.
+    pub vfio_unmap_ns: u64,
+    /// VFIO_IOMMU_UNMAP_DMA per 4 KiB page (unpin).
+    pub vfio_unmap_page_ns: u64,
+    /// Nested translation (a VFIO device): the guest's IOMMU tables are stage 1 in the host's hardware over
+    /// the host's stage 2; no shadowing, but a two-dimensional walk on a miss.
+    #[serde(default)]
+    pub nested: bool,
+    /// With `nested`: the VMM forwarding one trapped invalidation batch to the host (iommufd
+    /// IOMMU_HWPT_INVALIDATE, the host driver's commands and their wait).
+    pub nested_inv_ns: u64,
+    /// With `nested`: page-table reads of the stage-2 translation each stage-1 access needs after the
+    /// stage-2 caches (a 4-level by 4-level walk needs up to 24 reads in all with nothing cached).
+    pub nested_s2_reads: u32,
+    /// With `nested` on SMMUv3: the guest's command queue is a hardware one (NVIDIA's CMDQV, tegra241-cmdqv.c)
+    /// and its invalidations do not trap.
+    #[serde(default)]
+    pub vcmdq: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VirtioProfile {
+    /// Guest CPU time to add one request to the request virtqueue (under viommu->request_lock).
+    pub add_req_ns: u64,
+    /// Host time to process one MAP or UNMAP request (and write its status).
+    pub req_ns: u64,
+    /// Smallest page in the device's page_size_mask, in KiB; every larger power of two is supported too
+    /// (QEMU's default mask, ~(target page - 1)).
+    pub min_page_kb: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VtdProfile {
+    /// Hardware time to process one IOTLB invalidation descriptor.
+    pub inv_desc_ns: u64,
+    /// Hardware time to process a wait descriptor (status write back).
+    pub inv_wait_ns: u64,
+    /// CPU time to write one descriptor into the queue under the queue lock.
+    pub submit_desc_ns: u64,
+    /// Largest PSI address mask (CAP.MAMV); larger ranges fall back to DSI.
+    pub mamv: u32,
+    /// CAP.CM: caching mode (virtual IOMMUs): maps need an invalidation too.
+    pub caching_mode: bool,
+    /// CAP.RWBF: the write buffer must be flushed after a map when no invalidation is required.
+    pub rwbf: bool,
+    /// Hardware time of one write-buffer flush (GCMD.WBF until GSTS.WBFS clears).
+    pub wbf_ns: u64,
+    /// CPU time per cache tag when a flush walks the domain's tags under its cache_lock (6.10+).
+    pub cache_tag_ns: u64,
+    /// What a page-selective invalidation with IH=0 drops from the paging-structure caches.
+    #[serde(default)]
+    pub psi_nonleaf: PsiNonLeaf,
+}
+
+/// The paging-structure-cache entries a PSI with IH=0 invalidates (VT-d spec §6.5.2.3, IOTLB Invalidate
+/// Descriptor, IH; an implementation may invalidate at a coarser granularity than requested).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PsiNonLeaf {
+    /// Only the non-leaf entries used to translate the ADDR/AM range (what the spec requires).
+    #[default]
+    Range,
+    /// Every non-leaf entry of the domain, the leaf entries of the range only (Intel server IIO).
+    Domain,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Smmuv3Profile {
+    /// CPU time to insert one 16-byte command (slot reservation on the shared producer index, copy).
+    pub submit_cmd_ns: u64,
+    /// SMMU time to consume one TLBI command.
+    pub cmd_ns: u64,
+    /// SMMU time a CMD_SYNC holds its queue: the commands before it complete (SMMUv3 §4.7.3).
+    pub sync_ns: u64,
+    /// What a CMD_SYNC's round trip adds outside the queue: the doorbell reaching the SMMU, the command
+    /// fetch, the MSI write and the polling CPU seeing it (the time of a CMD_SYNC on an empty queue).
+    #[serde(default)]
+    pub sync_signal_ns: u64,
+    /// IDR3.RIL: range invalidation commands.
+    pub ril: bool,
+    /// Per-CPU enhanced command queues (SMMUv3.3 ECMDQ) instead of one shared queue.
+    pub ecmdq: bool,
+    /// The SMMU consumes its ECMDQs in parallel (one consumer per queue) rather than one after another.
+    #[serde(default)]
+    pub ecmdq_parallel: bool,
+    /// Translation stage of DMA domains: 1 (TLBI_NH_*, by ASID) or 2 (TLBI_S2_IPA / S12_VMALL, by VMID).
+    pub stage: u32,
+    /// A "caching mode" for an emulated SMMUv3 (E. Auger's vSMMUv3 series, a firmware quirk): the driver
+    /// also invalidates after every map, so the VMM sees new mappings (for VFIO). No hardware has it.
+    #[serde(default)]
+    pub caching_mode: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryProfile {
+    /// One page-walk memory read by the IOMMU.
+    pub walk_read_ns: u64,
+    /// Physical pages the simulated kernel can hand out.
+    pub pages: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PcieProfile {
+    /// Fixed latency of one DMA write through the root complex with an IOTLB hit.
+    pub dma_base_ns: u64,
+    /// DMA writes whose translation may be outstanding at once.
+    pub translation_slots: u32,
+    /// Link bandwidth after encoding.
+    pub link_gbps: f64,
+    /// Device on-chip receive buffer; packets beyond it are dropped.
+    pub device_buffer_bytes: u64,
+    /// The device uses PCIe ATS: it caches translations in its own ATC and must be invalidated too.
+    pub ats: bool,
+    /// ATC entries and associativity (used when `ats`).
+    pub atc_entries: u32,
+    /// ATC ways (atc_entries / ways sets).
+    pub atc_ways: u32,
+    /// Round trip of an ATS translation request on an ATC miss, before the IOMMU's own lookup.
+    pub ats_request_ns: u64,
+    /// Time until the device completes an ATS invalidation request (its ATC drained, response sent).
+    pub ats_inv_ns: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CpuProfile {
+    /// Cores available to the workloads (one CPU each).
+    pub cores: u32,
+    /// Per packet off the wire: the driver's RX completion, skb build and GRO merge
+    /// (mlx5e_handle_rx_cqe_mpwrq, napi_gro_receive).
+    pub stack_ns_per_packet: u64,
+    /// Per skb up the stack after GRO: netif_receive_skb → ip_rcv → tcp_v4_rcv → tcp_rcv_established →
+    /// tcp_data_queue → sk_data_ready, and the skb's free after the copy. A pure ACK or a small request is
+    /// one packet and one skb; a GRO skb carries up to 64 KiB of a flow's segments.
+    pub stack_ns_per_skb: u64,
+    /// recvmsg copy to user space per byte.
+    pub copy_ns_per_byte: f64,
+    /// Scheduler wake-up of a reader blocked on a socket.
+    pub wakeup_ns: u64,
+    /// alloc_page / put_page.
+    pub page_alloc_ns: u64,
+    /// Fixed iommu-dma map or unmap path cost (iommu_dma_map_page / __iommu_dma_unmap).
+    pub dma_iommu_op_ns: u64,
+    /// dma-direct map or unmap (identity domain).
+    pub dma_direct_op_ns: u64,
+    /// Write or clear one leaf PTE (plus its cache-line flush where not coherent).
+    pub pte_ns: u64,
+    /// IOVA allocation or free served by the per-CPU rcache.
+    pub iova_rcache_ns: u64,
+    /// IOVA allocation or free on the rbtree (under the domain's iova_rbtree_lock).
+    pub iova_rbtree_ns: u64,
+    /// Uncontended spinlock acquire + release on a line this core already holds.
+    pub lock_ns: u64,
+    /// Cores sharing a cluster (an LLC slice group or mesh cluster) and cores per socket: CPU i sits in
+    /// cluster i / cluster_cores of socket i / socket_cores.
+    pub cluster_cores: u32,
+    /// Cores per socket (a multiple of cluster_cores).
+    pub socket_cores: u32,
+    /// One cache-line transfer (the stall of an atomic or a lock acquire on a line another core wrote last)
+    /// from a core of the same cluster, of another cluster of the socket, of another socket.
+    pub line_cluster_ns: u64,
+    /// One cache-line transfer from another cluster of the same socket.
+    pub line_socket_ns: u64,
+    /// One cache-line transfer from another socket.
+    pub line_remote_ns: u64,
+    /// queue_iova(): append to this CPU's flush-queue ring.
+    pub fq_entry_ns: u64,
+    /// Sending one small packet (a TCP ACK) down the stack and driver, without its DMA mapping.
+    pub tx_packet_ns: u64,
+    /// Submitting one block I/O: the application's submission (io_uring/libaio), blk-mq, nvme_queue_rq() and
+    /// the doorbell, without the DMA mapping.
+    pub nvme_submit_ns: u64,
+    /// Completing one block I/O: the interrupt, nvme_irq()/blk_mq_complete_request() and the application's
+    /// reap, without the DMA unmapping.
+    pub nvme_complete_ns: u64,
+}
+impl CpuProfile {
+    /// What moving a line between two of these cores costs.
+    pub fn coherence(&self) -> crate::sim::Coherence {
+        crate::sim::Coherence {
+            cluster_cores: self.cluster_cores,
+            socket_cores: self.socket_cores,
+            cluster_ns: self.line_cluster_ns,
+            socket_ns: self.line_socket_ns,
+            remote_ns: self.line_remote_ns,
+        }
+    }
+    /// Receiving one packet that GRO does not merge (a pure ACK, a small request): one packet, one skb.
+    pub fn rx_lone_packet_ns(&self) -> u64 {
+        self.stack_ns_per_packet + self.stack_ns_per_skb
+    }
+}

@@ -1,0 +1,88 @@
+//! `[workload.virtio_net]`: a guest's virtio-net device, in QEMU or vhost.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Which way a guest's TCP stream runs, from the guest's side.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// The guest receives (netperf TCP_MAERTS / iperf3 -R from the guest's view).
+    Rx,
+    /// The guest sends (netperf TCP_STREAM).
+    Tx,
+}
+
+/// A guest's virtio-net device (virtio-net-pci with VIRTIO_F_ACCESS_PLATFORM, so its buffers go through
+/// the guest's DMA API and the vIOMMU) carrying one bulk TCP stream to or from a peer host. The device is
+/// the VMM's (QEMU's virtio-net, vhost = false) or the host kernel's (vhost-net, vhost = true). Needs a
+/// guest platform (a profile with `[hypervisor]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VirtioNet {
+    /// The peer's link (the host's NIC).
+    pub line_rate_gbps: f64,
+    pub direction: Direction,
+    /// vhost-net does the device's work in a host kernel thread, translating through its own device
+    /// IOTLB; without it QEMU's virtio-net does, translating through the vIOMMU's emulated translation.
+    #[serde(default)]
+    pub vhost: bool,
+    /// Descriptors per virtqueue (QEMU's rx_queue_size / tx_queue_size default: 256).
+    #[serde(default = "default_virtqueue_size")]
+    pub queue_size: u32,
+    /// TSO/GRO size: the guest's largest TSO skb, and the host's GRO'd skbs handed to the tap.
+    #[serde(default = "default_gro_max")]
+    pub gso_max_bytes: u32,
+    /// The guest's MTU.
+    pub mtu: u32,
+    /// TCP Small Queues budget of the guest's sending socket (direction tx), as `workload.nic_tx`.
+    #[serde(default = "default_tsq_bytes")]
+    pub tsq_bytes: u64,
+    /// The receiver ACKs once per this many bytes (about once per GRO skb).
+    #[serde(default = "default_gro_max_u64")]
+    pub ack_bytes: u64,
+    /// From the guest's data leaving the host's NIC to the peer's ACK arriving, µs.
+    #[serde(default = "default_rtt_us")]
+    pub rtt_us: f64,
+}
+/// QEMU hw/net/virtio-net.c VIRTIO_NET_RX_QUEUE_DEFAULT_SIZE / VIRTIO_NET_TX_QUEUE_DEFAULT_SIZE.
+fn default_virtqueue_size() -> u32 {
+    256
+}
+
+impl VirtioNet {
+    pub(super) fn validate(&self) -> Result<(), (Vec<String>, String)> {
+        check(
+            self.line_rate_gbps.is_finite()
+                && (MIN_LINE_RATE_GBPS..=1e6).contains(&self.line_rate_gbps),
+            "workload.virtio_net.line_rate_gbps",
+            format!("expected {MIN_LINE_RATE_GBPS}..=1000000 Gbps"),
+        )?;
+        check(
+            self.queue_size.is_power_of_two() && (2..=1024).contains(&self.queue_size),
+            "workload.virtio_net.queue_size",
+            "expected a power of two from 2 to 1024 (a split virtqueue; QEMU's VIRTQUEUE_MAX_SIZE)",
+        )?;
+        check(
+            (68..=65535).contains(&self.mtu),
+            "workload.virtio_net.mtu",
+            "expected an MTU of 68..=65535 bytes",
+        )?;
+        check(
+            self.gso_max_bytes >= self.mtu && self.gso_max_bytes <= 65536,
+            "workload.virtio_net.gso_max_bytes",
+            "expected at least one MTU and at most 65536 (GSO_MAX_SIZE)",
+        )?;
+        check(
+            self.tsq_bytes >= self.gso_max_bytes as u64 && self.tsq_bytes <= 1 << 30,
+            "workload.virtio_net.tsq_bytes",
+            "expected at least gso_max_bytes and at most 1 GiB",
+        )?;
+        check(
+            self.ack_bytes >= 1,
+            "workload.virtio_net.ack_bytes",
+            "expected at least 1 byte",
+        )?;
+        check_rtt(self.rtt_us, "workload.virtio_net.rtt_us")
+    }
+}
