@@ -2,12 +2,15 @@
 parameter with its provenance."""
 
 import json
+import pathlib
 import tomllib
 
 import pytest
 
 from conftest import cli
 from iommulab.validate import load_targets
+
+ROOT = pathlib.Path(__file__).parent.parent
 
 
 def test_validate_json_lists_every_target_with_model_and_error():
@@ -23,6 +26,32 @@ def test_validate_json_lists_every_target_with_model_and_error():
     assert rows["C1.strict_lazy_ratio"]["ok"] and rows["C1.lazy_line_rate_share"]["ok"]
     text = cli("validate", "C1.strict_lazy_ratio", check_rc=0).stdout
     assert "C1.strict_lazy_ratio" in text and "C3." not in text
+    # docs/validation.md's table shows these figures (to its rounding) and the count within tolerance.
+    doc = (ROOT / "docs/validation.md").read_text()
+    shown = _doc_models(doc)
+    assert set(shown) == set(rows), set(shown) ^ set(rows)
+    for tid, v in shown.items():
+        assert v == pytest.approx(rows[tid]["model"], rel=0.02, abs=1e-4), f"docs/validation.md {tid}: {v}"
+    n_ok = sum(r["ok"] for r in rows.values())
+    assert f"{n_ok} of {len(rows)} are within tolerance" in doc
+
+
+def _doc_models(doc: str) -> dict[str, float]:
+    """The model column of docs/validation.md's target table: "0.042 / 0.042" for a row of two targets
+    (`l{1,2}`), "1.42 M" for millions, "0.12 %" for a share."""
+    import re
+
+    out = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) < 3 or not re.match(r"C\d\.", cells[0]):
+            continue
+        m = re.match(r"(.*)\{(.*)\}(.*)", cells[0])
+        ids = [m.group(1) + x + m.group(3) for x in m.group(2).split(",")] if m else [cells[0]]
+        for tid, v in zip(ids, cells[2].split(" / ")):
+            num = float(re.match(r"[-+]?[0-9.]+", v.strip()).group(0))
+            out[tid] = num * 1e6 if v.strip().endswith("M") else num / 100 if v.strip().endswith("%") else num
+    return out
 
 
 def test_validate_compares_the_mean_over_seeds():
