@@ -14,6 +14,8 @@ pub struct TagCache<V = u64> {
     vals: Vec<V>,
     stamp: Vec<u64>,
     clock: u64,
+    /// Ways holding an entry: when every way does, an insert goes straight to the LRU search.
+    filled: usize,
 }
 
 const EMPTY: u64 = u64::MAX;
@@ -34,6 +36,7 @@ impl<V: Copy + Default> TagCache<V> {
             vals: vec![V::default(); sets * ways],
             stamp: vec![0; sets * ways],
             clock: 0,
+            filled: 0,
         }
     }
 
@@ -84,8 +87,14 @@ impl<V: Copy + Default> TagCache<V> {
         let base = self.set_of(tag, index);
         let set = &mut self.tags[base..base + self.ways];
         let stamps = &self.stamp[base..base + self.ways];
-        // An empty way if there is one, else the least recently used.
-        let victim = set.iter().position(|&t| t == EMPTY).unwrap_or_else(|| {
+        // An empty way if there is one (none when every way is filled), else the least recently used.
+        let empty = if self.filled < set.len() * self.sets {
+            set.iter().position(|&t| t == EMPTY)
+        } else {
+            None
+        };
+        self.filled += empty.is_some() as usize;
+        let victim = empty.unwrap_or_else(|| {
             (0..stamps.len())
                 .min_by_key(|&w| stamps[w])
                 .expect("ways > 0")
@@ -107,6 +116,7 @@ impl<V: Copy + Default> TagCache<V> {
         for t in &mut self.tags[base..base + self.ways] {
             if *t == tag {
                 *t = EMPTY;
+                self.filled -= 1;
             }
         }
     }
@@ -116,6 +126,7 @@ impl<V: Copy + Default> TagCache<V> {
         for t in &mut self.tags {
             if *t != EMPTY && pred(*t) {
                 *t = EMPTY;
+                self.filled -= 1;
             }
         }
     }
@@ -128,6 +139,24 @@ impl<V: Copy + Default> TagCache<V> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[test]
+    fn a_way_emptied_by_an_invalidation_is_filled_before_any_eviction() {
+        let mut c = TagCache::new(4, 4);
+        for t in 1..=4 {
+            c.insert(t, 0, t * 10);
+        }
+        c.invalidate(3, 0);
+        c.insert(5, 0, 50); // into 3's way: 1, the least recently used, stays
+        assert!(c.contains(1, 0) && c.contains(5, 0) && !c.contains(3, 0));
+        c.insert(6, 0, 60); // full again: the LRU (1) goes
+        assert!(!c.contains(1, 0) && c.contains(6, 0));
+        c.invalidate_where(|t| t % 2 == 0);
+        assert_eq!(c.valid(), 1);
+        c.insert(7, 0, 70);
+        c.insert(8, 0, 80);
+        assert!(c.contains(5, 0) && c.contains(7, 0) && c.contains(8, 0));
+    }
+
     #[test]
     fn lru_evicts_least_recent() {
         let mut c = TagCache::new(2, 2);

@@ -152,9 +152,15 @@ pub struct Unmapped {
 struct Table {
     e: Box<[u64]>,
     live: u32,
-    /// Unique per allocation, so a walk-cache entry pointing at a freed (or reused) table page is detected.
+    /// Unique per allocation (0 once freed), so a walk-cache entry pointing at a freed (or reused) table page
+    /// is detected.
     id: u64,
 }
+
+/// A table's handle, as walk caches hold it: its allocation id above its slot, so a walk can resume at the
+/// table a walk-cache entry names and find out whether that table is still the one it cached.
+const SLOT_BITS: u32 = 24;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
 /// The end of a walk: the leaf found (its physical granule pfn, with the offset inside a block added), the
 /// level the walk stopped at (the leaf's, or the non-present entry's), and the table ids the entries above
@@ -222,7 +228,14 @@ impl RadixPgtable {
     fn free_table(&mut self, i: u32) {
         debug_assert_eq!(self.tables[i as usize].live, 0);
         self.tables_freed += 1;
+        self.tables[i as usize].id = 0;
         self.free_slots.push(i);
+    }
+
+    /// The handle of the table in slot `t` (see [`SLOT_BITS`]).
+    #[inline]
+    fn handle(&self, t: u32) -> u64 {
+        self.tables[t as usize].id << SLOT_BITS | t as u64
     }
 
     /// Map `count` pages of the size of `level` at granule pfns `iova`/`phys` (both aligned to it).
@@ -341,13 +354,28 @@ impl RadixPgtable {
 
     /// Walk to `gpfn`: the leaf, the level the walk stopped at, and the tables the entries above pointed to.
     pub fn walk(&self, gpfn: u64) -> Walk {
+        self.walk_at(self.root, self.fmt.levels, gpfn)
+    }
+
+    /// Walk to `gpfn` from the table a walk-cache entry of `level` points at (`handle`, from a walk's `ptr`):
+    /// the walk of the levels below it, or None when that table is no longer in the tree (freed, or its slot
+    /// reused), i.e. the entry is stale.
+    #[inline]
+    pub fn walk_from(&self, handle: u64, level: u32, gpfn: u64) -> Option<Walk> {
+        let t = (handle & SLOT_MASK) as u32;
+        let live = self.tables.get(t as usize)?.id;
+        (live != 0 && live == handle >> SLOT_BITS).then(|| self.walk_at(t, level - 1, gpfn))
+    }
+
+    /// Walk from table `t` of level `top` down.
+    #[inline]
+    fn walk_at(&self, mut t: u32, top: u32, gpfn: u64) -> Walk {
         let mut w = Walk {
             phys: None,
-            level: self.fmt.levels,
+            level: top,
             ptr: [0; 8],
         };
-        let mut t = self.root;
-        for level in (1..=self.fmt.levels).rev() {
+        for level in (1..=top).rev() {
             w.level = level;
             let e = self.tables[t as usize].e[self.fmt.index(gpfn, level)];
             if e == 0 {
@@ -359,7 +387,7 @@ impl RadixPgtable {
                 return w;
             }
             t = (e - 1) as u32;
-            w.ptr[level as usize] = self.tables[t as usize].id;
+            w.ptr[level as usize] = self.handle(t);
         }
         w
     }
@@ -476,6 +504,25 @@ mod tests {
         pt.map(512, 1, 1);
         assert_eq!(pt.tables_allocated, 5);
         assert_ne!(pt.walk(512).ptr[2], before);
+    }
+
+    #[test]
+    fn a_walk_resumes_at_a_cached_table_while_it_is_in_the_tree() {
+        let mut pt = RadixPgtable::new(PtFormat::vtd(48, false).unwrap());
+        pt.map(512, 9000, 512);
+        let full = pt.walk(512 + 7);
+        // The level-2 entry points at the leaf table: resuming there gives the same leaf and stop level.
+        let w = pt.walk_from(full.ptr[2], 2, 512 + 7).expect("still in the tree");
+        assert_eq!((w.phys, w.level), (full.phys, full.level));
+        // The level-3 entry points at the level-2 table: the walk from there records the leaf table too.
+        let w = pt.walk_from(full.ptr[3], 3, 512 + 7).expect("still in the tree");
+        assert_eq!((w.phys, w.level, w.ptr[2]), (full.phys, full.level, full.ptr[2]));
+        // Freed, and freed then reused for a new table in the same slot: stale either way.
+        pt.unmap(512, 512);
+        assert!(pt.walk_from(full.ptr[2], 2, 512 + 7).is_none());
+        pt.map(512, 1, 1);
+        assert_eq!(pt.walk(512).ptr[2] & SLOT_MASK, full.ptr[2] & SLOT_MASK, "the slot is reused");
+        assert!(pt.walk_from(full.ptr[2], 2, 512 + 7).is_none());
     }
 
     #[test]

@@ -311,24 +311,19 @@ impl Translator {
         }
         self.c.iotlb_misses += 1;
         let levels = fmt.levels;
-        let w = match self.domains.get(dom as usize).and_then(|p| p.as_ref()) {
-            Some(pt) => pt.walk(gpfn),
-            None => super::pgtable::Walk {
-                phys: None,
-                level: levels,
-                ptr: [0; 8],
-            },
-        };
-        // The walk caches hold non-leaf entries; search deepest first, whatever the table holds now.
+        let pt = self.domains.get(dom as usize).and_then(|p| p.as_ref());
+        // The walk caches hold non-leaf entries; search deepest first. A hit resumes the walk at the table it
+        // points to; an entry pointing at a table no longer in the tree is stale.
         let mut start = levels;
+        let mut resumed = None;
         let mut stale_walk = false;
         for l in 2..=levels {
             let i = (levels - l) as usize;
             let s = fmt.span_shift(l);
-            if let Some(id) = self.pwc[i].lookup(tag(dom, l, gpfn >> s), gpfn >> s) {
+            if let Some(handle) = self.pwc[i].lookup(tag(dom, l, gpfn >> s), gpfn >> s) {
                 self.c.pwc_hits[i] += 1;
-                // The entry must still point where the table does (ptr[l] is 0 at or below the stop level).
-                stale_walk = id != w.ptr[l as usize];
+                resumed = pt.and_then(|pt| pt.walk_from(handle, l, gpfn));
+                stale_walk = resumed.is_none();
                 start = l - 1;
                 break;
             }
@@ -348,6 +343,15 @@ impl Translator {
                 ..Default::default()
             };
         }
+        let w = match (resumed, pt) {
+            (Some(w), _) => w,
+            (None, Some(pt)) => pt.walk(gpfn),
+            (None, None) => super::pgtable::Walk {
+                phys: None,
+                level: levels,
+                ptr: [0; 8],
+            },
+        };
         let reads = start - w.level + 1;
         // Levels start down to w.level, one entry each.
         let walk_levels = (((1u32 << (start + 1)) - 1) & !((1u32 << w.level) - 1)) as u8;
