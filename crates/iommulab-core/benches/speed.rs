@@ -172,7 +172,19 @@ fn main() {
     if std::env::args().any(|a| a == "--test") {
         return;
     }
-    simulation();
-    full_walks();
-    replays();
+    // `cargo bench --bench speed -- simulate replay`: only the parts named (default: all).
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let parts: [(&str, fn()); 3] = [
+        ("simulate", simulation),
+        ("translate", full_walks),
+        ("replay", replays),
+    ];
+    for (name, f) in parts {
+        if only.is_empty() || only.iter().any(|o| name.contains(o.as_str())) {
+            f();
+        }
+    }
 }
