@@ -62,10 +62,12 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
 
 
 def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: int = 600,
-         iommu: str = "intel") -> str:
+         iommu: str = "intel", domains: bool = False) -> str:
     """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel) or virtio (virtio-iommu-pci, the 6.12
-    backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU). Returns the run's directory."""
+    backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU). Phases: net, blk, and mix (both at once); `domains`:
+    the capture records each event's domain (kprobes). Returns the run's directory."""
     name = f"{mode}-cm{cm}" if iommu == "intel" else f"{mode}-virtio"
+    name += "-" + phases.replace(",", "-") if phases != "net,blk" else ""
     rd = os.path.join(tb, "runs", name)
     os.makedirs(rd, exist_ok=True)
     out_img = os.path.join(rd, "out.img")
@@ -77,7 +79,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     port = srv.server_address[1]
     append = (f"console=ttyS0 panic=-1 quiet loglevel=4 {'intel_iommu=on ' if iommu == 'intel' else ''}"
-              f"{MODES[mode]} tb.phases={phases} tb.port={port}")
+              f"{MODES[mode]} tb.phases={phases} tb.port={port}{' tb.domains=1' if domains else ''}")
     ip = "iommu_platform=on,disable-legacy=on"
     cmd = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", "1024", "-smp", "1", "-display", "none",
            "-serial", "stdio", "-monitor", "none", "-no-reboot", "-kernel", kern,
@@ -117,6 +119,7 @@ if __name__ == "__main__":
     ap.add_argument("--cm", choices=["on", "off"], default="off")
     ap.add_argument("--phases", default="net,blk")
     ap.add_argument("--iommu", choices=["intel", "virtio"], default="intel")
+    ap.add_argument("--domains", action="store_true", help="record each event's domain (capture -k, kprobes)")
     a = ap.parse_args()
-    rd = boot(a.dir, a.mode, a.cm, a.phases, iommu=a.iommu)
+    rd = boot(a.dir, a.mode, a.cm, a.phases, iommu=a.iommu, domains=a.domains)
     print(json.dumps(json.load(open(os.path.join(rd, "results.json"))), indent=1))

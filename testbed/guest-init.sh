@@ -14,6 +14,8 @@ PHASES=$(arg phases net,blk)
 NETMB=$(arg netmb 16)
 BLKMB=$(arg blkmb 64)
 PORT=$(arg port 8080)
+# tb.domains=1: the capture also records each event's domain (kprobes: capture.sh -k).
+K=; [ "$(arg domains 0)" = 1 ] && K=-k
 say() { echo "TB: $*" > /dev/console; }
 for m in $(cat /modules.list); do insmod /lib/modules/$m 2>/dev/null || say "insmod $m failed"; done
 sleep 1
@@ -38,10 +40,12 @@ for p in $(echo "$PHASES" | tr ',' ' '); do
   case $p in
     net) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB" ;;
     blk) work="dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct" ;;
+    # Both devices at once, each in its own domain with its own flush queue.
+    mix) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB & dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct; wait" ;;
     *) continue ;;
   esac
   # Each phase ends 1 s after its traffic, so lazy mode's flush timers fire inside it, in both views.
-  sh /capture.sh -o $O/trace-$p.txt -p $p -- sh -c "$(declare_mark) mark $((40000 + 2 * i)); $work; sleep 1; mark $((40001 + 2 * i))"
+  sh /capture.sh -o $O/trace-$p.txt -p $p $K -- sh -c "$(declare_mark) mark $((40000 + 2 * i)); $work; sleep 1; mark $((40001 + 2 * i))"
   say "phase $p done rc=$?"
   i=$((i + 1))
 done

@@ -6,13 +6,14 @@ set -euo pipefail
 HERE=$(dirname "$(readlink -f "$0")")
 TB=$(readlink -f "${1:?usage: prepare.sh DIR}")
 mkdir -p "$TB" && cd "$TB"
-[ -s initrd.cpio.gz ] && [ -s initrd612.cpio.gz ] && [ -n "$(ls kroot612/boot/vmlinuz-* 2>/dev/null)" ] \
-  && { echo "prepared: $TB"; exit 0; }
 export DEBIAN_FRONTEND=noninteractive
 command -v qemu-system-x86_64 >/dev/null && command -v busybox >/dev/null || {
   apt-get update -qq
   apt-get install -y -q --no-install-recommends qemu-system-x86 busybox-static cpio kmod xz-utils zstd >/dev/null
 }
+# The kernels are downloaded once; the initramfs is rebuilt every time (a few seconds), so a changed guest init
+# or capture script is what boots.
+if [ -z "$(ls kroot/boot/vmlinuz-* 2>/dev/null)" ] || [ -z "$(ls kroot612/boot/vmlinuz-* 2>/dev/null)" ]; then
 # Kernels: Debian 12's (6.1) and bookworm-backports' (6.12, which has CONFIG_VIRTIO_IOMMU=m), downloaded and
 # unpacked, never installed. Backports is read through a private apt state under $TB/apt, so the system's apt
 # configuration is left alone.
@@ -32,6 +33,9 @@ dpkg -x linux-image-*.deb kroot
 rm -f linux-image-*.deb
 apt-get "${BPO[@]}" download "$K612" >/dev/null
 dpkg -x linux-image-*.deb kroot612
+rm -f linux-image-*.deb
+fi
+K=$(ls kroot/lib/modules | head -1) K612=$(ls kroot612/lib/modules | head -1)
 
 # initramfs ROOT OUT: busybox, the guest init, iommulab's capture script and the modules, virtio_iommu first so
 # endpoints get their DMA domain before their drivers probe.

@@ -59,6 +59,25 @@ def test_a_real_guests_capture_replays_to_qemus_counts(prepared, mode, cm, dsi):
     assert ins["devices"] and all(d["mode"] == want and d["predicted"] == want for d in ins["devices"])
 
 
+def test_two_devices_at_once_captured_with_their_domains_replay_to_qemus_flushes(prepared):
+    # The mix phase runs the download and the disk reads together, each device in its own domain with its own
+    # flush queue and timer; capture -k records each event's domain through kprobes on __iommu_map/unmap.
+    sys.path.insert(0, str(ROOT / "testbed"))
+    import boot
+
+    rd = pathlib.Path(boot.boot(str(prepared), "lazy", phases="mix", domains=True))
+    res = json.loads((rd / "results.json").read_text())
+    trace = (rd / "trace.txt").read_text()
+    assert " tb_map: " in trace and " tb_unmap: " in trace, "the capture recorded no domains"
+    rep = iommulab.replay(rd / "trace.txt", kernel="6.1", cmdline=res["cmdline"])
+    assert rep["lines"]["bad"] == 0 and rep["domains"]["count"] == 2
+    got, qemu = rep["phases"]["mix"]["counts"], res["phases"]["mix"]["qemu"]
+    assert got["map_events"] > 1000 and got["unmap_events"] > 1000
+    for ours, theirs in (("iotlb_dsi", "vtd_inv_desc_iotlb_domain"), ("wait", "vtd_inv_desc_wait_sw")):
+        want, have = qemu.get(theirs, 0), got[ours]
+        assert want > 0 and abs(have - want) <= max(0.10 * want, 1), f"mix {ours}: model {have}, QEMU {want}"
+
+
 @pytest.mark.parametrize("mode", ["strict", "lazy"])
 def test_a_virtio_iommu_guest_replays_to_qemus_requests(prepared, mode):
     # virtio-iommu (the 6.12 kernel): every unmap is an UNMAP request; 6.12 queues MAPs and syncs them in
