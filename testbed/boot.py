@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import functools
 import glob
 import http.server
@@ -21,10 +20,8 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tarfile
 import threading
-import time
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
     """The guest's downloads, without a log line per request (and without changing the library's class)."""

@@ -1,6 +1,5 @@
 """`iommulab sweep`: the sweep file, runs on every core, a resumable Parquet dataset, Ray, and the Python API."""
 
-import json
 import os
 import signal
 import subprocess

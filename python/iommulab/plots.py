@@ -198,7 +198,7 @@ class Page:
         self.parts.append(f"<h2>{html.escape(text)}</h2>" + (f"<p>{html.escape(note)}</p>" if note else ""))
 
     def figure(self, fig) -> None:
-        self.parts.append(f'<div class="plot">' + fig.to_html(full_html=False, include_plotlyjs=self.figures == 0,
+        self.parts.append('<div class="plot">' + fig.to_html(full_html=False, include_plotlyjs=self.figures == 0,
                                                                div_id=f"plot-{self.figures}",
                                                                config={"displaylogo": False}) + "</div>")
         self.figures += 1
