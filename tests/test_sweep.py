@@ -162,6 +162,17 @@ def test_bad_sweep_files_get_one_line_errors(tmp_path, text, words):
     assert not list((tmp_path / "o").glob("part-*")) if (tmp_path / "o").exists() else True
 
 
+def test_a_directory_that_is_not_a_dataset_is_left_alone(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "sweep.json").write_text("my own notes")
+    f = tmp_path / "s.toml"
+    f.write_text('scenario = "default"\n[set]\n"run.duration_ms" = 1\n"run.warmup_ms" = 0.5\n')
+    p = cli("sweep", str(f), "--out", str(out), "--no-progress")
+    assert p.returncode == 2 and "not a sweep dataset" in p.stderr and p.stderr.count("\n") == 1
+    assert (out / "sweep.json").read_text() == "my own notes" and len(list(out.iterdir())) == 1
+
+
 def test_ranges_expand_as_written():
     assert sweeps._axis("s", "k", {"from": 1, "to": 16, "step": 3}) == [1, 4, 7, 10, 13, 16]
     assert sweeps._axis("s", "k", {"from": 64, "to": 4096, "times": 2}) == [64, 128, 256, 512, 1024, 2048, 4096]

@@ -461,6 +461,9 @@ def sweep(sw: Sweep | str | os.PathLike | Mapping[str, Any], out: str | os.PathL
         out = os.fspath(out)
         if os.path.exists(out) and not os.path.isdir(out):
             raise ScenarioError(f"--out {out}: exists and is not a directory")
+        if os.path.isdir(out) and os.listdir(out) and not (_parts(out) or spec_of(out).get("iommulab_version")):
+            # Never write into (or over the files of) a directory that is not a sweep's dataset.
+            raise ScenarioError(f"--out {out}: exists and is not a sweep dataset; give a new or empty directory")
         os.makedirs(out, exist_ok=True)
         for f in os.listdir(out):
             if f.startswith("part-") and f.endswith(".parquet.tmp"):
