@@ -34,6 +34,9 @@ say "netif=$NETIF datadev=$DATADEV outdev=$OUTDEV"
 O=/tmp/out; mkdir -p $O
 # A 4 KiB read of the results disk (no IOMMU) that QEMU traces: the phase edges on QEMU's clock.
 declare_mark() { echo "mark() { dd if=$OUTDEV of=/dev/null bs=4096 count=1 skip=\$1 iflag=direct 2>/dev/null; };"; }
+# The trace's phase markers sit right after QEMU's start mark and right before its end mark, so the two views
+# cover the same window (a stray packet's RX refill at a phase's edge otherwise falls in one view only).
+TM=/sys/kernel/tracing/trace_marker
 # The marker reads run inside each captured command: QEMU's window lies within the trace's phase.
 i=0
 for p in $(echo "$PHASES" | tr ',' ' '); do
@@ -45,7 +48,7 @@ for p in $(echo "$PHASES" | tr ',' ' '); do
     *) continue ;;
   esac
   # Each phase ends 1 s after its traffic, so lazy mode's flush timers fire inside it, in both views.
-  sh /capture.sh -o $O/trace-$p.txt -p $p $K -- sh -c "$(declare_mark) mark $((40000 + 2 * i)); $work; sleep 1; mark $((40001 + 2 * i))"
+  sh /capture.sh -o $O/trace-$p.txt $K -- sh -c "$(declare_mark) mark $((40000 + 2 * i)); echo 'TB_BEGIN $p' > $TM; $work; sleep 1; echo 'TB_END $p' > $TM; mark $((40001 + 2 * i))"
   say "phase $p done rc=$?"
   i=$((i + 1))
 done
