@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
 
 import tomli_w
@@ -36,7 +36,7 @@ def _toml_key(k: Any) -> str:
     return tomli_w.dumps({str(k): 0}).rsplit(" = ", 1)[0]
 
 
-def _override_pairs(overrides: Mapping[str, Any] | None, raw: bool) -> list[tuple[str, str]]:
+def override_pairs(overrides: Mapping[str, Any] | None, raw: bool) -> list[tuple[str, str]]:
     pairs = []
     for k, v in (overrides or {}).items():
         key = k.replace("__", ".")
@@ -72,7 +72,7 @@ def load(scenario: str | os.PathLike | Mapping[str, Any] | None = None, override
     its ``[compare]`` table into variants. Keys of ``overrides`` are dotted paths (``__`` also separates).
     (A sweep's results directory or Parquet file loads with :func:`iommulab.load`, which returns a DataFrame.)"""
     kind, source, name = scenario_source(scenario)
-    return _core.load(kind, source, _override_pairs(overrides, raw_strings), name)
+    return _core.load(kind, source, override_pairs(overrides, raw_strings), name)
 
 
 class RunResult:
@@ -187,11 +187,11 @@ def run_one(v: _core.Variant, on_step: Callable[[float], None] | None = None,
     return RunResult(json.loads(sim.result_json()), time.perf_counter() - t0)
 
 
-def run_variants(variants: list[_core.Variant], progress: ProgressFn | None = None,
-                 jobs: int | None = None) -> list[RunResult]:
+def run_each(variants: list[_core.Variant], done: Callable[[int, RunResult], None],
+             progress: ProgressFn | None = None, jobs: int | None = None) -> None:
     """Run each variant to the end on up to `jobs` threads (default: every CPU; the core releases the GIL),
-    returning results in the variants' order. Runs are independent and deterministic, so the results are
-    the same for every `jobs`. `progress` is called (under a lock) as each run advances by 1%."""
+    calling done(index, result) in the calling thread as runs finish. `progress` is called (under a lock) as
+    each run advances by 1%. A failed run or Ctrl-C stops the others at their next step."""
     jobs = min(check_jobs(jobs), max(1, len(variants)))
     lock = threading.Lock()
     stop = threading.Event()
@@ -204,17 +204,31 @@ def run_variants(variants: list[_core.Variant], progress: ProgressFn | None = No
         return run_one(v, step, stop)
 
     if jobs == 1:
-        return [one(i, v) for i, v in enumerate(variants)]
+        for i, v in enumerate(variants):
+            done(i, one(i, v))
+        return
     ex = ThreadPoolExecutor(jobs, thread_name_prefix="iommulab-run")
-    futures = [ex.submit(one, i, v) for i, v in enumerate(variants)]
+    futures = {ex.submit(one, i, v): i for i, v in enumerate(variants)}
     try:
-        return [f.result() for f in futures]
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in sorted(finished, key=futures.__getitem__):
+                done(futures[f], f.result())
     except BaseException:
-        # A failed run or Ctrl-C: the other runs stop at their next step.
         stop.set()
         raise
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
+
+
+def run_variants(variants: list[_core.Variant], progress: ProgressFn | None = None,
+                 jobs: int | None = None) -> list[RunResult]:
+    """Run each variant to the end (see :func:`run_each`), returning results in the variants' order. Runs are
+    independent and deterministic, so the results are the same for every `jobs`."""
+    results: list[RunResult] = [None] * len(variants)  # type: ignore[list-item]
+    run_each(variants, results.__setitem__, progress, jobs)
+    return results
 
 
 def run(scenario: str | os.PathLike | Mapping[str, Any] | None = None, *, progress: ProgressFn | None = None,

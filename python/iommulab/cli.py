@@ -385,7 +385,7 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
     with _progress(a) as progress:
         df = sweep_mod.sweep(sw, out, jobs=a.jobs, ray=a.ray, progress=progress, log=log)
     if a.report:
-        _write(a.report, _report_html(out), "--report")
+        _write(a.report, _report_html(out, df), "--report")
     if a.json:
         json.dump({"out": out, "runs": df.to_dicts()}, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -395,15 +395,16 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
     return 0
 
 
-def _report_html(path: str) -> str:
+def _report_html(path: str, df) -> str:
+    """The report of the results `df` read from `path` (seeds averaged when a point has several)."""
     from . import sweeps as sweep_mod
     from .plots import results_page
 
-    df = sweep_mod.load(path)
-    spec = sweep_mod.spec_of(path)
+    spec = sweep_mod.spec_of(path) if os.path.isdir(path) else {}
     axes = sweep_mod.axes_of(df, spec)
-    if "seed" in df.columns and df.height > sweep_mod.aggregate_seeds(df, axes).height:
-        df = sweep_mod.aggregate_seeds(df, axes)
+    if "seed" in df.columns:
+        agg = sweep_mod.aggregate_seeds(df, axes)
+        df = agg if agg.height < df.height else df
     title = f"iommulab report · {os.path.basename(os.path.normpath(path))}"
     return results_page(df.to_dicts(), title, axes, spec or None)
 
@@ -415,11 +416,11 @@ def _cmd_report(a: argparse.Namespace) -> int:
                                 "report.html")
     _fresh(out, a.force, "-o")
     _fresh(a.csv, a.force, "--csv")
-    text = _report_html(a.results)
-    _write(out, text, "-o")
+    df = sweep_mod.load(a.results)
+    _write(out, _report_html(a.results, df), "-o")
     if a.csv:
         try:
-            sweep_mod.load(a.results).write_csv(a.csv)
+            df.write_csv(a.csv)
         except OSError as e:
             raise ScenarioError(f"--csv {a.csv}: cannot write: {e.strerror or e}") from None
     print(f"wrote {out}" + (f" and {a.csv}" if a.csv else ""))

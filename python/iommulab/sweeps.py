@@ -26,16 +26,15 @@ import itertools
 import json
 import math
 import os
-import threading
 import time
 import tomllib
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from . import __version__, _core
 from ._core import ScenarioError
-from .api import ProgressFn, check_jobs, flatten, run_one, scenario_source, toml_value
+from .api import ProgressFn, check_jobs, flatten, override_pairs, run_each, run_one, scenario_source
+from .api import load as load_scenario
 
 SPEC_FILE = "sweep.json"
 PART_GLOB = "part-*.parquet"
@@ -181,7 +180,8 @@ def _derived_expr(where: str, name: str, text: str):
 
 @dataclass
 class Run:
-    """One simulation of a sweep: point `point` at its `seed_index`-th seed, compared variant `variant`."""
+    """One simulation of a sweep: point `point` with the scenario keys `keys` (its seed among them), compared
+    variant `variant` of what they load."""
 
     index: int
     point: int
@@ -224,10 +224,8 @@ def _seed_of(v: Any) -> int:
 
 
 def _load(sw: Sweep, keys: dict[str, Any]) -> list[Any]:
-    kind, source, name = scenario_source(sw.scenario)
-    pairs = [(k, toml_value(v)) for k, v in keys.items()]
     try:
-        return _core.load(kind, source, pairs, name)
+        return load_scenario(sw.scenario, keys)
     except ScenarioError as e:
         raise ScenarioError(f"{sw.where}: {e}") from None
 
@@ -401,24 +399,6 @@ def _task(kind: str, source: str, pairs: list[tuple[str, str]], name: str, varia
     return run_one(_core.load(kind, source, pairs, name)[variant]).to_dict()
 
 
-def _local(todo: list[Run], jobs: int, done: Callable[[Run, dict[str, Any]], None],
-           step: Callable[[Run, float], None]) -> None:
-    stop = threading.Event()
-    ex = ThreadPoolExecutor(jobs, thread_name_prefix="iommulab-sweep")
-    try:
-        futures = {ex.submit(run_one, r.handle, (lambda f, r=r: step(r, f)), stop): r for r in todo}
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in sorted(finished, key=lambda f: futures[f].index):
-                done(futures[f], f.result().to_dict())
-    except BaseException:
-        stop.set()
-        raise
-    finally:
-        ex.shutdown(wait=True, cancel_futures=True)
-
-
 def _ray(sw: Sweep, todo: list[Run], address: str | None, jobs: int | None,
          done: Callable[[Run, dict[str, Any]], None]) -> None:
     try:
@@ -430,8 +410,7 @@ def _ray(sw: Sweep, todo: list[Run], address: str | None, jobs: int | None,
         ray.init(log_to_driver=False, include_dashboard=False, configure_logging=False, **kw)
     kind, source, name = scenario_source(sw.scenario)
     task = ray.remote(num_cpus=1)(_task)
-    refs = {task.remote(kind, source, [(k, toml_value(v)) for k, v in r.keys.items()], name, r.variant): r
-            for r in todo}
+    refs = {task.remote(kind, source, override_pairs(r.keys, False), name, r.variant): r for r in todo}
     pending = list(refs)
     try:
         while pending:
@@ -482,12 +461,6 @@ def sweep(sw: Sweep | str | os.PathLike | Mapping[str, Any], out: str | os.PathL
         log(f"{len(all_runs)} runs" + (f", {skipped} already in {out}" if skipped else "")
             + (f", {len(todo)} to run" if skipped else ""))
     rows: list[dict[str, Any]] = []
-    lock = threading.Lock()
-
-    def step(r: Run, f: float) -> None:
-        if progress:
-            with lock:
-                progress(todo_pos[r.index], len(todo), r.label, f)
 
     def done(r: Run, result: dict[str, Any]) -> None:
         row = _row(r, result)
@@ -495,16 +468,18 @@ def sweep(sw: Sweep | str | os.PathLike | Mapping[str, Any], out: str | os.PathL
             writer.add(row)
         else:
             rows.append(row)
-        if progress:
-            with lock:
-                progress(todo_pos[r.index], len(todo), r.label, 1.0)
+
+    def ray_done(r: Run, result: dict[str, Any]) -> None:
+        done(r, result)
+        if progress:  # Ray tasks report only their end
+            progress(todo_pos[r.index], len(todo), r.label, 1.0)
 
     todo_pos = {r.index: i for i, r in enumerate(todo)}
     try:
         if ray:
-            _ray(sw, todo, None if ray is True else str(ray), jobs, done)
+            _ray(sw, todo, None if ray is True else str(ray), jobs, ray_done)
         elif todo:
-            _local(todo, min(check_jobs(jobs), len(todo)), done, step)
+            run_each([r.handle for r in todo], lambda i, res: done(todo[i], res.to_dict()), progress, jobs)
     finally:
         if writer:
             writer.flush()
