@@ -141,11 +141,11 @@ fn trace(pairs: u64) -> Vec<u8> {
     out.into_bytes()
 }
 
-fn replays() {
+fn replays(modes: &[(&str, PolicyName)]) {
     let pairs = 1_000_000;
     let t = trace(pairs);
     let events = 2 * pairs;
-    for (name, mode) in [("strict", PolicyName::Strict), ("lazy", PolicyName::Lazy)] {
+    for &(name, mode) in modes {
         let opts = ReplayOptions {
             mode: Some(mode),
             ..Default::default()
@@ -172,15 +172,19 @@ fn main() {
     if std::env::args().any(|a| a == "--test") {
         return;
     }
-    // `cargo bench --bench speed -- simulate replay`: only the parts named (default: all).
+    // `cargo bench --bench speed -- simulate replay-strict`: only the parts named, or containing a name given
+    // (`replay` runs both replays; default: all).
     let only: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let parts: [(&str, fn()); 3] = [
+    let parts: [(&str, fn()); 4] = [
         ("simulate", simulation),
         ("translate", full_walks),
-        ("replay", replays),
+        ("replay-strict", || {
+            replays(&[("strict", PolicyName::Strict)])
+        }),
+        ("replay-lazy", || replays(&[("lazy", PolicyName::Lazy)])),
     ];
     for (name, f) in parts {
         if only.is_empty() || only.iter().any(|o| name.contains(o.as_str())) {

@@ -112,6 +112,9 @@ impl<V: Copy + Default> TagCache<V> {
 
     /// Drop `tag` if present (its set is chosen by `index`).
     pub fn invalidate(&mut self, tag: u64, index: u64) {
+        if self.filled == 0 {
+            return;
+        }
         let base = self.set_of(tag, index);
         for t in &mut self.tags[base..base + self.ways] {
             if *t == tag {
@@ -123,6 +126,9 @@ impl<V: Copy + Default> TagCache<V> {
 
     /// Drop every entry for which `pred(tag)` holds.
     pub fn invalidate_where(&mut self, mut pred: impl FnMut(u64) -> bool) {
+        if self.filled == 0 {
+            return;
+        }
         for t in &mut self.tags {
             if *t != EMPTY && pred(*t) {
                 *t = EMPTY;

@@ -512,16 +512,27 @@ mod tests {
         pt.map(512, 9000, 512);
         let full = pt.walk(512 + 7);
         // The level-2 entry points at the leaf table: resuming there gives the same leaf and stop level.
-        let w = pt.walk_from(full.ptr[2], 2, 512 + 7).expect("still in the tree");
+        let w = pt
+            .walk_from(full.ptr[2], 2, 512 + 7)
+            .expect("still in the tree");
         assert_eq!((w.phys, w.level), (full.phys, full.level));
         // The level-3 entry points at the level-2 table: the walk from there records the leaf table too.
-        let w = pt.walk_from(full.ptr[3], 3, 512 + 7).expect("still in the tree");
-        assert_eq!((w.phys, w.level, w.ptr[2]), (full.phys, full.level, full.ptr[2]));
+        let w = pt
+            .walk_from(full.ptr[3], 3, 512 + 7)
+            .expect("still in the tree");
+        assert_eq!(
+            (w.phys, w.level, w.ptr[2]),
+            (full.phys, full.level, full.ptr[2])
+        );
         // Freed, and freed then reused for a new table in the same slot: stale either way.
         pt.unmap(512, 512);
         assert!(pt.walk_from(full.ptr[2], 2, 512 + 7).is_none());
         pt.map(512, 1, 1);
-        assert_eq!(pt.walk(512).ptr[2] & SLOT_MASK, full.ptr[2] & SLOT_MASK, "the slot is reused");
+        assert_eq!(
+            pt.walk(512).ptr[2] & SLOT_MASK,
+            full.ptr[2] & SLOT_MASK,
+            "the slot is reused"
+        );
         assert!(pt.walk_from(full.ptr[2], 2, 512 + 7).is_none());
     }
 

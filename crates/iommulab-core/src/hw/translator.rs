@@ -445,11 +445,20 @@ impl Translator {
         self.iotlb.invalidate_range(&fmt, dom, lo, hi);
         if !leaf_only {
             for i in 0..self.pwc.len() {
-                let s = fmt.span_shift(fmt.levels - i as u32);
+                let l = fmt.levels - i as u32;
+                let s = fmt.span_shift(l);
                 let (a, b) = (lo >> s, hi >> s);
-                self.pwc[i].invalidate_where(|t| {
-                    tag_dom(t) == dom as u64 && (a..=b).contains(&(t & INDEX_MASK))
-                });
+                let c = &mut self.pwc[i];
+                // A few entries: look each up in its set; a wide range: scan the cache once.
+                if b - a < c.entries() as u64 {
+                    for x in a..=b {
+                        c.invalidate(tag(dom, l, x), x);
+                    }
+                } else {
+                    c.invalidate_where(|t| {
+                        tag_dom(t) == dom as u64 && (a..=b).contains(&(t & INDEX_MASK))
+                    });
+                }
             }
         }
     }

@@ -38,6 +38,7 @@ use crate::sim::Time;
 use ftrace::{Ctx, EventHead, Record};
 use serde::ser::SerializeMap;
 use serde::Serialize;
+use smallvec::{smallvec, SmallVec};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufRead;
 
@@ -310,9 +311,9 @@ pub const REPLAY_MAX_UNMAP_PAGES: u64 = 1 << 28;
 /// `map` events that may be one mapping call (one `iotlb_sync_map`), until their unmaps tell.
 #[derive(Debug, Clone)]
 struct Candidate {
-    /// Segments (IOVA bytes, size), contiguous and ascending.
-    segs: Vec<(u64, u64)>,
-    phase: Option<String>,
+    /// Segments (IOVA bytes, size), contiguous and ascending (mostly one: kept inline).
+    segs: SmallVec<[(u64, u64); 2]>,
+    phase: PhaseName,
     cpu: u32,
     ts: Time,
 }
@@ -327,6 +328,9 @@ impl Candidate {
     }
 }
 
+/// A trace phase's name (`TB_BEGIN NAME`), shared by the candidates mapped in it; None outside every phase.
+type PhaseName = Option<std::sync::Arc<str>>;
+
 /// Who is mapping: a candidate continues only in the same task, CPU and context.
 type Mapper = (u32, u32, Ctx);
 
@@ -335,7 +339,7 @@ struct Replayer {
     totals: Totals,
     /// Totals when the current phase began.
     mark: Totals,
-    phase: Option<String>,
+    phase: PhaseName,
     phases: Phases,
     /// Candidates still being extended, by who is mapping.
     open: Vec<(Mapper, Candidate)>,
@@ -349,7 +353,7 @@ struct Replayer {
     timers: BTreeMap<(Time, u64), usize>,
     seq: u64,
     /// Phases in which an unmap showed several map events to be one mapping call (a map_sg).
-    sg_phases: BTreeSet<Option<String>>,
+    sg_phases: BTreeSet<PhaseName>,
     /// Phases whose device uses ATS (empty: all).
     ats_phases: Vec<String>,
     /// Unmapped pages the trace never mapped, and TB_END markers of a phase not begun.
@@ -364,7 +368,7 @@ fn split(
     b: u64,
 ) -> (Option<Candidate>, Option<Candidate>, Option<Candidate>) {
     let part = |keep: &dyn Fn(u64, u64) -> bool| {
-        let segs: Vec<(u64, u64)> = c
+        let segs: SmallVec<[(u64, u64); 2]> = c
             .segs
             .iter()
             .copied()
@@ -404,8 +408,7 @@ impl Replayer {
     fn commit(&mut self) {
         let now = self.counters();
         let c = now.counts_since(&self.mark);
-        let name = self.phase.clone().unwrap_or_else(|| OUTSIDE.to_string());
-        let p = self.phases.entry(&name);
+        let p = self.phases.entry(self.phase.as_deref().unwrap_or(OUTSIDE));
         p.counts += &c;
         p.early_reuses += now.early_reuses - self.mark.early_reuses;
         self.mark = now;
@@ -417,7 +420,7 @@ impl Replayer {
             || self
                 .phase
                 .as_ref()
-                .is_some_and(|p| self.ats_phases.contains(p));
+                .is_some_and(|p| self.ats_phases.iter().any(|a| **a == **p));
         self.dma.core.iommu.translator_mut().set_ats_active(on);
     }
 
@@ -440,8 +443,12 @@ impl Replayer {
         }
     }
 
-    /// Run `f` and count what it did in `phase` (not the current one).
-    fn attributed(&mut self, phase: Option<String>, f: impl FnOnce(&mut Self)) {
+    /// Run `f` and count what it did in `phase` (not necessarily the current one).
+    fn attributed(&mut self, phase: PhaseName, f: impl FnOnce(&mut Self)) {
+        if phase == self.phase {
+            f(self);
+            return;
+        }
         self.commit();
         let cur = std::mem::replace(&mut self.phase, phase);
         f(self);
@@ -474,7 +481,7 @@ impl Replayer {
         } else {
             for &seg in &c.segs {
                 let one = Candidate {
-                    segs: vec![seg],
+                    segs: smallvec![seg],
                     ..c.clone()
                 };
                 self.sync_map(&one);
@@ -614,7 +621,7 @@ impl Replayer {
         self.open.push((
             who,
             Candidate {
-                segs: vec![(iova, size)],
+                segs: smallvec![(iova, size)],
                 phase: self.phase.clone(),
                 cpu: ev.cpu,
                 ts: ev.ts_ns,
@@ -666,7 +673,7 @@ impl Replayer {
         match kind {
             "TB_BEGIN" => {
                 self.commit();
-                self.phase = Some(name.to_string());
+                self.phase = Some(name.into());
             }
             "TB_END" if self.phase.as_deref() == Some(name) => {
                 self.commit();
@@ -681,13 +688,12 @@ impl Replayer {
 /// A replay fed line by line (or in arbitrary chunks of bytes), in constant memory.
 pub struct ReplaySession {
     name: String,
-    /// Per tick phase tried (one unless lazy with the phase left to inference), one replayer per DMA domain
-    /// the trace shows: each its own IOVA space, page table, flush queue and timer.
-    rs: Vec<(u64, Vec<Replayer>)>,
-    /// What a new domain's replayer is built from.
-    make: Maker,
-    /// Events read and routed, not yet replayed: (the record, its domain, the domains known by then).
-    batch: Vec<(Record, Option<usize>, usize)>,
+    /// The replayers, here or on the model's thread.
+    model: Model,
+    /// Phases `--ats-phases` names.
+    ats_phases: Vec<String>,
+    /// Events read and routed, not yet replayed.
+    batch: Batch,
     /// Which domain each event goes to.
     router: Router,
     lines: Lines,
@@ -712,6 +718,88 @@ pub struct ReplaySession {
 
 /// Events read before they are replayed together, each tick phase on a thread of its own.
 const REPLAY_BATCH: usize = 1 << 14;
+/// Batches read ahead of the model's thread at most (bounds the memory a fast reader can fill).
+const REPLAY_BATCHES_AHEAD: usize = 2;
+
+/// Events read and routed: (the record, its domain, the domains known by then).
+type Batch = Vec<(Record, Option<usize>, usize)>;
+
+/// Per tick phase tried (one unless lazy with the phase left to inference), one replayer per DMA domain the
+/// trace shows: each its own IOVA space, page table, flush queue and timer.
+type Replayers = Vec<(u64, Vec<Replayer>)>;
+
+/// Where the replayers run: on the caller's thread, or on a thread of their own fed batches through a
+/// bounded channel, so that reading and parsing the next batch overlaps replaying this one (the results do
+/// not depend on which: each replayer sees the same events in the same order).
+enum Model {
+    Here(Box<Maker>, Replayers),
+    Thread {
+        tx: std::sync::mpsc::SyncSender<Batch>,
+        done: std::thread::JoinHandle<Replayers>,
+    },
+}
+
+impl Model {
+    fn new(make: Maker, rs: Replayers) -> Self {
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            return Model::Here(Box::new(make), rs);
+        }
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(REPLAY_BATCHES_AHEAD);
+        let done = std::thread::spawn(move || {
+            let mut rs = rs;
+            for batch in rx {
+                replay_batch(&make, &mut rs, &batch);
+            }
+            rs
+        });
+        Model::Thread { tx, done }
+    }
+
+    fn send(&mut self, batch: Batch) {
+        match self {
+            Model::Here(make, rs) => replay_batch(make, rs, &batch),
+            Model::Thread { tx, .. } => {
+                // The model's thread only stops by panicking: take its panic from the join in `finish`.
+                let _ = tx.send(batch);
+            }
+        }
+    }
+
+    /// Wait for every batch sent to be replayed; the replayers.
+    fn finish(self) -> Replayers {
+        match self {
+            Model::Here(_, rs) => rs,
+            Model::Thread { tx, done } => {
+                drop(tx);
+                done.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+            }
+        }
+    }
+}
+
+/// Replay `batch` on every tick phase tried, the phases in parallel (each is its own replay of the same
+/// events: the result does not depend on how they are spread over threads).
+fn replay_batch(make: &Maker, rs: &mut Replayers, batch: &Batch) {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(rs.len());
+    if threads <= 1 {
+        for (phase, doms) in rs.iter_mut() {
+            replay_events(make, *phase, doms, batch);
+        }
+    } else {
+        let per = rs.len().div_ceil(threads);
+        std::thread::scope(|sc| {
+            for part in rs.chunks_mut(per) {
+                sc.spawn(move || {
+                    for (phase, doms) in part {
+                        replay_events(make, *phase, doms, batch);
+                    }
+                });
+            }
+        });
+    }
+}
 
 /// One tick phase's replay of `batch`: each event to its domain's replayer (created when first seen, in
 /// the phase the others are in), markers and timers to all.
@@ -1025,7 +1113,7 @@ impl ReplaySession {
                 .collect(),
             None => vec![0],
         };
-        let rs: Vec<(u64, Vec<Replayer>)> = phases
+        let rs: Replayers = phases
             .into_iter()
             .map(|p| (p, vec![make.replayer(p)]))
             .collect();
@@ -1033,10 +1121,11 @@ impl ReplaySession {
         let fmt = *rs[0].1[0].dma.core.iommu.translator().format();
         let entry_shift = fmt.walk_entry_shift();
         let iova_limit = (fmt.max_gpfn() + 1) << fmt.granule_shift;
+        let ats_phases = make.ats_phases.clone();
         Ok(ReplaySession {
             name: name.to_string(),
-            rs,
-            make,
+            model: Model::new(make, rs),
+            ats_phases,
             batch: Vec::new(),
             router: Router::default(),
             lines: Lines::default(),
@@ -1166,39 +1255,17 @@ impl ReplaySession {
         }
     }
 
-    /// Replay the events read so far on every tick phase tried, the phases in parallel (each is its own
-    /// replay of the same events: the result does not depend on how they are spread over threads).
+    /// Hand the events read so far to the model.
     fn replay_batch(&mut self) {
-        let batch = std::mem::take(&mut self.batch);
-        if batch.is_empty() {
-            return;
-        }
-        let make = &self.make;
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(self.rs.len());
-        if threads <= 1 {
-            for (phase, doms) in &mut self.rs {
-                replay_events(make, *phase, doms, &batch);
-            }
-        } else {
-            let per = self.rs.len().div_ceil(threads);
-            std::thread::scope(|sc| {
-                for part in self.rs.chunks_mut(per) {
-                    let batch = &batch;
-                    sc.spawn(move || {
-                        for (phase, doms) in part {
-                            replay_events(make, *phase, doms, batch);
-                        }
-                    });
-                }
-            });
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(REPLAY_BATCH));
+        if !batch.is_empty() {
+            self.model.send(batch);
         }
     }
 
     /// A chunk of trace bytes, cut anywhere (a line split across chunks is joined).
     pub fn feed(&mut self, mut bytes: &[u8]) {
-        while let Some(nl) = bytes.iter().position(|&b| b == b'\n') {
+        while let Some(nl) = memchr::memchr(b'\n', bytes) {
             let (head, rest) = bytes.split_at(nl);
             bytes = &rest[1..];
             if self.partial.is_empty() {
@@ -1241,19 +1308,19 @@ impl ReplaySession {
                 ),
             ));
         }
+        let rs = self.model.finish();
         let mut anomalies = self.anomalies;
-        let ats_phases = self.make.ats_phases.clone();
-        anomalies.untraced_unmapped_pages = self.rs[0].1.iter().map(|r| r.untraced_pages).sum();
-        anomalies.unmatched_markers = self.rs[0].1[0].unmatched_markers;
+        let ats_phases = self.ats_phases;
+        anomalies.untraced_unmapped_pages = rs[0].1.iter().map(|r| r.untraced_pages).sum();
+        anomalies.unmatched_markers = rs[0].1[0].unmatched_markers;
         let domains = Domains {
             count: self.router.domains() as u64,
             labelled_events: self.router.labelled,
             inferred_events: self.router.inferred,
         };
-        let fit = self.rs.len() > 1;
+        let fit = rs.len() > 1;
         // Per tick phase tried: every domain's counts, added up phase by phase.
-        let mut done: Vec<(u64, Phases)> = self
-            .rs
+        let mut done: Vec<(u64, Phases)> = rs
             .into_iter()
             .map(|(phase, doms)| {
                 let mut sum = Phases::default();
@@ -1500,7 +1567,7 @@ mod tests {
         let mut s = ReplaySession::new("t", &strict).unwrap();
         s.feed(t.as_bytes());
         s.replay_batch();
-        for r in s.rs.iter().flat_map(|(_, doms)| doms) {
+        for r in s.model.finish().iter().flat_map(|(_, doms)| doms) {
             // The last unmap's PSI: its range and, with IH=0, the domain's walk caches.
             let n = r.dma.core.iommu.translator().pending();
             assert!(n <= 2, "{n} pending");
