@@ -26,6 +26,7 @@
 //!   IOVA collisions between devices' domains are only used to keep their map groups apart).
 
 pub mod ftrace;
+mod group;
 
 use crate::dma::flush_queue::{FlushQueue, FqOptions};
 use crate::dma::locality::ReuseDistance;
@@ -36,11 +37,13 @@ use crate::metrics::IovaLocality;
 use crate::scenario::{load, Arch, PolicyName, Source, Vendor};
 use crate::sim::Time;
 use ftrace::{Ctx, EventHead, Record};
+use group::{marked, Grouper, Marked, Op, PhaseName};
 use serde::ser::SerializeMap;
 use serde::Serialize;
-use smallvec::{smallvec, SmallVec};
-use std::collections::{BTreeMap, BTreeSet};
+use smallvec::SmallVec;
+use std::collections::BTreeMap;
 use std::io::BufRead;
+use std::sync::Arc;
 
 /// What the replayed host was.
 #[derive(Debug, Clone)]
@@ -308,32 +311,6 @@ pub const REPLAY_MAX_EVENT_PAGES: u64 = 1 << 26;
 /// The most 4 KiB pages one unmap event may clear in the replay (1 TiB), for the same reason.
 pub const REPLAY_MAX_UNMAP_PAGES: u64 = 1 << 28;
 
-/// `map` events that may be one mapping call (one `iotlb_sync_map`), until their unmaps tell.
-#[derive(Debug, Clone)]
-struct Candidate {
-    /// Segments (IOVA bytes, size), contiguous and ascending (mostly one: kept inline).
-    segs: SmallVec<[(u64, u64); 2]>,
-    phase: PhaseName,
-    cpu: u32,
-    ts: Time,
-}
-
-impl Candidate {
-    fn start(&self) -> u64 {
-        self.segs[0].0
-    }
-    fn end(&self) -> u64 {
-        let (a, n) = *self.segs.last().expect("non-empty");
-        a + n
-    }
-}
-
-/// A trace phase's name (`TB_BEGIN NAME`), shared by the candidates mapped in it; None outside every phase.
-type PhaseName = Option<std::sync::Arc<str>>;
-
-/// Who is mapping: a candidate continues only in the same task, CPU and context.
-type Mapper = (u32, u32, Ctx);
-
 struct Replayer {
     dma: DmaLayer,
     totals: Totals,
@@ -341,10 +318,6 @@ struct Replayer {
     mark: Totals,
     phase: PhaseName,
     phases: Phases,
-    /// Candidates still being extended, by who is mapping.
-    open: Vec<(Mapper, Candidate)>,
-    /// Closed candidates waiting for their unmaps, by start IOVA.
-    pending: BTreeMap<u64, Candidate>,
     /// Lazily unmapped IOVA still waiting for a flush: first pfn → end pfn. Every flush frees all of it.
     queued: BTreeMap<u64, u64>,
     /// Flush-queue flushes when `queued` was last emptied.
@@ -352,40 +325,11 @@ struct Replayer {
     /// Armed flush-queue timers: (expiry, sequence) → CPU.
     timers: BTreeMap<(Time, u64), usize>,
     seq: u64,
-    /// Phases in which an unmap showed several map events to be one mapping call (a map_sg).
-    sg_phases: BTreeSet<PhaseName>,
     /// Phases whose device uses ATS (empty: all).
     ats_phases: Vec<String>,
     /// Unmapped pages the trace never mapped, and TB_END markers of a phase not begun.
     untraced_pages: u64,
     unmatched_markers: u64,
-}
-
-/// Split `c` around [a, b): the segments before it, those overlapping it, those after it.
-fn split(
-    c: Candidate,
-    a: u64,
-    b: u64,
-) -> (Option<Candidate>, Option<Candidate>, Option<Candidate>) {
-    let part = |keep: &dyn Fn(u64, u64) -> bool| {
-        let segs: SmallVec<[(u64, u64); 2]> = c
-            .segs
-            .iter()
-            .copied()
-            .filter(|&(s, n)| keep(s, n))
-            .collect();
-        (!segs.is_empty()).then(|| Candidate {
-            segs,
-            phase: c.phase.clone(),
-            cpu: c.cpu,
-            ts: c.ts,
-        })
-    };
-    (
-        part(&|s, n| s + n <= a),
-        part(&|s, n| s < b && s + n > a),
-        part(&|s, _| s >= b),
-    )
 }
 
 fn pfn(bytes: u64) -> u64 {
@@ -444,123 +388,51 @@ impl Replayer {
     }
 
     /// Run `f` and count what it did in `phase` (not necessarily the current one).
-    fn attributed(&mut self, phase: PhaseName, f: impl FnOnce(&mut Self)) {
-        if phase == self.phase {
+    fn attributed(&mut self, phase: &PhaseName, f: impl FnOnce(&mut Self)) {
+        if *phase == self.phase {
             f(self);
             return;
         }
         self.commit();
-        let cur = std::mem::replace(&mut self.phase, phase);
+        let cur = std::mem::replace(&mut self.phase, phase.clone());
         f(self);
         self.commit();
         self.phase = cur;
     }
 
-    /// A settled group: one iotlb_sync_map over its range, counted where it was mapped.
-    fn sync_map(&mut self, c: &Candidate) {
-        if c.segs.len() > 1 {
-            self.sg_phases.insert(c.phase.clone());
-        }
-        let (start, end) = (c.start(), c.end());
-        let (cpu, ts) = (c.cpu as usize, c.ts);
-        self.attributed(c.phase.clone(), |r| {
+    /// One iotlb_sync_map over IOVA bytes [start, end), counted in the phase it was mapped in.
+    fn sync_map(&mut self, phase: &PhaseName, cpu: u32, ts: Time, start: u64, end: u64) {
+        self.attributed(phase, |r| {
             r.totals.map_syncs += 1;
             let core = &mut r.dma.core;
             core.iommu
-                .iotlb_sync_map(ts, cpu, core.dom, pfn(start), pages(end - start));
+                .iotlb_sync_map(ts, cpu as usize, core.dom, pfn(start), pages(end - start));
         });
     }
 
-    /// A candidate no unmap of its own will settle, split as the settled ones of its phase were: if an unmap
-    /// in that phase showed several map events to be one call (a map_sg), it is one call; if every unmap
-    /// covered a single map event (virtio rings map each buffer with its own dma_map_page()), each of its
-    /// map events is.
-    fn sync_unsettled(&mut self, c: Candidate) {
-        if self.sg_phases.contains(&c.phase) {
-            self.sync_map(&c);
-        } else {
-            for &seg in &c.segs {
-                let one = Candidate {
-                    segs: smallvec![seg],
-                    ..c.clone()
-                };
-                self.sync_map(&one);
-            }
-        }
-    }
-
-    /// End of the trace: the candidates still waiting for unmaps.
-    fn sync_leftovers(&mut self) {
-        let left: Vec<Candidate> = self
-            .open
-            .drain(..)
-            .map(|(_, c)| c)
-            .chain(std::mem::take(&mut self.pending).into_values())
-            .collect();
-        for c in left {
-            self.sync_unsettled(c);
-        }
-    }
-
-    /// Stop extending `who`'s candidate (it waits for its unmaps).
-    fn close(&mut self, who: Mapper) {
-        if let Some(i) = self.open.iter().position(|(k, _)| *k == who) {
-            let (_, c) = self.open.swap_remove(i);
-            self.pending.insert(c.start(), c);
-        }
-    }
-
-    /// Take the candidates overlapping [a, b): pending ones, and open ones (the mapping loop may still be
-    /// running when an interrupt unmaps under it), with the mapper of the open ones.
-    fn take_overlapping(&mut self, a: u64, b: u64) -> Vec<(Candidate, Option<Mapper>)> {
-        let mut hits: Vec<(Candidate, Option<Mapper>)> = Vec::new();
-        let first = self
-            .pending
-            .range(..=a)
-            .next_back()
-            .filter(|(_, c)| c.end() > a)
-            .map(|(&k, _)| k);
-        let keys: Vec<u64> = first
-            .into_iter()
-            .chain(self.pending.range(a..b).map(|(&k, _)| k))
-            .collect();
-        for k in keys {
-            if let Some(c) = self.pending.remove(&k) {
-                hits.push((c, None));
-            }
-        }
-        let mut i = 0;
-        while i < self.open.len() {
-            let c = &self.open[i].1;
-            if c.start() < b && c.end() > a {
-                let (who, c) = self.open.swap_remove(i);
-                hits.push((c, Some(who)));
-            } else {
-                i += 1;
-            }
-        }
-        hits
-    }
-
-    /// Settle candidates with the unmap of [a, b): the segments it covers were one mapping call; what is left
-    /// either side stays a candidate (the tail of an open one stays open for its mapper).
-    fn settle(&mut self, a: u64, b: u64) {
-        let hits = self.take_overlapping(a, b);
-        for (c, who) in hits {
-            let (before, inside, after) = split(c, a, b);
-            if let Some(p) = inside {
-                self.sync_map(&p);
-            }
-            if let Some(p) = before {
-                self.pending.insert(p.start(), p);
-            }
-            match (after, who) {
-                (Some(p), Some(who)) => self.open.push((who, p)),
-                (Some(p), None) => {
-                    self.pending.insert(p.start(), p);
-                }
-                (None, _) => {}
-            }
+    /// One step of this domain's replay.
+    fn apply(&mut self, op: &Op) {
+        match *op {
+            Op::Map {
+                ts,
+                iova,
+                paddr,
+                size,
+            } => self.map(ts, iova, paddr, size),
+            Op::Sync {
+                ref phase,
+                cpu,
+                ts,
+                start,
+                end,
+            } => self.sync_map(phase, cpu, ts, start, end),
+            Op::Unmap {
+                ts,
+                cpu,
+                iova,
+                bytes,
+                cleared,
+            } => self.unmap(ts, cpu, iova, bytes, cleared),
         }
     }
 
@@ -594,54 +466,29 @@ impl Replayer {
         }
     }
 
-    fn map(&mut self, ev: &EventHead, iova: u64, paddr: u64, size: u64) {
+    /// A map event (the syncs it settled came first).
+    fn map(&mut self, _ts: Time, iova: u64, paddr: u64, size: u64) {
         self.totals.map_events += 1;
         if !self.dma.policy.translated() {
             return;
         }
         self.check_reuse(pfn(iova), pfn(iova) + pages(size));
-        // One domain never hands out an IOVA it still has mapped: a candidate this map overlaps belongs to
-        // another device's domain, whose unmaps the trace cannot tell from this one's. Settle it now.
-        for (c, _) in self.take_overlapping(iova, iova + size) {
-            self.sync_unsettled(c);
-        }
         let c = &mut self.dma.core;
         c.iommu.map_pages(c.dom, pfn(iova), pfn(paddr), pages(size));
         c.stats.maps += 1;
         c.stats.pages_mapped += pages(size);
-        let who = (ev.pid, ev.cpu, ev.ctx);
-        if let Some((_, c)) = self.open.iter_mut().find(|(k, _)| *k == who) {
-            if c.end() == iova {
-                c.segs.push((iova, size));
-                c.ts = ev.ts_ns;
-                return;
-            }
-        }
-        self.close(who);
-        self.open.push((
-            who,
-            Candidate {
-                segs: smallvec![(iova, size)],
-                phase: self.phase.clone(),
-                cpu: ev.cpu,
-                ts: ev.ts_ns,
-            },
-        ));
     }
 
-    fn unmap(&mut self, ev: &EventHead, iova: u64, size: u64, unmapped: u64) {
+    /// An unmap event of `bytes` (the syncs it settled came first).
+    fn unmap(&mut self, ts: Time, cpu: u32, iova: u64, bytes: u64, cleared: bool) {
         self.totals.unmap_events += 1;
         if !self.dma.policy.translated() {
             return;
         }
-        // An unmap in the mapping task's own context ends its mapping loop.
-        self.close((ev.pid, ev.cpu, ev.ctx));
-        let bytes = if unmapped > 0 { unmapped } else { size };
-        self.settle(iova, iova + bytes);
         let (first, n) = (pfn(iova), pages(bytes));
         // PTEs set before tracing began: reconstruct them (identity-mapped placeholders) so the unmap clears
         // what the kernel cleared.
-        if unmapped > 0 {
+        if cleared {
             let c = &mut self.dma.core;
             let mut p = first;
             while p < first + n {
@@ -657,7 +504,7 @@ impl Replayer {
                 p += run;
             }
         }
-        self.dma.unmap(ev.ts_ns, ev.cpu as usize, first, n);
+        self.dma.unmap(ts, cpu as usize, first, n);
         if self.dma.policy.name() == PolicyName::Lazy {
             self.prune_queued();
             self.queued.insert(first, first + n);
@@ -666,21 +513,17 @@ impl Replayer {
     }
 
     fn marker(&mut self, text: &str) {
-        let mut w = text.split_whitespace();
-        let (Some(kind), Some(name)) = (w.next(), w.next()) else {
-            return;
-        };
-        match kind {
-            "TB_BEGIN" => {
+        match marked(&self.phase, text) {
+            Marked::Begin(name) => {
                 self.commit();
-                self.phase = Some(name.into());
+                self.phase = Some(name);
             }
-            "TB_END" if self.phase.as_deref() == Some(name) => {
+            Marked::End => {
                 self.commit();
                 self.phase = None;
             }
-            "TB_END" => self.unmatched_markers += 1,
-            _ => {}
+            Marked::Unmatched => self.unmatched_markers += 1,
+            Marked::Nothing => {}
         }
     }
 }
@@ -692,8 +535,12 @@ pub struct ReplaySession {
     model: Model,
     /// Phases `--ats-phases` names.
     ats_phases: Vec<String>,
-    /// Events read and routed, not yet replayed.
+    /// Steps read and grouped, not yet replayed.
     batch: Batch,
+    /// Per domain, its map events grouped into mapping calls.
+    groups: Vec<Grouper>,
+    /// Whether the policy maps through the IOMMU at all (not passthrough).
+    translated: bool,
     /// Which domain each event goes to.
     router: Router,
     lines: Lines,
@@ -716,131 +563,153 @@ pub struct ReplaySession {
     last_ts: u64,
 }
 
-/// Events read before they are replayed together, each tick phase on a thread of its own.
-const REPLAY_BATCH: usize = 1 << 14;
-/// Batches read ahead of the model's thread at most (bounds the memory a fast reader can fill).
-const REPLAY_BATCHES_AHEAD: usize = 2;
+/// Events read before they are handed to the model together (small enough to stay in a core's cache on
+/// its way from the reading thread to the model's).
+const REPLAY_BATCH: usize = 1 << 12;
+/// Batches read ahead of the model's threads at most (bounds the memory a fast reader can fill).
+const REPLAY_BATCHES_AHEAD: usize = 4;
 
-/// Events read and routed: (the record, its domain, the domains known by then).
-type Batch = Vec<(Record, Option<usize>, usize)>;
+/// What the replayers do, in trace order.
+#[derive(Debug, Clone)]
+enum Step {
+    /// An event at `ts` begins, when `known` domains have been seen: the timers due and the invalidations
+    /// processed by then act first.
+    At { ts: Time, known: usize },
+    /// A step of domain `dom`'s replay.
+    Do { dom: usize, op: Op },
+    /// A marker line, to every domain.
+    Marker(String),
+}
+
+/// Steps read and grouped, for the model.
+type Batch = Vec<Step>;
 
 /// Per tick phase tried (one unless lazy with the phase left to inference), one replayer per DMA domain the
 /// trace shows: each its own IOVA space, page table, flush queue and timer.
 type Replayers = Vec<(u64, Vec<Replayer>)>;
 
-/// Where the replayers run: on the caller's thread, or on a thread of their own fed batches through a
-/// bounded channel, so that reading and parsing the next batch overlaps replaying this one (the results do
-/// not depend on which: each replayer sees the same events in the same order).
+/// A model thread: the batches it is sent, and its share of the tick phases when it is done.
+struct Worker {
+    tx: std::sync::mpsc::SyncSender<Arc<Batch>>,
+    done: std::thread::JoinHandle<Replayers>,
+}
+
+/// Where the replayers run: on the caller's thread (one core), or on threads of their own, each replaying
+/// its share of the tick phases, fed the same batches through bounded channels, so that reading and
+/// parsing the next batch overlaps replaying this one. The results do not depend on which: each replayer
+/// sees the same events in the same order.
 enum Model {
     Here(Box<Maker>, Replayers),
-    Thread {
-        tx: std::sync::mpsc::SyncSender<Batch>,
-        done: std::thread::JoinHandle<Replayers>,
+    Threads {
+        workers: Vec<Worker>,
+        /// Batches every worker is done with, for the reader to fill again (behind a lock only so that a
+        /// session may be shared between threads, as Python objects are).
+        spent: std::sync::Mutex<std::sync::mpsc::Receiver<Batch>>,
     },
 }
 
 impl Model {
-    fn new(make: Maker, rs: Replayers) -> Self {
-        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+    fn new(make: Maker, mut rs: Replayers) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if cores < 2 {
             return Model::Here(Box::new(make), rs);
         }
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(REPLAY_BATCHES_AHEAD);
-        let done = std::thread::spawn(move || {
-            let mut rs = rs;
-            for batch in rx {
-                replay_batch(&make, &mut rs, &batch);
-            }
-            rs
-        });
-        Model::Thread { tx, done }
+        let make = Arc::new(make);
+        let (back, spent) = std::sync::mpsc::channel::<Batch>();
+        let per = rs.len().div_ceil(cores.min(rs.len()));
+        let mut workers = Vec::new();
+        while !rs.is_empty() {
+            let mut mine: Replayers = rs.drain(..per.min(rs.len())).collect();
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Batch>>(REPLAY_BATCHES_AHEAD);
+            let (make, back) = (make.clone(), back.clone());
+            let done = std::thread::spawn(move || {
+                for batch in rx {
+                    for (phase, doms) in mine.iter_mut() {
+                        replay_events(&make, *phase, doms, &batch);
+                    }
+                    // The last worker done with a batch returns it (its buffer) to the reader.
+                    if let Ok(b) = Arc::try_unwrap(batch) {
+                        let _ = back.send(b);
+                    }
+                }
+                mine
+            });
+            workers.push(Worker { tx, done });
+        }
+        Model::Threads {
+            workers,
+            spent: std::sync::Mutex::new(spent),
+        }
+    }
+
+    /// An empty batch to fill: one the workers are done with, or a new one.
+    fn empty_batch(&self) -> Batch {
+        let mut b = match self {
+            Model::Threads { spent, .. } => spent
+                .lock()
+                .ok()
+                .and_then(|r| r.try_recv().ok())
+                .unwrap_or_default(),
+            Model::Here(..) => Vec::new(),
+        };
+        b.clear();
+        b.reserve(REPLAY_BATCH);
+        b
     }
 
     fn send(&mut self, batch: Batch) {
         match self {
-            Model::Here(make, rs) => replay_batch(make, rs, &batch),
-            Model::Thread { tx, .. } => {
-                // The model's thread only stops by panicking: take its panic from the join in `finish`.
-                let _ = tx.send(batch);
+            Model::Here(make, rs) => {
+                for (phase, doms) in rs.iter_mut() {
+                    replay_events(make, *phase, doms, &batch);
+                }
+            }
+            Model::Threads { workers, .. } => {
+                let batch = Arc::new(batch);
+                for w in workers.iter() {
+                    // A worker only stops by panicking: its panic comes out of the join in `finish`.
+                    let _ = w.tx.send(batch.clone());
+                }
             }
         }
     }
 
-    /// Wait for every batch sent to be replayed; the replayers.
+    /// Wait for every batch sent to be replayed; the replayers, in tick-phase order.
     fn finish(self) -> Replayers {
         match self {
             Model::Here(_, rs) => rs,
-            Model::Thread { tx, done } => {
-                drop(tx);
-                done.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
-            }
+            Model::Threads { workers, .. } => workers
+                .into_iter()
+                .flat_map(|Worker { tx, done }| {
+                    drop(tx);
+                    done.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
+                })
+                .collect(),
         }
     }
 }
 
-/// Replay `batch` on every tick phase tried, the phases in parallel (each is its own replay of the same
-/// events: the result does not depend on how they are spread over threads).
-fn replay_batch(make: &Maker, rs: &mut Replayers, batch: &Batch) {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(rs.len());
-    if threads <= 1 {
-        for (phase, doms) in rs.iter_mut() {
-            replay_events(make, *phase, doms, batch);
-        }
-    } else {
-        let per = rs.len().div_ceil(threads);
-        std::thread::scope(|sc| {
-            for part in rs.chunks_mut(per) {
-                sc.spawn(move || {
-                    for (phase, doms) in part {
-                        replay_events(make, *phase, doms, batch);
-                    }
-                });
-            }
-        });
-    }
-}
-
-/// One tick phase's replay of `batch`: each event to its domain's replayer (created when first seen, in
+/// One tick phase's replay of `batch`: each domain's steps to its replayer (created when first seen, in
 /// the phase the others are in), markers and timers to all.
-fn replay_events(
-    make: &Maker,
-    phase: u64,
-    doms: &mut Vec<Replayer>,
-    batch: &[(Record, Option<usize>, usize)],
-) {
-    for (rec, dom, known) in batch {
-        while doms.len() < *known {
-            let mut r = make.replayer(phase);
-            r.phase = doms[0].phase.clone();
-            doms.push(r);
-        }
-        let ev = match rec {
-            Record::Map { ev, .. } | Record::Unmap { ev, .. } | Record::Marker { ev, .. } => ev,
-            _ => continue,
-        };
-        for r in doms.iter_mut() {
-            r.serve_phase();
-            r.fire_timers(ev.ts_ns);
-            // No device translates here: the invalidations the IOMMU had processed by this event act now,
-            // so they do not pile up over a long trace.
-            r.dma.core.iommu.translator_mut().settle(ev.ts_ns);
-        }
-        match rec {
-            Record::Map {
-                ev,
-                iova,
-                paddr,
-                size,
-            } => doms[dom.expect("routed")].map(ev, *iova, *paddr, *size),
-            Record::Unmap {
-                ev,
-                iova,
-                size,
-                unmapped,
-            } => doms[dom.expect("routed")].unmap(ev, *iova, *size, *unmapped),
-            Record::Marker { text, .. } => doms.iter_mut().for_each(|r| r.marker(text)),
-            _ => {}
+fn replay_events(make: &Maker, phase: u64, doms: &mut Vec<Replayer>, batch: &[Step]) {
+    for step in batch {
+        match step {
+            &Step::At { ts, known } => {
+                while doms.len() < known {
+                    let mut r = make.replayer(phase);
+                    r.phase = doms[0].phase.clone();
+                    doms.push(r);
+                }
+                for r in doms.iter_mut() {
+                    r.serve_phase();
+                    r.fire_timers(ts);
+                    // No device translates here: the invalidations the IOMMU had processed by this event
+                    // act now, so they do not pile up over a long trace.
+                    r.dma.core.iommu.translator_mut().settle(ts);
+                }
+            }
+            Step::Do { dom, op } => doms[*dom].apply(op),
+            Step::Marker(text) => doms.iter_mut().for_each(|r| r.marker(text)),
         }
     }
 }
@@ -875,13 +744,10 @@ impl Maker {
             mark: Totals::default(),
             phase: None,
             phases: Phases::default(),
-            open: Vec::new(),
-            pending: BTreeMap::new(),
             queued: BTreeMap::new(),
             queued_flushes: 0,
             timers: BTreeMap::new(),
             seq: 0,
-            sg_phases: BTreeSet::new(),
             ats_phases: self.ats_phases.clone(),
             untraced_pages: 0,
             unmatched_markers: 0,
@@ -1118,6 +984,7 @@ impl ReplaySession {
             .map(|p| (p, vec![make.replayer(p)]))
             .collect();
         let iommu_name = rs[0].1[0].dma.core.iommu.name().to_string();
+        let translated = rs[0].1[0].dma.policy.translated();
         let fmt = *rs[0].1[0].dma.core.iommu.translator().format();
         let entry_shift = fmt.walk_entry_shift();
         let iova_limit = (fmt.max_gpfn() + 1) << fmt.granule_shift;
@@ -1127,6 +994,8 @@ impl ReplaySession {
             model: Model::new(make, rs),
             ats_phases,
             batch: Vec::new(),
+            groups: vec![Grouper::new(translated, None)],
+            translated,
             router: Router::default(),
             lines: Lines::default(),
             iommu: iommu_name,
@@ -1249,7 +1118,39 @@ impl ReplaySession {
             } => Some(self.router.route(ev, false, *iova, (*unmapped).max(*size))),
             _ => None,
         };
-        self.batch.push((rec, dom, self.router.domains()));
+        let known = self.router.domains();
+        while self.groups.len() < known {
+            let g = Grouper::new(self.translated, self.groups[0].phase.clone());
+            self.groups.push(g);
+        }
+        self.batch.push(Step::At {
+            ts: ev.ts_ns,
+            known,
+        });
+        // Which map events were one call is the trace's to tell (the same for every tick phase tried).
+        let mut ops: SmallVec<[Op; 2]> = SmallVec::new();
+        match rec {
+            Record::Map {
+                ref ev,
+                iova,
+                paddr,
+                size,
+            } => self.groups[dom.expect("routed")].map(ev, iova, paddr, size, &mut ops),
+            Record::Unmap {
+                ref ev,
+                iova,
+                size,
+                unmapped,
+            } => self.groups[dom.expect("routed")].unmap(ev, iova, size, unmapped, &mut ops),
+            Record::Marker { text, .. } => {
+                self.groups.iter_mut().for_each(|g| g.marker(&text));
+                self.batch.push(Step::Marker(text));
+            }
+            _ => {}
+        }
+        let dom = dom.unwrap_or(0);
+        self.batch
+            .extend(ops.into_iter().map(|op| Step::Do { dom, op }));
         if self.batch.len() >= REPLAY_BATCH {
             self.replay_batch();
         }
@@ -1257,7 +1158,7 @@ impl ReplaySession {
 
     /// Hand the events read so far to the model.
     fn replay_batch(&mut self) {
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(REPLAY_BATCH));
+        let batch = std::mem::replace(&mut self.batch, self.model.empty_batch());
         if !batch.is_empty() {
             self.model.send(batch);
         }
@@ -1290,6 +1191,13 @@ impl ReplaySession {
         if !self.partial.is_empty() {
             let l = std::mem::take(&mut self.partial);
             self.line(&String::from_utf8_lossy(&l));
+        }
+        // The candidates still waiting for unmaps, synced as their phases' settled ones were.
+        for (dom, g) in self.groups.iter_mut().enumerate() {
+            let mut ops = Vec::new();
+            g.sync_leftovers(&mut ops);
+            self.batch
+                .extend(ops.into_iter().map(|op| Step::Do { dom, op }));
         }
         self.replay_batch();
         let lines = self.lines;
@@ -1325,7 +1233,6 @@ impl ReplaySession {
             .map(|(phase, doms)| {
                 let mut sum = Phases::default();
                 for mut r in doms {
-                    r.sync_leftovers();
                     r.fire_timers(Time::MAX);
                     r.commit();
                     sum.add(&r.phases);

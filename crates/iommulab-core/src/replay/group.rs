@@ -1,0 +1,328 @@
+//! Which map events were one mapping call (one `iotlb_sync_map`): a driver's map_sg writes several
+//! contiguous ranges, each traced as its own `map` event, and syncs once; only the unmaps show which went
+//! together. This depends on the trace alone, not on the flush timer's phase, so it runs once per domain, on
+//! the reading thread, and hands every replayer the same [`Op`]s.
+
+use super::ftrace::{Ctx, EventHead};
+use crate::sim::Time;
+use smallvec::{smallvec, SmallVec};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// A trace phase's name (`TB_BEGIN NAME`), shared by the candidates mapped in it; None outside every phase.
+pub(super) type PhaseName = Option<Arc<str>>;
+
+/// Who is mapping: a candidate continues only in the same task, CPU and context.
+type Mapper = (u32, u32, Ctx);
+
+/// What a replayer does, in order, for one domain.
+#[derive(Debug, Clone)]
+pub(super) enum Op {
+    /// A map event, after the syncs its overlaps settled.
+    Map {
+        ts: Time,
+        iova: u64,
+        paddr: u64,
+        size: u64,
+    },
+    /// One iotlb_sync_map over IOVA bytes [start, end), by `cpu` at `ts` (the group's last map), counted in
+    /// `phase` (where it was mapped).
+    Sync {
+        phase: PhaseName,
+        cpu: u32,
+        ts: Time,
+        start: u64,
+        end: u64,
+    },
+    /// An unmap event of `bytes` at `iova`; `cleared`: the kernel reported what it unmapped (PTEs set
+    /// before tracing began are reconstructed then).
+    Unmap {
+        ts: Time,
+        cpu: u32,
+        iova: u64,
+        bytes: u64,
+        cleared: bool,
+    },
+}
+
+/// `map` events that may be one mapping call, until their unmaps tell.
+#[derive(Debug, Clone)]
+struct Candidate {
+    /// Segments (IOVA bytes, size), contiguous and ascending (mostly one: kept inline).
+    segs: SmallVec<[(u64, u64); 2]>,
+    phase: PhaseName,
+    cpu: u32,
+    ts: Time,
+}
+
+impl Candidate {
+    fn start(&self) -> u64 {
+        self.segs[0].0
+    }
+    fn end(&self) -> u64 {
+        let (a, n) = *self.segs.last().expect("non-empty");
+        a + n
+    }
+}
+
+/// Candidates an event overlaps (rarely more than one), each with its mapper if it was still open.
+type Overlapping = SmallVec<[(Candidate, Option<Mapper>); 2]>;
+
+/// Split `c` around [a, b): the segments before it, those overlapping it, those after it.
+fn split(
+    c: Candidate,
+    a: u64,
+    b: u64,
+) -> (Option<Candidate>, Option<Candidate>, Option<Candidate>) {
+    let part = |keep: &dyn Fn(u64, u64) -> bool| {
+        let segs: SmallVec<[(u64, u64); 2]> = c
+            .segs
+            .iter()
+            .copied()
+            .filter(|&(s, n)| keep(s, n))
+            .collect();
+        (!segs.is_empty()).then(|| Candidate {
+            segs,
+            phase: c.phase.clone(),
+            cpu: c.cpu,
+            ts: c.ts,
+        })
+    };
+    (
+        part(&|s, n| s + n <= a),
+        part(&|s, n| s < b && s + n > a),
+        part(&|s, _| s >= b),
+    )
+}
+
+/// What a marker line does to the current phase.
+pub(super) enum Marked {
+    Begin(Arc<str>),
+    End,
+    /// A TB_END of a phase not begun.
+    Unmatched,
+    Nothing,
+}
+
+/// `TB_BEGIN NAME` / `TB_END NAME` against the current phase.
+pub(super) fn marked(phase: &PhaseName, text: &str) -> Marked {
+    let mut w = text.split_whitespace();
+    let (Some(kind), Some(name)) = (w.next(), w.next()) else {
+        return Marked::Nothing;
+    };
+    match kind {
+        "TB_BEGIN" => Marked::Begin(name.into()),
+        "TB_END" if phase.as_deref() == Some(name) => Marked::End,
+        "TB_END" => Marked::Unmatched,
+        _ => Marked::Nothing,
+    }
+}
+
+/// One domain's map events grouped into mapping calls.
+pub(super) struct Grouper {
+    /// Whether the domain maps through the IOMMU (not passthrough: then nothing is grouped or synced).
+    translated: bool,
+    pub phase: PhaseName,
+    /// Candidates still being extended, by who is mapping.
+    open: Vec<(Mapper, Candidate)>,
+    /// Closed candidates waiting for their unmaps, by start IOVA.
+    pending: BTreeMap<u64, Candidate>,
+    /// Phases in which an unmap showed several map events to be one mapping call (a map_sg).
+    sg_phases: BTreeSet<PhaseName>,
+}
+
+impl Grouper {
+    pub fn new(translated: bool, phase: PhaseName) -> Self {
+        Grouper {
+            translated,
+            phase,
+            open: Vec::new(),
+            pending: BTreeMap::new(),
+            sg_phases: BTreeSet::new(),
+        }
+    }
+
+    /// A settled group: one iotlb_sync_map over its range, counted where it was mapped.
+    fn sync_map(&mut self, c: &Candidate, out: &mut impl Extend<Op>) {
+        if c.segs.len() > 1 {
+            self.sg_phases.insert(c.phase.clone());
+        }
+        out.extend([Op::Sync {
+            phase: c.phase.clone(),
+            cpu: c.cpu,
+            ts: c.ts,
+            start: c.start(),
+            end: c.end(),
+        }]);
+    }
+
+    /// A candidate no unmap of its own will settle, split as the settled ones of its phase were: if an unmap
+    /// in that phase showed several map events to be one call (a map_sg), it is one call; if every unmap
+    /// covered a single map event (virtio rings map each buffer with its own dma_map_page()), each of its
+    /// map events is.
+    fn sync_unsettled(&mut self, c: Candidate, out: &mut impl Extend<Op>) {
+        if self.sg_phases.contains(&c.phase) {
+            self.sync_map(&c, out);
+        } else {
+            for &seg in &c.segs {
+                let one = Candidate {
+                    segs: smallvec![seg],
+                    ..c.clone()
+                };
+                self.sync_map(&one, out);
+            }
+        }
+    }
+
+    /// End of the trace: the candidates still waiting for unmaps.
+    pub fn sync_leftovers(&mut self, out: &mut impl Extend<Op>) {
+        let left: Vec<Candidate> = self
+            .open
+            .drain(..)
+            .map(|(_, c)| c)
+            .chain(std::mem::take(&mut self.pending).into_values())
+            .collect();
+        for c in left {
+            self.sync_unsettled(c, out);
+        }
+    }
+
+    /// Stop extending `who`'s candidate (it waits for its unmaps).
+    fn close(&mut self, who: Mapper) {
+        if let Some(i) = self.open.iter().position(|(k, _)| *k == who) {
+            let (_, c) = self.open.swap_remove(i);
+            self.pending.insert(c.start(), c);
+        }
+    }
+
+    /// Take the candidates overlapping [a, b): pending ones, and open ones (the mapping loop may still be
+    /// running when an interrupt unmaps under it), with the mapper of the open ones.
+    fn take_overlapping(&mut self, a: u64, b: u64) -> Overlapping {
+        let mut hits = Overlapping::new();
+        let first = self
+            .pending
+            .range(..=a)
+            .next_back()
+            .filter(|(_, c)| c.end() > a)
+            .map(|(&k, _)| k);
+        let keys: SmallVec<[u64; 4]> = first
+            .into_iter()
+            .chain(self.pending.range(a..b).map(|(&k, _)| k))
+            .collect();
+        for k in keys {
+            if let Some(c) = self.pending.remove(&k) {
+                hits.push((c, None));
+            }
+        }
+        let mut i = 0;
+        while i < self.open.len() {
+            let c = &self.open[i].1;
+            if c.start() < b && c.end() > a {
+                let (who, c) = self.open.swap_remove(i);
+                hits.push((c, Some(who)));
+            } else {
+                i += 1;
+            }
+        }
+        hits
+    }
+
+    /// Settle candidates with the unmap of [a, b): the segments it covers were one mapping call; what is left
+    /// either side stays a candidate (the tail of an open one stays open for its mapper).
+    fn settle(&mut self, a: u64, b: u64, out: &mut impl Extend<Op>) {
+        let hits = self.take_overlapping(a, b);
+        for (c, who) in hits {
+            let (before, inside, after) = split(c, a, b);
+            if let Some(p) = inside {
+                self.sync_map(&p, out);
+            }
+            if let Some(p) = before {
+                self.pending.insert(p.start(), p);
+            }
+            match (after, who) {
+                (Some(p), Some(who)) => self.open.push((who, p)),
+                (Some(p), None) => {
+                    self.pending.insert(p.start(), p);
+                }
+                (None, _) => {}
+            }
+        }
+    }
+
+    /// A map event: the syncs it settles, then the map.
+    pub fn map(
+        &mut self,
+        ev: &EventHead,
+        iova: u64,
+        paddr: u64,
+        size: u64,
+        out: &mut impl Extend<Op>,
+    ) {
+        let op = Op::Map {
+            ts: ev.ts_ns,
+            iova,
+            paddr,
+            size,
+        };
+        if !self.translated {
+            out.extend([op]);
+            return;
+        }
+        // One domain never hands out an IOVA it still has mapped: a candidate this map overlaps belongs to
+        // another device's domain, whose unmaps the trace cannot tell from this one's. Settle it now.
+        for (c, _) in self.take_overlapping(iova, iova + size) {
+            self.sync_unsettled(c, out);
+        }
+        out.extend([op]);
+        let who = (ev.pid, ev.cpu, ev.ctx);
+        if let Some((_, c)) = self.open.iter_mut().find(|(k, _)| *k == who) {
+            if c.end() == iova {
+                c.segs.push((iova, size));
+                c.ts = ev.ts_ns;
+                return;
+            }
+        }
+        self.close(who);
+        self.open.push((
+            who,
+            Candidate {
+                segs: smallvec![(iova, size)],
+                phase: self.phase.clone(),
+                cpu: ev.cpu,
+                ts: ev.ts_ns,
+            },
+        ));
+    }
+
+    /// An unmap event: the syncs it settles, then the unmap.
+    pub fn unmap(
+        &mut self,
+        ev: &EventHead,
+        iova: u64,
+        size: u64,
+        unmapped: u64,
+        out: &mut impl Extend<Op>,
+    ) {
+        let bytes = if unmapped > 0 { unmapped } else { size };
+        if self.translated {
+            // An unmap in the mapping task's own context ends its mapping loop.
+            self.close((ev.pid, ev.cpu, ev.ctx));
+            self.settle(iova, iova + bytes, out);
+        }
+        out.extend([Op::Unmap {
+            ts: ev.ts_ns,
+            cpu: ev.cpu,
+            iova,
+            bytes,
+            cleared: unmapped > 0,
+        }]);
+    }
+
+    pub fn marker(&mut self, text: &str) {
+        match marked(&self.phase, text) {
+            Marked::Begin(name) => self.phase = Some(name),
+            Marked::End => self.phase = None,
+            Marked::Unmatched | Marked::Nothing => {}
+        }
+    }
+}
