@@ -9,6 +9,7 @@
 //! Each figure is the best of a few repeats; user CPU time on one core is what the targets mean.
 
 use iommulab_core::hw;
+use iommulab_core::replay::ftrace::{self, Record};
 use iommulab_core::replay::{ReplayOptions, ReplaySession};
 use iommulab_core::run::Simulation;
 use iommulab_core::scenario::{load, PolicyName, Source};
@@ -38,7 +39,7 @@ fn simulation() {
         ("platform.pcie.link_gbps", "252"),
         ("platform.pcie.translation_slots", "16"),
         ("run.warmup_ms", "5"),
-        ("run.duration_ms", "20"),
+        ("run.duration_ms", "100"),
     ]
     .iter()
     .map(|(a, b)| (a.to_string(), b.to_string()))
@@ -183,6 +184,26 @@ fn replays(modes: &[(&str, PolicyName)]) {
     }
 }
 
+/// The trace parser alone: lines per second.
+fn parse() {
+    let t = trace(1_000_000);
+    let (wall, n) = best(|| {
+        let t0 = Instant::now();
+        let mut n = 0u64;
+        for (i, l) in t.split(|&b| b == b'\n').enumerate() {
+            let l = std::str::from_utf8(l).expect("ascii");
+            if !matches!(black_box(ftrace::parse_line(l, i as u64)), Record::Other) {
+                n += 1;
+            }
+        }
+        (t0.elapsed().as_secs_f64(), n)
+    });
+    println!(
+        "parse     {n} lines: {:.2} M lines/s",
+        n as f64 / wall / 1e6
+    );
+}
+
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` runs this once too: keep that cheap.
     if std::env::args().any(|a| a == "--test") {
@@ -194,13 +215,14 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let parts: [(&str, fn()); 4] = [
+    let parts: [(&str, fn()); 5] = [
         ("simulate", simulation),
         ("translate", full_walks),
         ("replay-strict", || {
             replays(&[("strict", PolicyName::Strict)])
         }),
         ("replay-lazy", || replays(&[("lazy", PolicyName::Lazy)])),
+        ("parse", parse),
     ];
     for (name, f) in parts {
         if only.is_empty() || only.iter().any(|o| name.contains(o.as_str())) {

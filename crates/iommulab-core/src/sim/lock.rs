@@ -123,6 +123,33 @@ pub struct SpinLock {
     pub stats: LockStats,
 }
 
+/// The first index of `busy` at which `pred` (true on a prefix, false after it) is false, as
+/// `partition_point`, but galloping from the back: the bookings asked about are mostly the latest, whose
+/// lines are still in cache, while a binary search from the middle of a long calendar misses on every step.
+fn partition_from_back(busy: &VecDeque<Booking>, pred: impl Fn(&Booking) -> bool) -> usize {
+    let (mut lo, mut hi) = (0, busy.len());
+    let mut step = 1;
+    while hi > 0 {
+        let probe = hi.saturating_sub(step);
+        if pred(&busy[probe]) {
+            lo = probe + 1;
+            break;
+        }
+        hi = probe;
+        step *= 2;
+    }
+    // pred holds before lo and fails from hi on.
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if pred(&busy[mid]) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
 /// [start, end), held last by `cpu`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Booking {
@@ -230,7 +257,7 @@ impl SpinLock {
             }
         }
         // First gap at or after `at` long enough for the transfer from the gap's previous holder and the hold.
-        let mut i = self.busy.partition_point(|b| b.s <= at);
+        let mut i = partition_from_back(&self.busy, |b| b.s <= at);
         let (mut start, mut prev) = (at, self.owner);
         if i > 0 {
             let b = self.busy[i - 1];
@@ -272,8 +299,8 @@ impl SpinLock {
             return;
         }
         // Bookings touching or overlapping [s, e]: those ending at or after s and starting at or before e.
-        let lo = self.busy.partition_point(|b| b.e < s);
-        let hi = self.busy.partition_point(|b| b.s <= e);
+        let lo = partition_from_back(&self.busy, |b| b.e < s);
+        let hi = partition_from_back(&self.busy, |b| b.s <= e);
         let mut m = Booking { s, e, cpu: NO_CPU };
         let mut owner_end = 0;
         for b in self.busy.drain(lo..hi.max(lo)) {
@@ -315,6 +342,20 @@ impl SpinLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn galloping_from_the_back_finds_what_partition_point_finds(
+            starts in proptest::collection::btree_set(0u64..10_000, 0..300), at in 0u64..10_100,
+        ) {
+            let busy: VecDeque<Booking> = starts.iter().map(|&s| Booking { s, e: s + 1, cpu: 0 }).collect();
+            prop_assert_eq!(
+                partition_from_back(&busy, |b| b.s <= at),
+                busy.partition_point(|b| b.s <= at)
+            );
+        }
+    }
     #[test]
     fn second_acquirer_waits_for_first() {
         let mut l = SpinLock::default();
