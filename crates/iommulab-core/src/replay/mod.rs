@@ -609,8 +609,8 @@ enum Model {
 }
 
 impl Model {
-    fn new(make: Maker, mut rs: Replayers) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    /// The replayers on up to `cores` threads of their own (on the caller's with one core).
+    fn new(make: Maker, mut rs: Replayers, cores: usize) -> Self {
         if cores < 2 {
             return Model::Here(Box::new(make), rs);
         }
@@ -919,6 +919,12 @@ impl Router {
 impl ReplaySession {
     /// Set up the DMA layer and IOMMU for `opts`. `name` labels errors (the trace's file name).
     pub fn new(name: &str, opts: &ReplayOptions) -> Result<Self, InputError> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::on_cores(name, opts, cores)
+    }
+
+    /// As [`ReplaySession::new`], the model on up to `cores` threads (the results do not depend on it).
+    fn on_cores(name: &str, opts: &ReplayOptions, cores: usize) -> Result<Self, InputError> {
         let (profile, arch) = match opts.vendor {
             Vendor::Vtd => ("vtd-server", "x86_64"),
             Vendor::Smmuv3 => ("smmuv3-server", "arm64"),
@@ -991,7 +997,7 @@ impl ReplaySession {
         let ats_phases = make.ats_phases.clone();
         Ok(ReplaySession {
             name: name.to_string(),
-            model: Model::new(make, rs),
+            model: Model::new(make, rs, cores),
             ats_phases,
             batch: Vec::new(),
             groups: vec![Grouper::new(translated, None)],
@@ -1478,6 +1484,50 @@ mod tests {
             // The last unmap's PSI: its range and, with IH=0, the domain's walk caches.
             let n = r.dma.core.iommu.translator().pending();
             assert!(n <= 2, "{n} pending");
+        }
+    }
+
+    #[test]
+    fn the_replay_does_not_depend_on_how_many_threads_run_the_model() {
+        // Two labelled domains, a map_sg group, lazy with its 16 tick phases: every thread count gives the
+        // same JSON, chunks cut anywhere.
+        let mut t = String::new();
+        for i in 0..3000u64 {
+            let ts = 1_000_000 + i * 7_000;
+            let dom = ["0xaaa0", "0xbbb0"][(i % 2) as usize];
+            let iova = 0xffff_0000 - (i % 64) * 0x2000;
+            t += &format!("  t-1 [000] .... {}.{:06}: tb_map: (__iommu_map+0x0/0x280) dom={dom} iova={iova:#x} size=8192\n", ts / 1_000_000, ts % 1_000_000);
+            t += &map(ts + 1, iova, 0x10_0000 + i * 0x2000, 4096);
+            t += &map(ts + 2, iova + 0x1000, 0x20_0000 + i * 0x2000, 4096);
+            if i >= 8 {
+                let j = i - 8;
+                let (dom, iova) = (
+                    ["0xaaa0", "0xbbb0"][(j % 2) as usize],
+                    0xffff_0000 - (j % 64) * 0x2000,
+                );
+                t += &format!("  t-1 [000] .... {}.{:06}: tb_unmap: (__iommu_unmap+0x0/0x1d0) dom={dom} iova={iova:#x} size=8192\n", (ts + 3) / 1_000_000, (ts + 3) % 1_000_000);
+                t += &unmap(ts + 4, iova, 8192);
+            }
+        }
+        let lazy = ReplayOptions {
+            mode: Some(PolicyName::Lazy),
+            ..Default::default()
+        };
+        let json = |cores: usize, chunk: usize| {
+            let mut s = ReplaySession::on_cores("t", &lazy, cores).unwrap();
+            for c in t.as_bytes().chunks(chunk) {
+                s.feed(c);
+            }
+            serde_json::to_string(&s.finish().unwrap()).unwrap()
+        };
+        let one = json(1, 1 << 20);
+        assert!(one.contains("\"count\":2"), "{one}");
+        for (cores, chunk) in [(2, 97), (3, 4096), (16, 1 << 20)] {
+            assert_eq!(
+                json(cores, chunk),
+                one,
+                "{cores} threads, chunks of {chunk}"
+            );
         }
     }
 
