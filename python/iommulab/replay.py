@@ -7,13 +7,17 @@ import gzip
 import json
 import lzma
 import os
+import queue
 import sys
+import threading
 from typing import IO, Any, Callable
 
 from . import _core
 from ._core import ScenarioError
 
 CHUNK = 1 << 20
+# Chunks read and decompressed ahead of the replay at most.
+READ_AHEAD = 4
 
 COUNT_KEYS = ("map_events", "unmap_events", "map_syncs", "iotlb_psi", "iotlb_dsi", "iotlb_global", "wait", "devtlb",
               "virtio_map", "virtio_unmap")
@@ -59,21 +63,53 @@ def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool =
     f, raw = _open(trace)
     size = os.fstat(raw.fileno()).st_size if raw is not None else 0
     try:
-        while True:
-            try:
-                chunk = f.read(CHUNK)
-            except (OSError, EOFError, lzma.LZMAError) as e:
-                raise ScenarioError(f"{name}: cannot read: {e}") from None
-            if not chunk:
-                break
+        for chunk, pos in _read_ahead(f, raw, name):
             r.feed(chunk)
             if progress and raw is not None:
-                progress(raw.tell(), size)
+                progress(pos, size)
     finally:
         if raw is not None:
             f.close()
             raw.close()
     return json.loads(r.finish())
+
+
+def _read_ahead(f: IO[bytes], raw: IO[bytes] | None, name: str):
+    """The chunks of `f` with the position in the file under it, read (and decompressed) on a thread of their
+    own a few chunks ahead, so that decompression overlaps the replay (both release the GIL)."""
+    chunks: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
+    stop = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                chunk = f.read(CHUNK)
+                chunks.put((chunk, raw.tell() if raw is not None else 0))
+                if not chunk:
+                    return
+        except (OSError, EOFError, lzma.LZMAError, ValueError) as e:
+            chunks.put(ScenarioError(f"{name}: cannot read: {e}"))
+        except Exception as e:  # anything else reaches the caller as it is
+            chunks.put(e)
+
+    t = threading.Thread(target=reader, name="iommulab-replay-read", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = chunks.get()
+            if isinstance(item, Exception):
+                raise item
+            if not item[0]:
+                return
+            yield item
+    finally:
+        # Stop the reader (it may be waiting for room in the queue) before the caller closes the file.
+        stop.set()
+        while t.is_alive():
+            try:
+                chunks.get_nowait()
+            except queue.Empty:
+                t.join(0.01)
 
 
 def format_replay(res: dict[str, Any]) -> str:
