@@ -36,6 +36,26 @@ fn tag_level(t: u64) -> u32 {
     ((t >> LEVEL_SHIFT) & 0xf) as u32
 }
 
+/// Drop the entries of `c` tagged (`dom`, `level`, index in [a, b]): a few looked up in their sets, a wide
+/// range by one scan of the cache.
+fn invalidate_indices<V: Copy + Default>(
+    c: &mut TagCache<V>,
+    dom: DomainId,
+    level: u32,
+    a: u64,
+    b: u64,
+) {
+    if b - a < c.entries() as u64 {
+        for i in a..=b {
+            c.invalidate(tag(dom, level, i), i);
+        }
+    } else {
+        c.invalidate_where(|t| {
+            tag_dom(t) == dom as u64 && tag_level(t) == level && (a..=b).contains(&(t & INDEX_MASK))
+        });
+    }
+}
+
 /// A TLB of leaf translations of any page size (the IOTLB, or a device's ATC): one entry per page or
 /// block, tagged by its size so an invalidation by address finds the block holding that address.
 pub struct Tlb {
@@ -91,18 +111,7 @@ impl Tlb {
             let level = sizes.trailing_zeros();
             sizes &= sizes - 1;
             let s = f.span_shift(level);
-            let (a, b) = (lo >> s, hi >> s);
-            if b - a < self.c.entries() as u64 {
-                for i in a..=b {
-                    self.c.invalidate(tag(dom, level, i), i);
-                }
-            } else {
-                self.c.invalidate_where(|t| {
-                    tag_dom(t) == dom as u64
-                        && tag_level(t) == level
-                        && (a..=b).contains(&(t & INDEX_MASK))
-                });
-            }
+            invalidate_indices(&mut self.c, dom, level, lo >> s, hi >> s);
         }
     }
 
@@ -447,18 +456,7 @@ impl Translator {
             for i in 0..self.pwc.len() {
                 let l = fmt.levels - i as u32;
                 let s = fmt.span_shift(l);
-                let (a, b) = (lo >> s, hi >> s);
-                let c = &mut self.pwc[i];
-                // A few entries: look each up in its set; a wide range: scan the cache once.
-                if b - a < c.entries() as u64 {
-                    for x in a..=b {
-                        c.invalidate(tag(dom, l, x), x);
-                    }
-                } else {
-                    c.invalidate_where(|t| {
-                        tag_dom(t) == dom as u64 && (a..=b).contains(&(t & INDEX_MASK))
-                    });
-                }
+                invalidate_indices(&mut self.pwc[i], dom, l, lo >> s, hi >> s);
             }
         }
     }
