@@ -19,12 +19,7 @@ type Mapper = (u32, u32, Ctx);
 #[derive(Debug, Clone)]
 pub(super) enum Op {
     /// A map event, after the syncs its overlaps settled.
-    Map {
-        ts: Time,
-        iova: u64,
-        paddr: u64,
-        size: u64,
-    },
+    Map { iova: u64, paddr: u64, size: u64 },
     /// One iotlb_sync_map over IOVA bytes [start, end), by `cpu` at `ts` (the group's last map), counted in
     /// `phase` (where it was mapped).
     Sync {
@@ -122,7 +117,7 @@ pub(super) fn marked(phase: &PhaseName, text: &str) -> Marked {
 pub(super) struct Grouper {
     /// Whether the domain maps through the IOMMU (not passthrough: then nothing is grouped or synced).
     translated: bool,
-    pub phase: PhaseName,
+    phase: PhaseName,
     /// Candidates still being extended, by who is mapping.
     open: Vec<(Mapper, Candidate)>,
     /// Closed candidates waiting for their unmaps, by start IOVA.
@@ -132,13 +127,22 @@ pub(super) struct Grouper {
 }
 
 impl Grouper {
-    pub fn new(translated: bool, phase: PhaseName) -> Self {
+    /// The grouper of the first domain: outside every phase.
+    pub fn new(translated: bool) -> Self {
         Grouper {
             translated,
-            phase,
+            phase: None,
             open: Vec::new(),
             pending: BTreeMap::new(),
             sg_phases: BTreeSet::new(),
+        }
+    }
+
+    /// The grouper of a domain seen for the first time, in the phase this one is in.
+    pub fn another_domain(&self) -> Self {
+        Grouper {
+            phase: self.phase.clone(),
+            ..Grouper::new(self.translated)
         }
     }
 
@@ -258,12 +262,7 @@ impl Grouper {
         size: u64,
         out: &mut impl Extend<Op>,
     ) {
-        let op = Op::Map {
-            ts: ev.ts_ns,
-            iova,
-            paddr,
-            size,
-        };
+        let op = Op::Map { iova, paddr, size };
         if !self.translated {
             out.extend([op]);
             return;

@@ -413,12 +413,7 @@ impl Replayer {
     /// One step of this domain's replay.
     fn apply(&mut self, op: &Op) {
         match *op {
-            Op::Map {
-                ts,
-                iova,
-                paddr,
-                size,
-            } => self.map(ts, iova, paddr, size),
+            Op::Map { iova, paddr, size } => self.map(iova, paddr, size),
             Op::Sync {
                 ref phase,
                 cpu,
@@ -467,7 +462,7 @@ impl Replayer {
     }
 
     /// A map event (the syncs it settled came first).
-    fn map(&mut self, _ts: Time, iova: u64, paddr: u64, size: u64) {
+    fn map(&mut self, iova: u64, paddr: u64, size: u64) {
         self.totals.map_events += 1;
         if !self.dma.policy.translated() {
             return;
@@ -539,8 +534,6 @@ pub struct ReplaySession {
     batch: Batch,
     /// Per domain, its map events grouped into mapping calls.
     groups: Vec<Grouper>,
-    /// Whether the policy maps through the IOMMU at all (not passthrough).
-    translated: bool,
     /// Which domain each event goes to.
     router: Router,
     lines: Lines,
@@ -563,7 +556,7 @@ pub struct ReplaySession {
     last_ts: u64,
 }
 
-/// Events read before they are handed to the model together (small enough to stay in a core's cache on
+/// Steps read before they are handed to the model together (small enough to stay in a core's cache on
 /// its way from the reading thread to the model's).
 const REPLAY_BATCH: usize = 1 << 12;
 /// Batches read ahead of the model's threads at most (bounds the memory a fast reader can fill).
@@ -1000,8 +993,7 @@ impl ReplaySession {
             model: Model::new(make, rs, cores),
             ats_phases,
             batch: Vec::new(),
-            groups: vec![Grouper::new(translated, None)],
-            translated,
+            groups: vec![Grouper::new(translated)],
             router: Router::default(),
             lines: Lines::default(),
             iommu: iommu_name,
@@ -1126,7 +1118,7 @@ impl ReplaySession {
         };
         let known = self.router.domains();
         while self.groups.len() < known {
-            let g = Grouper::new(self.translated, self.groups[0].phase.clone());
+            let g = self.groups[0].another_domain();
             self.groups.push(g);
         }
         self.batch.push(Step::At {
