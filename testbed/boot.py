@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Boot the testbed's guest once under QEMU (TCG) with an emulated Intel VT-d and collect, per phase, what the
-guest's own capture recorded and what QEMU's trace says reached its IOMMU.
+"""Boot the testbed's guest once under QEMU (TCG) with an emulated IOMMU (Intel VT-d, virtio-iommu or, on an
+arm64 guest, Arm SMMUv3) and collect, per phase, what the guest's own capture recorded and what QEMU's trace says
+reached its IOMMU.
 
-    python3 testbed/boot.py DIR --mode strict|lazy [--cm on|off] [--phases net,blk]
+    python3 testbed/boot.py DIR --mode strict|lazy|pt [--iommu intel|virtio|smmuv3] [--cm on|off]
+                            [--kernel 6.1|6.12] [--smp N] [--phases net,blk,nvme,mix] [--domains]
 
-DIR is what prepare.sh made. Writes DIR/runs/NAME/: results.json (per phase: QEMU's vtd_inv_desc counts between
-the guest's phase markers), trace.txt (the guest's capture), root/ (the files inspect reads), serial.log, cmd.txt.
+DIR is what prepare.sh made (`prepare.sh DIR arm64` for smmuv3). Writes DIR/runs/NAME/: results.json (per phase:
+QEMU's invalidation descriptors, requests or commands between the guest's phase markers), trace.txt (the guest's
+capture), root/ (the files inspect reads), serial.log, cmd.txt.
 Phase windows on QEMU's clock come from QEMU itself: the guest reads 4 KiB block 40000 + 2i (40001 + 2i) of the
 results disk, which has no IOMMU, before (after) phase i, and QEMU traces that read."""
 
@@ -34,8 +37,18 @@ MODES = {"strict": "iommu.strict=1", "lazy": "iommu.strict=0", "pt": "iommu.pass
 MARK_BLOCK = 40000
 
 
+# What QEMU traces of each IOMMU's work. SMMUv3 (hw/arm/smmuv3.c, smmuv3_cmdq_consume): one smmuv3_cmdq_opcode
+# per command consumed, one smmuv3_cmdq_consume_out per CMDQ_PROD write (a doorbell), and its errors and events.
+TRACE = {"intel": ["vtd_inv_desc*"], "virtio": ["virtio_iommu_map", "virtio_iommu_unmap"],
+         "smmuv3": ["smmuv3_cmdq_opcode", "smmuv3_cmdq_consume_out", "smmuv3_cmdq_consume_error",
+                    "smmuv3_record_event", "smmuv3_unhandled_cmd"]}
+# Kernels: Debian 12's (6.1) and bookworm-backports' (6.12), as prepare.sh unpacked them.
+KERNELS = {"6.1": ("kroot", "initrd.cpio.gz"), "6.12": ("kroot612", "initrd612.cpio.gz")}
+
+
 def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
-    """QEMU's IOMMU events (vtd_inv_desc*, virtio_iommu_map/unmap) between each phase's two marker reads."""
+    """QEMU's IOMMU events between each phase's two marker reads; a VT-d descriptor is counted by its type
+    (vtd_inv_desc[type]), an SMMUv3 command by its opcode as QEMU names it (SMMU_CMD_TLBI_NH_ASID, ...)."""
     out = {p: collections.Counter() for p in phases}
     cur = None
     for line in open(log, errors="replace"):
@@ -54,42 +67,56 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
             if ev == "vtd_inv_desc":
                 t = re.search(r"type (\S+)", args)
                 ev = f"vtd_inv_desc[{t.group(1) if t else '?'}]"
+            elif ev == "smmuv3_cmdq_opcode":
+                ev = args.replace("<---", "").strip()
             out[cur][ev] += 1
     return out
 
 
 def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: int = 600,
-         iommu: str = "intel", domains: bool = False) -> str:
-    """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel) or virtio (virtio-iommu-pci, the 6.12
-    backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU). Phases: net, blk, and mix (both at once); `domains`:
-    the capture records each event's domain (kprobes). Returns the run's directory."""
-    name = f"{mode}-cm{cm}" if iommu == "intel" else f"{mode}-virtio"
+         iommu: str = "intel", domains: bool = False, kernel: str | None = None, smp: int = 1) -> str:
+    """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel by default), virtio (virtio-iommu-pci, the
+    6.12 backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU) or smmuv3 (an arm64 guest on `virt,iommu=smmuv3`,
+    6.12 by default). Phases: net, blk, nvme (arm64's machine has an NVMe drive) and mix (net and blk at once);
+    `domains`: the capture records each event's domain (kprobes). Returns the run's directory."""
+    kernel = kernel or ("6.1" if iommu == "intel" else "6.12")
+    arm = iommu == "smmuv3"
+    name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}"}[iommu]
+    name += f"-smp{smp}" if smp != 1 else ""
     name += "-" + phases.replace(",", "-") if phases != "net,blk" else ""
     rd = os.path.join(tb, "runs", name)
     os.makedirs(rd, exist_ok=True)
     out_img = os.path.join(rd, "out.img")
     with open(out_img, "wb") as f:
         f.truncate(256 << 20)
-    kroot, initrd = ("kroot", "initrd.cpio.gz") if iommu == "intel" else ("kroot612", "initrd612.cpio.gz")
-    kern = sorted(glob.glob(os.path.join(tb, kroot, "boot/vmlinuz-*")))[-1]
+    kroot, initrd = (os.path.join(tb, "arm64" if arm else "", k) for k in KERNELS[kernel])
+    kern = sorted(glob.glob(os.path.join(kroot, "boot/vmlinuz-*")))[-1]
     handler = functools.partial(QuietHandler, directory=os.path.join(tb, "www"))
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     port = srv.server_address[1]
-    append = (f"console=ttyS0 panic=-1 quiet loglevel=4 {'intel_iommu=on ' if iommu == 'intel' else ''}"
+    append = (f"console={'ttyAMA0' if arm else 'ttyS0'} panic=-1 quiet loglevel=4 "
+              f"{'intel_iommu=on ' if iommu == 'intel' else ''}"
               f"{MODES[mode]} tb.phases={phases} tb.port={port}{' tb.domains=1' if domains else ''}")
     ip = "iommu_platform=on,disable-legacy=on"
-    cmd = ["qemu-system-x86_64", "-accel", "tcg", "-cpu", "max", "-m", "1024", "-smp", "1", "-display", "none",
+    machine = {"intel": ["-machine", "q35,kernel-irqchip=split", "-device",
+                         f"intel-iommu,intremap=on,caching-mode={cm}"],
+               "virtio": ["-machine", "q35", "-device", "virtio-iommu-pci"],
+               # Every PCI device on virt's pcie.0 sits behind the SMMU (stream ID = requester ID).
+               "smmuv3": ["-machine", "virt,gic-version=3,iommu=smmuv3", "-cpu", "cortex-a57", "-nodefaults"]}[iommu]
+    cmd = [f"qemu-system-{'aarch64' if arm else 'x86_64'}", "-accel", "tcg", *(["-cpu", "max"] if not arm else []),
+           "-m", "2048" if arm else "1024", "-smp", str(smp), "-display", "none",
            "-serial", "stdio", "-monitor", "none", "-no-reboot", "-kernel", kern,
-           "-initrd", os.path.join(tb, initrd), "-D", os.path.join(rd, "qemu-trace.log"),
-           *(["-machine", "q35,kernel-irqchip=split", "-device", f"intel-iommu,intremap=on,caching-mode={cm}",
-              "-trace", "enable=vtd_inv_desc*"] if iommu == "intel" else
-             ["-machine", "q35", "-device", "virtio-iommu-pci",
-              "-trace", "enable=virtio_iommu_map", "-trace", "enable=virtio_iommu_unmap"]),
+           "-initrd", initrd, "-D", os.path.join(rd, "qemu-trace.log"), *machine,
+           *(a for ev in TRACE[iommu] for a in ("-trace", f"enable={ev}")),
            "-trace", "enable=virtio_blk_handle_read",
            "-netdev", "user,id=n0", "-device", f"virtio-net-pci,netdev=n0,{ip},romfile=",
            "-drive", f"file={tb}/data.img,if=none,id=d0,format=raw,readonly=on",
            "-device", f"virtio-blk-pci,drive=d0,serial=tbdata,{ip}",
-           "-drive", f"file={out_img},if=none,id=o0,format=raw", "-device", "virtio-blk-pci,drive=o0,serial=tbout",
+           *(["-drive", f"file={tb}/data.img,if=none,id=d1,format=raw,readonly=on",
+              "-device", "nvme,drive=d1,serial=tbnvme"] if arm else []),
+           # The results disk has no iommu_platform: its DMA never goes through the IOMMU.
+           "-drive", f"file={out_img},if=none,id=o0,format=raw",
+           "-device", "virtio-blk-pci,drive=o0,serial=tbout" + (",disable-legacy=on" if arm else ""),
            "-append", append]
     with open(os.path.join(rd, "cmd.txt"), "w") as f:
         f.write(" ".join(cmd) + "\n")
@@ -102,8 +129,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     with tarfile.open(out_img) as t:
         t.extractall(rd, filter="fully_trusted")
     q = qemu_counts(os.path.join(rd, "qemu-trace.log"), phases.split(","))
-    res = {"mode": mode, "cm": cm, "iommu": iommu, "kernel": "6.1" if iommu == "intel" else "6.12",
-           "cmdline": append, "phases": {p: {"qemu": dict(c)} for p, c in q.items()}}
+    res = {"mode": mode, "cm": cm, "iommu": iommu, "kernel": kernel, "smp": smp, "cmdline": append, "phases": {p: {"qemu": dict(c)} for p, c in q.items()}}
     with open(os.path.join(rd, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     return rd
@@ -115,8 +141,10 @@ if __name__ == "__main__":
     ap.add_argument("--mode", choices=MODES, default="strict")
     ap.add_argument("--cm", choices=["on", "off"], default="off")
     ap.add_argument("--phases", default="net,blk")
-    ap.add_argument("--iommu", choices=["intel", "virtio"], default="intel")
+    ap.add_argument("--iommu", choices=list(TRACE), default="intel")
+    ap.add_argument("--kernel", choices=list(KERNELS), help="6.1 (intel's default) or 6.12 (virtio's, smmuv3's)")
+    ap.add_argument("--smp", type=int, default=1, help="vCPUs")
     ap.add_argument("--domains", action="store_true", help="record each event's domain (capture -k, kprobes)")
     a = ap.parse_args()
-    rd = boot(a.dir, a.mode, a.cm, a.phases, iommu=a.iommu, domains=a.domains)
+    rd = boot(a.dir, a.mode, a.cm, a.phases, iommu=a.iommu, domains=a.domains, kernel=a.kernel, smp=a.smp)
     print(json.dumps(json.load(open(os.path.join(rd, "results.json"))), indent=1))

@@ -30,7 +30,8 @@ for b in /sys/block/vd*; do
   [ "$s" = tbout ] && OUTDEV=/dev/${b##*/}
   [ "$s" = tbdata ] && DATADEV=/dev/${b##*/}
 done
-say "netif=$NETIF datadev=$DATADEV outdev=$OUTDEV"
+NVMEDEV=$(ls /dev/nvme*n1 2>/dev/null | head -1)
+say "netif=$NETIF datadev=$DATADEV nvmedev=$NVMEDEV outdev=$OUTDEV"
 O=/tmp/out; mkdir -p $O
 # A 4 KiB read of the results disk (no IOMMU) that QEMU traces: the phase edges on QEMU's clock.
 declare_mark() { echo "mark() { dd if=$OUTDEV of=/dev/null bs=4096 count=1 skip=\$1 iflag=direct 2>/dev/null; };"; }
@@ -38,11 +39,13 @@ declare_mark() { echo "mark() { dd if=$OUTDEV of=/dev/null bs=4096 count=1 skip=
 # cover the same window (a stray packet's RX refill at a phase's edge otherwise falls in one view only).
 TM=/sys/kernel/tracing/trace_marker
 # The marker reads run inside each captured command: QEMU's window lies within the trace's phase.
-i=0
+i=-1
 for p in $(echo "$PHASES" | tr ',' ' '); do
+  i=$((i + 1))   # phase i's marks are 40000 + 2i and 40001 + 2i, whether it runs or not
   case $p in
     net) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB" ;;
     blk) work="dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct" ;;
+    nvme) [ -n "$NVMEDEV" ] || continue; work="dd if=$NVMEDEV of=/dev/null bs=1M count=$BLKMB iflag=direct" ;;
     # Both devices at once, each in its own domain with its own flush queue.
     mix) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB & dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct; wait" ;;
     *) continue ;;
@@ -50,7 +53,6 @@ for p in $(echo "$PHASES" | tr ',' ' '); do
   # Each phase ends 1 s after its traffic, so lazy mode's flush timers fire inside it, in both views.
   sh /capture.sh -o $O/trace-$p.txt $K -- sh -c "$(declare_mark) mark $((40000 + 2 * i)); echo 'TB_BEGIN $p' > $TM; $work; sleep 1; echo 'TB_END $p' > $TM; mark $((40001 + 2 * i))"
   say "phase $p done rc=$?"
-  i=$((i + 1))
 done
 for p in $(echo "$PHASES" | tr ',' ' '); do cat $O/trace-$p.txt; done > $O/trace.txt 2>/dev/null
 # What `iommulab inspect` reads, as a tree (sysfs links to directories become directories).
