@@ -22,6 +22,7 @@ import http.server
 import json
 import os
 import re
+import shutil
 import subprocess
 import tarfile
 import threading
@@ -41,7 +42,8 @@ MARK_BLOCK = 40000
 # per command consumed, one smmuv3_cmdq_consume_out per CMDQ_PROD write (a doorbell), and its errors and events.
 TRACE = {"intel": ["vtd_inv_desc*"], "virtio": ["virtio_iommu_map", "virtio_iommu_unmap"],
          "smmuv3": ["smmuv3_cmdq_opcode", "smmuv3_cmdq_consume_out", "smmuv3_cmdq_consume_error",
-                    "smmuv3_record_event", "smmuv3_unhandled_cmd"]}
+                    "smmuv3_record_event", "smmuv3_unhandled_cmd"],
+         "none": []}
 # Kernels: Debian 12's (6.1) and bookworm-backports' (6.12), as prepare.sh unpacked them.
 KERNELS = {"6.1": ("kroot", "initrd.cpio.gz"), "6.12": ("kroot612", "initrd612.cpio.gz")}
 
@@ -76,16 +78,18 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
 def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: int = 600,
          iommu: str = "intel", domains: bool = False, kernel: str | None = None, smp: int = 1) -> str:
     """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel by default), virtio (virtio-iommu-pci, the
-    6.12 backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU) or smmuv3 (an arm64 guest on `virt,iommu=smmuv3`,
-    6.12 by default). Phases: net, blk, nvme (arm64's machine has an NVMe drive) and mix (net and blk at once);
+    6.12 backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU), smmuv3 (an arm64 guest on `virt,iommu=smmuv3`,
+    6.12 by default) or none (an x86 machine without an IOMMU). Phases: net, blk, nvme (arm64's machine has an NVMe drive) and mix (net and blk at once);
     `domains`: the capture records each event's domain (kprobes). Returns the run's directory."""
     kernel = kernel or ("6.1" if iommu == "intel" else "6.12")
     arm = iommu == "smmuv3"
-    name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}"}[iommu]
+    name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}",
+            "none": "noiommu"}[iommu]
     name += f"-smp{smp}" if smp != 1 else ""
     name += "-" + phases.replace(",", "-") if phases != "net,blk" else ""
     rd = os.path.join(tb, "runs", name)
-    os.makedirs(rd, exist_ok=True)
+    shutil.rmtree(rd, ignore_errors=True)  # the last boot of this configuration: nothing of it may linger
+    os.makedirs(rd)
     out_img = os.path.join(rd, "out.img")
     with open(out_img, "wb") as f:
         f.truncate(256 << 20)
@@ -101,6 +105,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     machine = {"intel": ["-machine", "q35,kernel-irqchip=split", "-device",
                          f"intel-iommu,intremap=on,caching-mode={cm}"],
                "virtio": ["-machine", "q35", "-device", "virtio-iommu-pci"],
+               "none": ["-machine", "q35"],
                # Every PCI device on virt's pcie.0 sits behind the SMMU (stream ID = requester ID).
                "smmuv3": ["-machine", "virt,gic-version=3,iommu=smmuv3", "-cpu", "cortex-a57", "-nodefaults"]}[iommu]
     cmd = [f"qemu-system-{'aarch64' if arm else 'x86_64'}", "-accel", "tcg", *(["-cpu", "max"] if not arm else []),

@@ -60,6 +60,7 @@ R=$O/root
 save() { for f in "$@"; do [ -e "$f" ] || continue; mkdir -p "$R${f%/*}"; cat "$f" > "$R$f" 2>/dev/null; done; }
 save /proc/cmdline /proc/sys/kernel/osrelease /proc/sys/kernel/arch
 for g in /sys/kernel/iommu_groups/*; do
+  [ -e "$g" ] || continue   # no groups: the glob stays as it is
   save $g/type
   for d in $g/devices/*; do
     b=${d##*/}; mkdir -p "$R$g/devices/$b"
@@ -68,7 +69,7 @@ for g in /sys/kernel/iommu_groups/*; do
       && ln -s "$l" "$R/sys/bus/pci/devices/$b/driver"
   done
 done
-for i in /sys/class/iommu/*; do mkdir -p "$R$i"; save $i/intel-iommu/cap $i/intel-iommu/ecap; done
+for i in /sys/class/iommu/*; do [ -e "$i" ] && mkdir -p "$R$i" && save $i/intel-iommu/cap $i/intel-iommu/ecap; done
 dmesg > $O/dmesg.txt
 mkdir -p $R/dev && cp $O/dmesg.txt $R/dev/kmsg   # inspect reads a saved tree's kernel log as dmesg prints it
 (cd $O && tar -cf $OUTDEV trace.txt dmesg.txt root) && sync && say "wrote results"

@@ -1,10 +1,13 @@
-"""`iommulab inspect` on trees rebuilt from what real guests reported (the testbed captures' sysfs dumps: IOMMU
-groups and their types, /sys/class/iommu, VT-d capability registers, the kernel command line and version): x86
-VT-d strict and lazy, arm64 SMMUv3 strict, lazy and passthrough, and a machine without an IOMMU."""
+"""`iommulab inspect` on the trees real guests saved (tests/data/inspect: what testbed/guest-init.sh copies out of
+a guest booted by testbed/boot.py, the files inspect reads) and on trees rebuilt from the older captures' sysfs
+dumps (IOMMU groups and their types, /sys/class/iommu, VT-d capability registers, the kernel command line and
+version): x86 VT-d strict, lazy, caching mode and passthrough, virtio-iommu, arm64 SMMUv3 strict, lazy and
+passthrough, and machines without an IOMMU."""
 
 import json
 import pathlib
 import re
+import tarfile
 
 import pytest
 
@@ -57,6 +60,43 @@ CAPTURES = {
 EXPECT = {"x86-vtd-lazy": ("vtd", "lazy"), "x86-vtd-strict": ("vtd", "strict"),
           "arm-smmuv3-strict": ("smmuv3", "strict"), "arm-smmuv3-lazy": ("smmuv3", "lazy"),
           "arm-smmuv3-pt": ("smmuv3", "passthrough")}
+
+
+# Trees saved inside real guests (testbed/boot.py on 2026-11-25): Debian 6.1 behind QEMU's VT-d, 6.12 behind
+# virtio-iommu, arm64 6.1 / 6.12 behind its SMMUv3, and 6.12 on a q35 machine with no IOMMU. Name: vendor-config.
+SAVED = sorted((DATA / "inspect").glob("*.tar.gz"))
+GROUP_TYPE_MODE = {"DMA": "strict", "DMA-FQ": "lazy", "identity": "passthrough"}
+
+
+def saved_tree(tgz: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    with tarfile.open(tgz) as t:
+        t.extractall(dest, filter="tar")  # the drivers' links point where sysfs had them, outside the tree
+    return dest
+
+
+@pytest.mark.parametrize("tgz", SAVED, ids=[p.name.split(".")[0] for p in SAVED])
+def test_inspect_of_a_tree_a_real_guest_saved_names_the_mode_its_groups_report(tgz, tmp_path):
+    root = saved_tree(tgz, tmp_path)
+    res = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
+    text = cli("inspect", "--root", str(root), check_rc=0).stdout
+    vendor, config = tgz.name.removesuffix(".tar.gz").split("-", 1)
+    if vendor == "no":
+        assert res["iommus"] == [] and res["devices"] == [] and "No IOMMU is visible" in text
+        return
+    assert [i["vendor"] for i in res["iommus"]] == [vendor]
+    # Every device the guest put in a group, with the mode its group's type says, and the default-domain rules
+    # (given the guest's own kernel, command line and IOMMU) predict that type.
+    groups = {int(g.name): GROUP_TYPE_MODE[(g / "type").read_text().strip()]
+              for g in (root / "sys/kernel/iommu_groups").iterdir()}
+    in_groups = sorted(d.name for g in (root / "sys/kernel/iommu_groups").iterdir() for d in (g / "devices").iterdir())
+    assert sorted(d["device"] for d in res["devices"]) == in_groups
+    for d in res["devices"]:
+        assert d["mode"] == groups[d["group"]] == d["predicted"], d
+    want = {"strict": "strict", "lazy": "lazy", "passthrough": "passthrough", "caching-mode": "strict"}[config]
+    assert set(groups.values()) == {want}
+    # virtio-pci and nvme drivers, read from the saved links.
+    assert {d["driver"] for d in res["devices"]} >= {"virtio-pci"}
+    assert not any("kernel log says" in n for n in res["notes"])
 
 
 @pytest.mark.parametrize("name", sorted(CAPTURES))
