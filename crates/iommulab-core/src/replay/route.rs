@@ -1,0 +1,165 @@
+//! Which DMA domain each event of a trace belongs to. Every domain has its own IOVA space, page table, flush
+//! queue and timer, and every domain allocates top-down from the same limit, so their IOVAs overlap; the
+//! trace's own `iommu:map` / `iommu:unmap` lines do not name the device.
+
+use super::ftrace::{Ctx, EventHead};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Which DMA domain an event belongs to. The kprobe lines of a labelled trace name it (`tb_map` /
+/// `tb_unmap` just before the event on its CPU). An event of a labelled trace without its label (the kernel
+/// skips a kprobe hit now and then) is placed by what a domain cannot do: hand out an IOVA it still has
+/// mapped or unmap what it has not mapped; among the domains that can, the one holding exactly this mapping,
+/// a recently freed IOVA (the rcache), the same task, CPU and context's last. A trace without labels is one
+/// domain: inferring several from overlaps alone misplaced enough events to do worse than one (see
+/// docs/replay.md).
+#[derive(Default)]
+pub(super) struct Router {
+    /// Domain pointer (from labels) → index.
+    ptrs: HashMap<u64, usize>,
+    /// The last label seen on each CPU: (map?, domain pointer, IOVA).
+    pub(super) hints: HashMap<u32, (bool, u64, u64)>,
+    /// The domain each mapper (task, CPU, context) used last.
+    last: HashMap<(u32, u32, Ctx), usize>,
+    /// Per domain, its live mappings: start → (end, sequence number of the map). A domain's never overlap.
+    live: Vec<BTreeMap<u64, (u64, u64)>>,
+    /// Per domain, the starts of its last ROUTER_RECENT_FREES unmaps (start → sequence number), and the
+    /// order they came in: the IOVA allocator hands a domain's freed IOVAs back to it first (the rcache).
+    freed: Vec<(BTreeMap<u64, u64>, VecDeque<(u64, u64)>)>,
+    seq: u64,
+    /// Events a label placed, and events placed by inference.
+    pub(super) labelled: u64,
+    pub(super) inferred: u64,
+}
+
+/// Unmapped IOVAs a domain remembers for inference (a few rcache magazines' worth).
+const ROUTER_RECENT_FREES: usize = 4096;
+
+impl Router {
+    pub(super) fn domains(&self) -> usize {
+        self.live.len().max(1)
+    }
+
+    /// The domains whose live mapping is exactly [a, b).
+    fn exact(&self, a: u64, b: u64) -> Vec<usize> {
+        (0..self.live.len())
+            .filter(|&d| self.live[d].get(&a).is_some_and(|&(e, _)| e == b))
+            .collect()
+    }
+
+    /// A domain that freed `a` lately (the one that freed it last), if any.
+    fn reuse(&self, a: u64, among: &[usize]) -> Option<usize> {
+        among
+            .iter()
+            .filter_map(|&d| {
+                self.freed
+                    .get(d)
+                    .and_then(|(m, _)| m.get(&a))
+                    .map(|&s| (d, s))
+            })
+            .max_by_key(|&(_, s)| s)
+            .map(|(d, _)| d)
+    }
+
+    /// The live mapping of domain `d` overlapping [a, b) that was made last, if any: its sequence number.
+    fn overlap(&self, d: usize, a: u64, b: u64) -> Option<u64> {
+        let m = self.live.get(d)?;
+        let before = m
+            .range(..=a)
+            .next_back()
+            .filter(|(_, &(e, _))| e > a)
+            .map(|(_, &(_, s))| s);
+        let inside = m.range(a..b).map(|(_, &(_, s))| s).max();
+        before.max(inside)
+    }
+
+    pub(super) fn route(&mut self, ev: &EventHead, map: bool, iova: u64, size: u64) -> usize {
+        if self.ptrs.is_empty() && self.hints.is_empty() {
+            self.inferred += 1;
+            return 0;
+        }
+        let who = (ev.pid, ev.cpu, ev.ctx);
+        let end = iova.saturating_add(size.max(1));
+        let labelled = match self.hints.get(&ev.cpu) {
+            Some(&(m, ptr, a)) if m == map && a == iova => {
+                self.hints.remove(&ev.cpu);
+                let n = self.ptrs.len();
+                Some(*self.ptrs.entry(ptr).or_insert(n))
+            }
+            _ => None,
+        };
+        let last = self.last.get(&who).copied();
+        let n = self.domains();
+        let d = if let Some(d) = labelled {
+            self.labelled += 1;
+            d
+        } else {
+            self.inferred += 1;
+            if map {
+                // Domains that could have handed this IOVA out: a freed one of theirs first (the rcache),
+                // then the task's own, then the first.
+                let free: Vec<usize> = (0..n)
+                    .filter(|&d| self.overlap(d, iova, end).is_none())
+                    .collect();
+                self.reuse(iova, &free)
+                    .or_else(|| last.filter(|l| free.contains(l)))
+                    .or_else(|| free.first().copied())
+                    .unwrap_or(n)
+            } else {
+                // Domains holding exactly this mapping, then any overlapping it; the task's own, or the one
+                // that mapped it last.
+                let exact = self.exact(iova, end);
+                let here: Vec<(usize, u64)> = if exact.is_empty() {
+                    (0..n)
+                        .filter_map(|d| self.overlap(d, iova, end).map(|s| (d, s)))
+                        .collect()
+                } else {
+                    exact.iter().map(|&d| (d, self.live[d][&iova].1)).collect()
+                };
+                last.filter(|l| here.iter().any(|&(d, _)| d == *l))
+                    .or_else(|| here.iter().max_by_key(|&&(_, s)| s).map(|&(d, _)| d))
+                    .or(last)
+                    .unwrap_or(0)
+            }
+        };
+        while self.live.len() <= d {
+            self.live.push(BTreeMap::new());
+            self.freed.push(Default::default());
+        }
+        self.last.insert(who, d);
+        let m = &mut self.live[d];
+        if map {
+            self.seq += 1;
+            m.insert(iova, (end, self.seq));
+        } else {
+            // The unmap clears what it covers; a mapping it cuts keeps its parts outside.
+            let hit: Vec<(u64, (u64, u64))> = m
+                .range(..end)
+                .rev()
+                .take_while(|(_, &(e, _))| e > iova)
+                .map(|(&a, &v)| (a, v))
+                .collect();
+            for (a, (e, s)) in hit {
+                m.remove(&a);
+                if a < iova {
+                    m.insert(a, (iova, s));
+                }
+                if e > end {
+                    m.insert(end, (e, s));
+                }
+            }
+            self.seq += 1;
+            let (f, order) = &mut self.freed[d];
+            f.insert(iova, self.seq);
+            order.push_back((iova, self.seq));
+            if order.len() > ROUTER_RECENT_FREES {
+                if let Some((old, s)) = order.pop_front() {
+                    // Only if it was not freed again since.
+                    if f.get(&old) == Some(&s) {
+                        f.remove(&old);
+                    }
+                }
+            }
+        }
+        d
+    }
+}
