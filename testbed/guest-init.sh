@@ -46,8 +46,11 @@ for p in $(echo "$PHASES" | tr ',' ' '); do
     net) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB" ;;
     blk) work="dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct" ;;
     nvme) [ -n "$NVMEDEV" ] || continue; work="dd if=$NVMEDEV of=/dev/null bs=1M count=$BLKMB iflag=direct" ;;
-    # Both devices at once, each in its own domain with its own flush queue.
-    mix) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB & dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct; wait" ;;
+    # Every device at once (and the NVMe drive where the machine has one), each in its own domain with its
+    # own flush queue.
+    mix) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB & dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct"
+         [ -n "$NVMEDEV" ] && work="$work & dd if=$NVMEDEV of=/dev/null bs=1M count=$BLKMB iflag=direct"
+         work="$work; wait" ;;
     *) continue ;;
   esac
   # Each phase ends 1 s after its traffic, so lazy mode's flush timers fire inside it, in both views.

@@ -51,6 +51,11 @@ def test_capture_records_restores_and_replays(tmp_path):
     res = iommulab.replay(out, kernel="6.12", cmdline="iommu.strict=1")
     counts = res["phases"]["_outside"]["counts"]
     assert counts["map_events"] + counts["unmap_events"] == 2000
+    # Domains are recorded by default where kprobes are allowed; this stand-in has no kprobe_events, and the
+    # capture says so (and not when told to leave them out).
+    assert "no kprobes here" in p.stderr
+    p = run_capture(t, "-o", str(tmp_path / "again.txt"), "--duration", "1", "--no-domains")
+    assert p.returncode == 0 and "kprobes" not in p.stderr
 
 
 def test_nothing_is_overwritten_and_dry_run_changes_nothing(tmp_path):

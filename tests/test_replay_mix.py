@@ -16,8 +16,9 @@ QEMU_KEYS = {"iotlb_psi": "vtd_inv_desc_iotlb_pages", "iotlb_dsi": "vtd_inv_desc
              "wait": "vtd_inv_desc_wait_sw"}
 KNOWN = {
     ("k6.12-intel-cmoff-lazy-smp1-mix", "guest-trace.txt.xz", "mix"):
-        "without labels the replay keeps one domain (107 flushes against 140): inferring the three domains from "
-        "overlapping IOVAs, rcache reuse and which task maps misplaced enough events to do worse (253-289)",
+        "without labels the replay keeps one domain (107 flushes against 140): every inference rule tried, on "
+        "this and nine more captures, misplaced enough events somewhere to do worse than one domain there "
+        "(docs/replay.md, 'Domains without labels')",
 }
 
 

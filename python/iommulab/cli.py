@@ -181,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "or 10 s)")
     cp.add_argument("--phase", metavar="NAME", help="bracket the recording with TB_BEGIN/TB_END NAME")
     cp.add_argument("--buffer-kb", type=int, default=65536, metavar="KB", help="per-CPU ring buffer while recording")
-    cp.add_argument("--domains", action="store_true", help="also record each event's domain (kprobes), if allowed")
+    cp.add_argument("--domains", action=argparse.BooleanOptionalAction, default=True,
+                    help="record each event's domain (kprobes on __iommu_map/__iommu_unmap) where the kernel allows "
+                    "them, so replay keeps concurrent devices apart (default: on; it says so when it cannot)")
     cp.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
     cp.add_argument("--print-script", action="store_true", help="print the capture script (for hosts without "
                     "Python) and exit")
