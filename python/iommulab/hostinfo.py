@@ -31,7 +31,8 @@ PCI_EXT_CAP_ID_ATS = 0x0F
 # PCI class codes (base class, subclass) named for the table.
 PCI_CLASSES = {(0x02, 0x00): "ethernet", (0x02, 0x80): "network", (0x01, 0x08): "nvme", (0x01, 0x00): "scsi",
                (0x01, 0x06): "sata", (0x03, 0x00): "vga", (0x06, 0x00): "host bridge", (0x06, 0x01): "isa bridge",
-               (0x06, 0x04): "pci bridge", (0x0c, 0x03): "usb", (0x01, 0x80): "storage", (0x00, 0xff): "virtio"}
+               (0x06, 0x04): "pci bridge", (0x0c, 0x03): "usb", (0x0c, 0x05): "smbus", (0x01, 0x80): "storage",
+               (0x00, 0xff): "virtio"}
 
 
 # Kernel log lines about IOMMUs and DMA domains (the prefixes drivers/iommu/ prints under), but not the one
@@ -389,10 +390,11 @@ def format_inspect(res: dict[str, Any]) -> str:
     if res["devices"]:
         lines.append("")
         w = max(len("device"), *(len(d["device"]) for d in res["devices"]))
-        lines.append(f"{'group':>5}  {'device':<{w}}  {'driver':<14} {'class':<10} {'ATS':<4} {'type':<10} "
+        wc = max(len("class"), *(len(d["class"] or "-") for d in res["devices"]))
+        lines.append(f"{'group':>5}  {'device':<{w}}  {'driver':<14} {'class':<{wc}} {'ATS':<4} {'type':<10} "
                      f"{'mode':<12} why")
         for d in res["devices"]:
             ats = {True: "yes", False: "no", None: "?"}[d["ats"]]
-            lines.append(f"{d['group']:>5}  {d['device']:<{w}}  {d['driver'] or '-':<14} {d['class'] or '-':<10} "
+            lines.append(f"{d['group']:>5}  {d['device']:<{w}}  {d['driver'] or '-':<14} {d['class'] or '-':<{wc}} "
                          f"{ats:<4} {d['type'] or '-':<10} {d['mode'] or '-':<12} {d.get('why', '')}")
     return "\n".join(lines) + "\n"
