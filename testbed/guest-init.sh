@@ -17,6 +17,12 @@ PORT=$(arg port 8080)
 # tb.domains=1: the capture also records each event's domain (kprobes: capture.sh -k).
 K=; [ "$(arg domains 0)" = 1 ] && K=-k
 say() { echo "TB: $*" > /dev/console; }
+# tb.probes=SYM,SYM: a kprobe on each kernel function, recorded with the capture (diagnostics: when the flush
+# queue's timer fires, when a domain is flushed).
+for s in $(arg probes "" | tr ',' ' '); do
+  echo "p:tbdiag/$s $s" >> /sys/kernel/tracing/kprobe_events && echo 1 > /sys/kernel/tracing/events/tbdiag/$s/enable \
+    || say "no kprobe on $s"
+done
 for m in $(cat /modules.list); do insmod /lib/modules/$m 2>/dev/null || say "insmod $m failed"; done
 sleep 1
 ip link set lo up
