@@ -357,7 +357,7 @@ impl Simulation {
             self.dispatch(t, ev);
             self.events += 1;
             let (limit, min_events) = self.watchdog;
-            if self.events % 4096 == 0 && self.events >= min_events {
+            if self.events.is_multiple_of(4096) && self.events >= min_events {
                 let per_ms = self.events as f64 / (t.max(1) as f64 / NS_PER_MS as f64);
                 if per_ms > limit as f64 {
                     self.stopped = Some(format!(

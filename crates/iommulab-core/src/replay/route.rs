@@ -24,12 +24,15 @@ pub(super) struct Router {
     live: Vec<BTreeMap<u64, (u64, u64)>>,
     /// Per domain, the starts of its last ROUTER_RECENT_FREES unmaps (start → sequence number), and the
     /// order they came in: the IOVA allocator hands a domain's freed IOVAs back to it first (the rcache).
-    freed: Vec<(BTreeMap<u64, u64>, VecDeque<(u64, u64)>)>,
+    freed: Vec<RecentFrees>,
     seq: u64,
     /// Events a label placed, and events placed by inference.
     pub(super) labelled: u64,
     pub(super) inferred: u64,
 }
+
+/// A domain's recent unmaps: start → sequence number, and the order they came in.
+type RecentFrees = (BTreeMap<u64, u64>, VecDeque<(u64, u64)>);
 
 /// Unmapped IOVAs a domain remembers for inference (a few rcache magazines' worth).
 const ROUTER_RECENT_FREES: usize = 4096;

@@ -292,7 +292,7 @@ impl VirtioNetWorkload {
     }
 
     /// A packet reaches the tap for the guest.
-    fn to_tap(&mut self, host: &mut Host, now: Time, pkt: RxPkt) {
+    fn send_to_tap(&mut self, host: &mut Host, now: Time, pkt: RxPkt) {
         self.tap.push_back(pkt);
         if !self.dev_wants_rx && self.device_idle(now) {
             // The tap's readiness wakes the device thread (vhost's socket poll, QEMU's fd handler).
@@ -314,7 +314,7 @@ impl VirtioNetWorkload {
         self.peer_in_flight += g;
         self.stats.packets_offered += g.div_ceil(self.mss);
         let arrive = self.wire_free;
-        self.to_tap(
+        self.send_to_tap(
             host,
             arrive.max(now),
             RxPkt {
@@ -566,7 +566,7 @@ impl Workload for VirtioNetWorkload {
                 // The peer has received ack_bytes more of the stream: goodput counts there.
                 self.stats.bytes_delivered += self.cfg.ack_bytes;
                 self.stats.packets_delivered += self.cfg.ack_bytes.div_ceil(self.mss);
-                self.to_tap(
+                self.send_to_tap(
                     host,
                     now,
                     RxPkt {
