@@ -56,14 +56,15 @@ def test_an_arm64_guests_capture_replays_to_the_smmuv3_commands_qemu_consumed(pr
     sys.path.insert(0, str(ROOT / "testbed"))
     import boot
 
-    # Lazy guests also trace their flush timer (a kprobe on fq_flush_timeout): a line replay passes over.
+    # Lazy guests also trace their flush timer (a kprobe on fq_flush_timeout) and replay runs the timer from
+    # it: a TCG guest's timer runs late whenever its vCPU waits for the host (tests/test_replay_timer.py).
     probes = "fq_flush_timeout" if mode == "lazy" else ""
     rd = pathlib.Path(boot.boot(str(prepared_arm64), mode, phases="net,blk,nvme", iommu="smmuv3", kernel=kernel,
                                 smp=smp, probes=probes))
     res = json.loads((rd / "results.json").read_text())
     rep = iommulab.replay(rd / "trace.txt", iommu="smmuv3", kernel=kernel, cmdline=res["cmdline"])
     assert rep["lines"]["bad"] == 0
-    assert (" fq_flush_timeout: " in (rd / "trace.txt").read_text()) == bool(probes)
+    assert (rep.get("recorded_timer", {}).get("firings", 0) > 0) == bool(probes)
     tol = (lambda want: max(0.10 * want, 1)) if mode == "lazy" else (lambda want: 0.01 * want)
     for phase in ("net", "blk", "nvme"):
         got, qemu = rep["phases"][phase]["counts"], res["phases"][phase]["qemu"]

@@ -9,8 +9,9 @@
 #   -d SECONDS  record for this long (default: until COMMAND ends, or 10 s without one)
 #   -p PHASE    bracket the recording with TB_BEGIN PHASE / TB_END PHASE markers (replay reports per phase)
 #   -b KB       per-CPU ring buffer size while recording (default 65536)
-#   -k          also record each map's and unmap's domain (kprobes on __iommu_map/__iommu_unmap), where the
-#               kernel allows kprobes; replay can then tell devices' domains apart
+#   -k          also record each map's and unmap's domain (kprobes on __iommu_map/__iommu_unmap), and when
+#               the flush queue's timer fires (fq_flush_timeout), where the kernel allows kprobes; replay can
+#               then tell devices' domains apart and run the timer as it ran
 #   -n          dry run: print what would be done, change nothing
 #
 # It saves the tracing state it touches (buffer size, the events it enables, kprobe events it adds, tracing_on)
@@ -18,7 +19,7 @@
 # (overruns) are counted from per_cpu/*/stats and reported, and written as a comment line into the trace.
 set -u
 
-out= dur= phase= bufkb=65536 kprobes=0 dry=0
+out= dur= phase= bufkb=65536 kprobes=0 dry=0 timer=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) out=${2-}; shift 2 ;;
@@ -96,6 +97,13 @@ if [ "$kprobes" = 1 ]; then
       && run "echo 1 > $T/events/iommulab/tb_map/enable" && added_kprobes="$added_kprobes tb_map"
     run "echo 'p:iommulab/tb_unmap __iommu_unmap dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg3:u64' >> $T/kprobe_events" \
       && run "echo 1 > $T/events/iommulab/tb_unmap/enable" && added_kprobes="$added_kprobes tb_unmap"
+    # dma-iommu.c's flush-queue timer callback (lazy mode): when the timer really fired.
+    if grep -q ' fq_flush_timeout$' /proc/kallsyms 2>/dev/null \
+       && run "echo 'p:iommulab/fq_flush_timeout fq_flush_timeout' >> $T/kprobe_events" \
+       && run "echo 1 > $T/events/iommulab/fq_flush_timeout/enable"; then
+      added_kprobes="$added_kprobes fq_flush_timeout"
+      timer=1
+    fi
   else
     echo "capture: no kprobes here (kprobe_events not writable or __iommu_map not in kallsyms): the trace will not name domains" >&2
   fi
@@ -108,7 +116,8 @@ if [ "$dry" = 1 ]; then
 fi
 
 : > "$tmp" || { echo "capture: cannot write $tmp" >&2; restore; exit 2; }
-cat "$T/trace_pipe" > "$tmp" &
+[ "$timer" = 1 ] && echo "# iommulab capture: flush queue timer recorded (kprobe fq_flush_timeout)" > "$tmp"
+cat "$T/trace_pipe" >> "$tmp" &
 reader=$!
 echo 1 > "$T/tracing_on"
 [ -n "$phase" ] && echo "TB_BEGIN $phase" > "$T/trace_marker"

@@ -136,7 +136,13 @@ def format_replay(res: dict[str, Any]) -> str:
         lines.append(" ".join([f"{ph:<10}"] + [f"{c[k]:>{w}}" for k, w in cols[1:]]))
         if "tick_fit" in d:
             fits.append(f"{ph} {d['tick_fit']['tick_phase_us']:g} µs ({d['tick_fit']['early_reuses']} early reuses)")
-    if fits:
+    rt = res.get("recorded_timer")
+    if rt:
+        lines.append("")
+        lines.append(f"lazy flush timer: as the trace recorded it ({rt['firings']} firings of fq_flush_timeout)"
+                     + (f"; {rt['ignored']} passed over: the trace has several domains and does not say whose timer "
+                        "fired" if rt["ignored"] else ""))
+    elif fits:
         lines.append("")
         lines.append("lazy flush timer: tick phase inferred per phase from when queued IOVAs are mapped again: "
                      + ", ".join(fits))

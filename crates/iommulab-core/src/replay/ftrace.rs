@@ -47,11 +47,20 @@ pub enum Record {
         iova: u64,
         size: u64,
     },
+    /// A kprobe at `fq_flush_timeout`: the flush queue's timer fired on this CPU (dma-iommu.c; `iommulab
+    /// capture --domains` records it where the kernel allows).
+    Timer { ev: EventHead },
+    /// The capture's note that the trace records the flush queue's timer (`# iommulab capture: flush queue
+    /// timer recorded`), before any event.
+    TimerRecorded,
     /// Another event, a header or comment line, or an empty line.
     Other,
     /// A line that could not be read (cut by a buffer overrun, garbled): its number and why.
     Bad { line: u64, why: &'static str },
 }
+
+/// The comment `iommulab capture` writes first when it records the flush queue's timer.
+pub const TIMER_RECORDED: &str = "# iommulab capture: flush queue timer recorded";
 
 /// The context an event ran in, from the irq-info flags column (its third character: `h`/`H` hardirq,
 /// `s` softirq, `z`/`Z` NMI; `.` or no flags column: task context).
@@ -78,7 +87,11 @@ pub struct EventHead {
 pub fn parse_line(s: &str, line: u64) -> Record {
     let t = s.trim_start();
     if t.is_empty() || t.starts_with('#') {
-        return Record::Other;
+        return if t.starts_with(TIMER_RECORDED) {
+            Record::TimerRecorded
+        } else {
+            Record::Other
+        };
     }
     // "CPU:3 [LOST 120 EVENTS]" and similar overrun notes.
     if t.starts_with("CPU:") || t.starts_with("##### CPU") {
@@ -121,6 +134,7 @@ pub fn parse_line(s: &str, line: u64) -> Record {
                 size,
             }
         }
+        "fq_flush_timeout" => Record::Timer { ev: head },
         "tracing_mark_write" | "print" => Record::Marker {
             ev: head,
             text: body.trim().to_string(),
@@ -256,6 +270,29 @@ fn parse_unmap(ev: EventHead, body: &str) -> Record {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_flush_timers_kprobe_and_the_captures_note_are_read() {
+        let r = parse_line(
+            "     ksoftirqd/1-20      [001] d.s..     8.693557: fq_flush_timeout: (fq_flush_timeout+0x0/0x160)",
+            1,
+        );
+        let Record::Timer { ev } = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!((ev.cpu, ev.ts_ns, ev.ctx), (1, 8_693_557_000, Ctx::Softirq));
+        assert_eq!(
+            parse_line(
+                "# iommulab capture: flush queue timer recorded (kprobe fq_flush_timeout)",
+                1
+            ),
+            Record::TimerRecorded
+        );
+        assert_eq!(
+            parse_line("# iommulab capture: 3 events lost", 1),
+            Record::Other
+        );
+    }
 
     proptest! {
         /// A map or unmap line in any of the layouts ftrace prints reads back as written; any other text

@@ -280,6 +280,15 @@ pub struct Anomalies {
     pub untraced_unmapped_pages: u64,
 }
 
+/// The flush queue's timer as the trace recorded it (kprobe lines on `fq_flush_timeout`): how many firings
+/// drove the model's timer, and how many were passed over (a trace of several domains does not say whose
+/// timer fired).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RecordedTimer {
+    pub firings: u64,
+    pub ignored: u64,
+}
+
 /// The DMA domains the trace showed: how many, and how many events a label placed and how many were inferred.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Domains {
@@ -300,6 +309,9 @@ pub struct ReplayResult {
     /// Walk-cache locality of the traced kernel's IOVA allocations, over the whole trace.
     pub iova_locality: IovaLocality,
     pub domains: Domains,
+    /// Present when the trace recorded the flush queue's timer (lazy replays): the model's timer stood down.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recorded_timer: Option<RecordedTimer>,
     pub phases: Phases,
 }
 
@@ -326,6 +338,8 @@ struct Replayer {
     queued_flushes: u64,
     /// Armed flush-queue timers: (expiry, sequence) → CPU.
     timers: BTreeMap<(Time, u64), usize>,
+    /// The trace records when the flush queue's timer fired: the model's own timer stands down.
+    recorded: bool,
     seq: u64,
     /// Phases whose device uses ATS (empty: all).
     ats_phases: Vec<String>,
@@ -372,9 +386,24 @@ impl Replayer {
 
     fn take_timer(&mut self) {
         if let Some((exp, cpu)) = self.dma.core.timer_request.take() {
+            if self.recorded {
+                return;
+            }
             self.seq += 1;
             self.timers.insert((exp, self.seq), cpu);
         }
+    }
+
+    /// From now on the trace says when the flush queue's timer fires; what the model armed is dropped.
+    fn timer_recorded(&mut self) {
+        self.recorded = true;
+        self.timers.clear();
+    }
+
+    /// fq_flush_timeout() ran on `cpu` at `ts`, as the trace recorded it: the flush and the rings' frees.
+    fn recorded_timer(&mut self, ts: Time, cpu: u32) {
+        self.timer_recorded();
+        self.dma.timer(ts, cpu as usize);
     }
 
     /// Fire the timers due by `t` (they run before anything traced at or after their expiry).
@@ -556,6 +585,13 @@ pub struct ReplaySession {
     fmt: hw::PtFormat,
     anomalies: Anomalies,
     last_ts: u64,
+    /// The flush queue's timer, when the trace records it.
+    recorded_timer: Option<RecordedTimer>,
+    /// The capture's note that it records the timer was read.
+    timer_note: bool,
+    /// Whether recorded firings drive the timer: decided at the first event after the note, or at the first
+    /// firing (a labelled trace may show several domains and its firings do not say whose: passed over).
+    timer_drives: Option<bool>,
 }
 
 /// Steps read before they are handed to the model together (small enough to stay in a core's cache on
@@ -574,6 +610,10 @@ enum Step {
     Do { dom: usize, op: Op },
     /// A marker line, to every domain.
     Marker(String),
+    /// The trace records the flush queue's timer: the model's own timer stands down, in every domain.
+    TimerRecorded,
+    /// The flush queue's timer fired, as the trace recorded it: domain 0's (a trace of one domain).
+    Timer { ts: Time, cpu: u32 },
 }
 
 /// Steps read and grouped, for the model.
@@ -693,6 +733,7 @@ fn replay_events(make: &Maker, phase: u64, doms: &mut Vec<Replayer>, batch: &[St
                 while doms.len() < known {
                     let mut r = make.replayer(phase);
                     r.phase = doms[0].phase.clone();
+                    r.recorded = doms[0].recorded;
                     doms.push(r);
                 }
                 for r in doms.iter_mut() {
@@ -705,6 +746,8 @@ fn replay_events(make: &Maker, phase: u64, doms: &mut Vec<Replayer>, batch: &[St
             }
             Step::Do { dom, op } => doms[*dom].apply(op),
             Step::Marker(text) => doms.iter_mut().for_each(|r| r.marker(text)),
+            Step::TimerRecorded => doms.iter_mut().for_each(Replayer::timer_recorded),
+            &Step::Timer { ts, cpu } => doms[0].recorded_timer(ts, cpu),
         }
     }
 }
@@ -742,6 +785,7 @@ impl Maker {
             queued: BTreeMap::new(),
             queued_flushes: 0,
             timers: BTreeMap::new(),
+            recorded: false,
             seq: 0,
             ats_phases: self.ats_phases.clone(),
             untraced_pages: 0,
@@ -851,6 +895,9 @@ impl ReplaySession {
             fmt,
             anomalies: Anomalies::default(),
             last_ts: 0,
+            recorded_timer: None,
+            timer_note: false,
+            timer_drives: None,
         })
     }
 
@@ -926,6 +973,28 @@ impl ReplaySession {
                 self.router.hints.insert(ev.cpu, (*map, *dom, *iova));
                 return;
             }
+            Record::TimerRecorded => {
+                self.timer_note = self.policy == PolicyName::Lazy;
+                return;
+            }
+            Record::Timer { ev } => {
+                if self.policy == PolicyName::Lazy {
+                    let (ts, cpu) = (ev.ts_ns, ev.cpu);
+                    let drives = self.timer_drives();
+                    let known = self.router.domains();
+                    let t = self
+                        .recorded_timer
+                        .get_or_insert_with(RecordedTimer::default);
+                    if drives && known == 1 {
+                        t.firings += 1;
+                        self.batch.push(Step::At { ts, known });
+                        self.batch.push(Step::Timer { ts, cpu });
+                    } else {
+                        t.ignored += 1;
+                    }
+                }
+                return;
+            }
             Record::Other => return,
             Record::Bad { line, why } => {
                 self.lines.bad += 1;
@@ -936,6 +1005,9 @@ impl ReplaySession {
             }
         };
         self.lines.events += 1;
+        if self.timer_note && matches!(rec, Record::Map { .. } | Record::Unmap { .. }) {
+            self.timer_drives();
+        }
         if ev.ts_ns < self.last_ts {
             self.anomalies.time_backwards += 1;
         }
@@ -995,6 +1067,22 @@ impl ReplaySession {
         if self.batch.len() >= REPLAY_BATCH {
             self.replay_batch();
         }
+    }
+
+    /// Whether recorded firings drive the flush timer, decided once: when the trace shows no domain labels
+    /// (its firings are then its one domain's). Deciding yes stands the model's own timer down.
+    fn timer_drives(&mut self) -> bool {
+        if let Some(d) = self.timer_drives {
+            return d;
+        }
+        let d = !self.router.labels_seen();
+        self.timer_drives = Some(d);
+        self.recorded_timer
+            .get_or_insert_with(RecordedTimer::default);
+        if d {
+            self.batch.push(Step::TimerRecorded);
+        }
+        d
     }
 
     /// Hand the events read so far to the model.
@@ -1116,6 +1204,7 @@ impl ReplaySession {
             anomalies,
             iova_locality: IovaLocality::new(&self.locality.counts, self.walk_cache_entries),
             domains,
+            recorded_timer: self.recorded_timer,
             phases,
         })
     }
@@ -1404,6 +1493,19 @@ mod tests {
         let r = s.finish().unwrap();
         assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
+        // A recorded firing of the flush timer does not say whose: with two domains it is passed over.
+        let timed = t.clone() + &line(1_000_200, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)");
+        let mut s = ReplaySession::new("t", &lazy).unwrap();
+        s.feed(timed.as_bytes());
+        let r = s.finish().unwrap();
+        assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
+        assert_eq!(
+            r.recorded_timer,
+            Some(RecordedTimer {
+                firings: 0,
+                ignored: 1
+            })
+        );
         // Without the labels: one domain, one flush.
         let plain: String = t
             .lines()
@@ -1529,6 +1631,93 @@ mod tests {
         );
         assert_eq!(r.policy, "strict");
         assert_eq!(r.phases.get("net").unwrap().counts.iotlb_psi, 300 + 300);
+    }
+
+    #[test]
+    fn a_recorded_flush_timer_replaces_the_models() {
+        // Unmaps in three bursts 100 ms apart, each followed by the flush timer as the trace recorded it 30 ms
+        // later (late: the model's own fires 12-16 ms after arming). With the capture's header, one flush per
+        // recorded firing and none of the model's.
+        let timer = |ts: u64| line(ts, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)");
+        let mut body = mark(0, "TB_BEGIN net");
+        for b in 0..3u64 {
+            let t0 = 10_000 + b * 100_000;
+            for i in 0..10u64 {
+                let iova = 0x1000_0000 - (b * 10 + i) * 4096;
+                body += &map(t0 + i * 10, iova, iova, 4096);
+                body += &unmap(t0 + 500 + i * 10, iova, 4096);
+            }
+            body += &timer(t0 + 30_000);
+        }
+        body += &mark(1_000_000, "TB_END net");
+        let lazy = ReplayOptions {
+            cmdline: "iommu.strict=0".into(),
+            ..Default::default()
+        };
+        let header = format!("{}\n", ftrace::TIMER_RECORDED);
+        // Without the header, the model's timer runs until the first recorded firing; here it was due 12-16 ms
+        // after the first unmap but no event came before the recorded firing to run it, so it never did.
+        for (text, flushes) in [(header.clone() + &body, 3), (body.clone(), 3)] {
+            let r = run(&text, &lazy);
+            assert_eq!(r.phases.get("net").unwrap().counts.iotlb_dsi, flushes);
+            assert_eq!(
+                r.recorded_timer,
+                Some(RecordedTimer {
+                    firings: 3,
+                    ignored: 0
+                })
+            );
+        }
+        // The model's own timer, where the trace does not record it: one flush per burst too, but at its own
+        // time; strict passes the firings over.
+        let plain: String = body
+            .lines()
+            .filter(|l| !l.contains("fq_flush"))
+            .map(|l| l.to_string() + "\n")
+            .collect();
+        let r = run(&plain, &lazy);
+        assert_eq!(
+            (
+                r.phases.get("net").unwrap().counts.iotlb_dsi,
+                r.recorded_timer
+            ),
+            (3, None)
+        );
+        let strict = ReplayOptions {
+            cmdline: "iommu.strict=1".into(),
+            ..Default::default()
+        };
+        let r = run(&(header + &body), &strict);
+        assert_eq!(
+            (
+                r.phases.get("net").unwrap().counts.iotlb_psi,
+                r.recorded_timer
+            ),
+            (30, None)
+        );
+    }
+
+    #[test]
+    fn a_recorded_firing_flushes_what_the_models_late_timer_would_have_left_queued() {
+        // Two unmaps 25 ms apart: the model's timer (12-16 ms) flushes each alone: two flushes. Recorded
+        // firings 40 ms after the first unmap (late) find both queued: one flush.
+        let mut body = mark(0, "TB_BEGIN net");
+        for (i, ts) in [(0u64, 10_000u64), (1, 35_000)] {
+            let iova = 0x1000_0000 - i * 4096;
+            body += &map(ts - 100, iova, iova, 4096);
+            body += &unmap(ts, iova, 4096);
+        }
+        let lazy = ReplayOptions {
+            cmdline: "iommu.strict=0".into(),
+            ..Default::default()
+        };
+        let end = mark(1_000_000, "TB_END net");
+        let model = run(&(body.clone() + &end), &lazy);
+        assert_eq!(model.phases.get("net").unwrap().counts.iotlb_dsi, 2);
+        let recorded =
+            body + &line(50_000, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)") + &end;
+        let r = run(&format!("{}\n{recorded}", ftrace::TIMER_RECORDED), &lazy);
+        assert_eq!(r.phases.get("net").unwrap().counts.iotlb_dsi, 1);
     }
 
     #[test]

@@ -38,6 +38,11 @@ type RecentFrees = (BTreeMap<u64, u64>, VecDeque<(u64, u64)>);
 const ROUTER_RECENT_FREES: usize = 4096;
 
 impl Router {
+    /// Whether the trace has shown a domain label yet.
+    pub(super) fn labels_seen(&self) -> bool {
+        !self.ptrs.is_empty() || !self.hints.is_empty()
+    }
+
     pub(super) fn domains(&self) -> usize {
         self.live.len().max(1)
     }
