@@ -53,9 +53,11 @@ def test_capture_records_restores_and_replays(tmp_path):
     assert counts["map_events"] + counts["unmap_events"] == 2000
     # Domains are recorded by default where kprobes are allowed; this stand-in has no kprobe_events, and the
     # capture says so (and not when told to leave them out).
-    assert "no kprobes here" in p.stderr
+    assert "no kprobes here" in p.stderr and "no kprobe on fq_flush_timeout" in p.stderr
     p = run_capture(t, "-o", str(tmp_path / "again.txt"), "--duration", "1", "--no-domains")
-    assert p.returncode == 0 and "kprobes" not in p.stderr
+    assert p.returncode == 0 and "no kprobes here" not in p.stderr and "fq_flush_timeout" in p.stderr
+    p = run_capture(t, "-o", str(tmp_path / "again2.txt"), "--duration", "1", "--no-domains", "--no-timer")
+    assert p.returncode == 0 and "kprobe" not in p.stderr
 
 
 def test_nothing_is_overwritten_and_dry_run_changes_nothing(tmp_path):

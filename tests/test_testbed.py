@@ -56,15 +56,16 @@ def test_an_arm64_guests_capture_replays_to_the_smmuv3_commands_qemu_consumed(pr
     sys.path.insert(0, str(ROOT / "testbed"))
     import boot
 
-    # Lazy guests also trace their flush timer (a kprobe on fq_flush_timeout) and replay runs the timer from
-    # it: a TCG guest's timer runs late whenever its vCPU waits for the host (tests/test_replay_timer.py).
-    probes = "fq_flush_timeout" if mode == "lazy" else ""
+    # The capture also records when the flush queue's timer fires (capture -t) and replay of lazy guests runs
+    # the timer from it: a TCG guest's timer runs late whenever its vCPU waits for the host
+    # (tests/test_replay_timer.py).
     rd = pathlib.Path(boot.boot(str(prepared_arm64), mode, phases="net,blk,nvme", iommu="smmuv3", kernel=kernel,
-                                smp=smp, probes=probes))
+                                smp=smp, timer=True))
     res = json.loads((rd / "results.json").read_text())
+    assert (rd / "trace.txt").read_text().startswith("# iommulab capture: flush queue timer recorded")
     rep = iommulab.replay(rd / "trace.txt", iommu="smmuv3", kernel=kernel, cmdline=res["cmdline"])
     assert rep["lines"]["bad"] == 0
-    assert (rep.get("recorded_timer", {}).get("firings", 0) > 0) == bool(probes)
+    assert (rep.get("recorded_timer", {}).get("firings", 0) > 0) == (mode == "lazy")
     tol = (lambda want: max(0.10 * want, 1)) if mode == "lazy" else (lambda want: 0.01 * want)
     for phase in ("net", "blk", "nvme"):
         got, qemu = rep["phases"][phase]["counts"], res["phases"][phase]["qemu"]
@@ -88,7 +89,7 @@ def test_three_devices_at_once_on_arm64_replay_to_the_asid_flushes_qemu_consumed
     sys.path.insert(0, str(ROOT / "testbed"))
     import boot
 
-    rd = pathlib.Path(boot.boot(str(prepared_arm64), "lazy", phases="mix", iommu="smmuv3", domains=True))
+    rd = pathlib.Path(boot.boot(str(prepared_arm64), "lazy", phases="mix", iommu="smmuv3", domains=True, timer=True))
     res = json.loads((rd / "results.json").read_text())
     rep = iommulab.replay(rd / "trace.txt", iommu="smmuv3", kernel=res["kernel"], cmdline=res["cmdline"])
     assert rep["lines"]["bad"] == 0 and rep["domains"]["count"] == 3

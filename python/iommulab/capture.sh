@@ -3,15 +3,16 @@
 # kernel has it) through tracefs into a trace `iommulab replay` reads as it is. POSIX sh: runs on a minimal guest
 # or a busybox initramfs, where Python is not installed (`iommulab capture --print-script` prints this file).
 #
-#   capture.sh -o TRACE [-d SECONDS] [-p PHASE] [-b KB] [-k] [-n] [-- COMMAND [ARG...]]
+#   capture.sh -o TRACE [-d SECONDS] [-p PHASE] [-b KB] [-k] [-t] [-n] [-- COMMAND [ARG...]]
 #
 #   -o TRACE    output file; TRACE.xz is compressed with xz, TRACE.gz with gzip, anything else is plain text
 #   -d SECONDS  record for this long (default: until COMMAND ends, or 10 s without one)
 #   -p PHASE    bracket the recording with TB_BEGIN PHASE / TB_END PHASE markers (replay reports per phase)
 #   -b KB       per-CPU ring buffer size while recording (default 65536)
-#   -k          also record each map's and unmap's domain (kprobes on __iommu_map/__iommu_unmap), and when
-#               the flush queue's timer fires (fq_flush_timeout), where the kernel allows kprobes; replay can
-#               then tell devices' domains apart and run the timer as it ran
+#   -k          also record each map's and unmap's domain (kprobes on __iommu_map/__iommu_unmap), where the
+#               kernel allows kprobes; replay can then tell devices' domains apart
+#   -t          also record when the flush queue's timer fires (a kprobe on fq_flush_timeout), where the kernel
+#               allows it; replay of a trace without domains runs its lazy flush timer as it ran
 #   -n          dry run: print what would be done, change nothing
 #
 # It saves the tracing state it touches (buffer size, the events it enables, kprobe events it adds, tracing_on)
@@ -19,7 +20,7 @@
 # (overruns) are counted from per_cpu/*/stats and reported, and written as a comment line into the trace.
 set -u
 
-out= dur= phase= bufkb=65536 kprobes=0 dry=0 timer=0
+out= dur= phase= bufkb=65536 kprobes=0 timerprobe=0 dry=0 timer=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) out=${2-}; shift 2 ;;
@@ -27,6 +28,7 @@ while [ $# -gt 0 ]; do
     -p) phase=${2-}; shift 2 ;;
     -b) bufkb=${2-}; shift 2 ;;
     -k) kprobes=1; shift ;;
+    -t) timerprobe=1; shift ;;
     -n) dry=1; shift ;;
     --) shift; break ;;
     *) echo "capture: unknown option $1 (see the header of this script)" >&2; exit 2 ;;
@@ -97,15 +99,19 @@ if [ "$kprobes" = 1 ]; then
       && run "echo 1 > $T/events/iommulab/tb_map/enable" && added_kprobes="$added_kprobes tb_map"
     run "echo 'p:iommulab/tb_unmap __iommu_unmap dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg3:u64' >> $T/kprobe_events" \
       && run "echo 1 > $T/events/iommulab/tb_unmap/enable" && added_kprobes="$added_kprobes tb_unmap"
-    # dma-iommu.c's flush-queue timer callback (lazy mode): when the timer really fired.
-    if grep -q ' fq_flush_timeout$' /proc/kallsyms 2>/dev/null \
-       && run "echo 'p:iommulab/fq_flush_timeout fq_flush_timeout' >> $T/kprobe_events" \
-       && run "echo 1 > $T/events/iommulab/fq_flush_timeout/enable"; then
-      added_kprobes="$added_kprobes fq_flush_timeout"
-      timer=1
-    fi
   else
     echo "capture: no kprobes here (kprobe_events not writable or __iommu_map not in kallsyms): the trace will not name domains" >&2
+  fi
+fi
+if [ "$timerprobe" = 1 ]; then
+  # dma-iommu.c's flush-queue timer callback (lazy mode): when the timer really fired.
+  if [ -w "$T/kprobe_events" ] && grep -q ' fq_flush_timeout$' /proc/kallsyms 2>/dev/null \
+     && run "echo 'p:iommulab/fq_flush_timeout fq_flush_timeout' >> $T/kprobe_events" \
+     && run "echo 1 > $T/events/iommulab/fq_flush_timeout/enable"; then
+    added_kprobes="$added_kprobes fq_flush_timeout"
+    timer=1
+  else
+    echo "capture: no kprobe on fq_flush_timeout here: the trace will not record the flush queue's timer" >&2
   fi
 fi
 

@@ -182,9 +182,13 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--phase", metavar="NAME", help="bracket the recording with TB_BEGIN/TB_END NAME")
     cp.add_argument("--buffer-kb", type=int, default=65536, metavar="KB", help="per-CPU ring buffer while recording")
     cp.add_argument("--domains", action=argparse.BooleanOptionalAction, default=True,
-                    help="record each event's domain (kprobes on __iommu_map/__iommu_unmap) and the flush queue's "
-                    "timer (fq_flush_timeout) where the kernel allows kprobes, so replay keeps concurrent devices "
-                    "apart and runs the timer as it ran (default: on; it says so when it cannot)")
+                    help="record each event's domain (kprobes on __iommu_map/__iommu_unmap) where the kernel "
+                    "allows kprobes, so replay keeps concurrent devices apart (default: on; it says so when it "
+                    "cannot)")
+    cp.add_argument("--timer", action=argparse.BooleanOptionalAction, default=True,
+                    help="record when the flush queue's timer fires (a kprobe on fq_flush_timeout) where the kernel "
+                    "allows it; replay of a trace without domains runs its lazy flush timer as recorded (default: "
+                    "on)")
     cp.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
     cp.add_argument("--print-script", action="store_true", help="print the capture script (for hosts without "
                     "Python) and exit")
@@ -507,6 +511,8 @@ def _cmd_capture(a: argparse.Namespace) -> int:
         args += ["-p", a.phase]
     if a.domains:
         args.append("-k")
+    if a.timer:
+        args.append("-t")
     if a.dry_run:
         args.append("-n")
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command

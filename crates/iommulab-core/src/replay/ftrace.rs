@@ -50,17 +50,11 @@ pub enum Record {
     /// A kprobe at `fq_flush_timeout`: the flush queue's timer fired on this CPU (dma-iommu.c; `iommulab
     /// capture --domains` records it where the kernel allows).
     Timer { ev: EventHead },
-    /// The capture's note that the trace records the flush queue's timer (`# iommulab capture: flush queue
-    /// timer recorded`), before any event.
-    TimerRecorded,
     /// Another event, a header or comment line, or an empty line.
     Other,
     /// A line that could not be read (cut by a buffer overrun, garbled): its number and why.
     Bad { line: u64, why: &'static str },
 }
-
-/// The comment `iommulab capture` writes first when it records the flush queue's timer.
-pub const TIMER_RECORDED: &str = "# iommulab capture: flush queue timer recorded";
 
 /// The context an event ran in, from the irq-info flags column (its third character: `h`/`H` hardirq,
 /// `s` softirq, `z`/`Z` NMI; `.` or no flags column: task context).
@@ -87,11 +81,7 @@ pub struct EventHead {
 pub fn parse_line(s: &str, line: u64) -> Record {
     let t = s.trim_start();
     if t.is_empty() || t.starts_with('#') {
-        return if t.starts_with(TIMER_RECORDED) {
-            Record::TimerRecorded
-        } else {
-            Record::Other
-        };
+        return Record::Other;
     }
     // "CPU:3 [LOST 120 EVENTS]" and similar overrun notes.
     if t.starts_with("CPU:") || t.starts_with("##### CPU") {
@@ -286,7 +276,8 @@ mod tests {
                 "# iommulab capture: flush queue timer recorded (kprobe fq_flush_timeout)",
                 1
             ),
-            Record::TimerRecorded
+            Record::Other,
+            "the capture's note that it recorded the timer is a comment"
         );
         assert_eq!(
             parse_line("# iommulab capture: 3 events lost", 1),

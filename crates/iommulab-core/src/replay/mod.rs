@@ -587,10 +587,8 @@ pub struct ReplaySession {
     last_ts: u64,
     /// The flush queue's timer, when the trace records it.
     recorded_timer: Option<RecordedTimer>,
-    /// The capture's note that it records the timer was read.
-    timer_note: bool,
-    /// Whether recorded firings drive the timer: decided at the first event after the note, or at the first
-    /// firing (a labelled trace may show several domains and its firings do not say whose: passed over).
+    /// Whether recorded firings drive the timer, decided at the first: not in a trace with domain labels (it
+    /// may show several domains, and a firing does not say whose).
     timer_drives: Option<bool>,
 }
 
@@ -896,7 +894,6 @@ impl ReplaySession {
             anomalies: Anomalies::default(),
             last_ts: 0,
             recorded_timer: None,
-            timer_note: false,
             timer_drives: None,
         })
     }
@@ -973,10 +970,6 @@ impl ReplaySession {
                 self.router.hints.insert(ev.cpu, (*map, *dom, *iova));
                 return;
             }
-            Record::TimerRecorded => {
-                self.timer_note = self.policy == PolicyName::Lazy;
-                return;
-            }
             Record::Timer { ev } => {
                 if self.policy == PolicyName::Lazy {
                     let (ts, cpu) = (ev.ts_ns, ev.cpu);
@@ -1005,9 +998,6 @@ impl ReplaySession {
             }
         };
         self.lines.events += 1;
-        if self.timer_note && matches!(rec, Record::Map { .. } | Record::Unmap { .. }) {
-            self.timer_drives();
-        }
         if ev.ts_ns < self.last_ts {
             self.anomalies.time_backwards += 1;
         }
@@ -1636,8 +1626,7 @@ mod tests {
     #[test]
     fn a_recorded_flush_timer_replaces_the_models() {
         // Unmaps in three bursts 100 ms apart, each followed by the flush timer as the trace recorded it 30 ms
-        // later (late: the model's own fires 12-16 ms after arming). With the capture's header, one flush per
-        // recorded firing and none of the model's.
+        // later (late: the model's own fires 12-16 ms after arming): one flush per recorded firing.
         let timer = |ts: u64| line(ts, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)");
         let mut body = mark(0, "TB_BEGIN net");
         for b in 0..3u64 {
@@ -1654,20 +1643,17 @@ mod tests {
             cmdline: "iommu.strict=0".into(),
             ..Default::default()
         };
-        let header = format!("{}\n", ftrace::TIMER_RECORDED);
-        // Without the header, the model's timer runs until the first recorded firing; here it was due 12-16 ms
-        // after the first unmap but no event came before the recorded firing to run it, so it never did.
-        for (text, flushes) in [(header.clone() + &body, 3), (body.clone(), 3)] {
-            let r = run(&text, &lazy);
-            assert_eq!(r.phases.get("net").unwrap().counts.iotlb_dsi, flushes);
-            assert_eq!(
-                r.recorded_timer,
-                Some(RecordedTimer {
-                    firings: 3,
-                    ignored: 0
-                })
-            );
-        }
+        // The model's timer runs until the first recorded firing; here it was due 12-16 ms after the first
+        // unmap, but no event came before the recorded firing to run it, so it never did.
+        let r = run(&body, &lazy);
+        assert_eq!(r.phases.get("net").unwrap().counts.iotlb_dsi, 3);
+        assert_eq!(
+            r.recorded_timer,
+            Some(RecordedTimer {
+                firings: 3,
+                ignored: 0
+            })
+        );
         // The model's own timer, where the trace does not record it: one flush per burst too, but at its own
         // time; strict passes the firings over.
         let plain: String = body
@@ -1687,7 +1673,7 @@ mod tests {
             cmdline: "iommu.strict=1".into(),
             ..Default::default()
         };
-        let r = run(&(header + &body), &strict);
+        let r = run(&body, &strict);
         assert_eq!(
             (
                 r.phases.get("net").unwrap().counts.iotlb_psi,
@@ -1699,25 +1685,32 @@ mod tests {
 
     #[test]
     fn a_recorded_firing_flushes_what_the_models_late_timer_would_have_left_queued() {
-        // Two unmaps 25 ms apart: the model's timer (12-16 ms) flushes each alone: two flushes. Recorded
-        // firings 40 ms after the first unmap (late) find both queued: one flush.
+        // A first unmap and its firing; then two unmaps 25 ms apart. The model's own timer (12-16 ms) flushes
+        // each alone: three flushes. The recorded firing of the second pair comes 40 ms after its first unmap
+        // (late) and finds both queued: two flushes.
+        let firing = |ts: u64| line(ts, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)");
         let mut body = mark(0, "TB_BEGIN net");
-        for (i, ts) in [(0u64, 10_000u64), (1, 35_000)] {
+        let mut timed = body.clone();
+        for (i, ts) in [(0u64, 1_000u64), (1, 100_000), (2, 125_000)] {
             let iova = 0x1000_0000 - i * 4096;
-            body += &map(ts - 100, iova, iova, 4096);
-            body += &unmap(ts, iova, 4096);
+            for t in [&mut body, &mut timed] {
+                *t += &map(ts - 100, iova, iova, 4096);
+                *t += &unmap(ts, iova, 4096);
+            }
+            if i == 0 {
+                timed += &firing(3_000);
+            }
         }
+        timed += &firing(140_000);
+        let end = mark(1_000_000, "TB_END net");
         let lazy = ReplayOptions {
             cmdline: "iommu.strict=0".into(),
             ..Default::default()
         };
-        let end = mark(1_000_000, "TB_END net");
-        let model = run(&(body.clone() + &end), &lazy);
-        assert_eq!(model.phases.get("net").unwrap().counts.iotlb_dsi, 2);
-        let recorded =
-            body + &line(50_000, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)") + &end;
-        let r = run(&format!("{}\n{recorded}", ftrace::TIMER_RECORDED), &lazy);
-        assert_eq!(r.phases.get("net").unwrap().counts.iotlb_dsi, 1);
+        let model = run(&(body + &end), &lazy);
+        assert_eq!(model.phases.get("net").unwrap().counts.iotlb_dsi, 3);
+        let r = run(&(timed + &end), &lazy);
+        assert_eq!(r.phases.get("net").unwrap().counts.iotlb_dsi, 2);
     }
 
     #[test]
