@@ -48,7 +48,7 @@ pub enum Record {
         size: u64,
     },
     /// A kprobe at `fq_flush_timeout`: the flush queue's timer fired on this CPU (dma-iommu.c; `iommulab
-    /// capture --domains` records it where the kernel allows).
+    /// capture --timer` records it where the kernel allows).
     Timer { ev: EventHead },
     /// Another event, a header or comment line, or an empty line.
     Other,

@@ -1067,8 +1067,6 @@ impl ReplaySession {
         }
         let d = !self.router.labels_seen();
         self.timer_drives = Some(d);
-        self.recorded_timer
-            .get_or_insert_with(RecordedTimer::default);
         if d {
             self.batch.push(Step::TimerRecorded);
         }
@@ -1290,6 +1288,17 @@ mod tests {
     fn mark(ts: u64, t: &str) -> String {
         line(ts, &format!("tracing_mark_write: {t}"))
     }
+    /// The flush queue's timer firing at `ts`, as a kprobe on fq_flush_timeout records it.
+    fn timer_fired(ts: u64) -> String {
+        line(ts, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)")
+    }
+    /// `text` without its lines that contain `needle`.
+    fn without(text: &str, needle: &str) -> String {
+        text.lines()
+            .filter(|l| !l.contains(needle))
+            .map(|l| format!("{l}\n"))
+            .collect()
+    }
 
     fn run(text: &str, opts: &ReplayOptions) -> ReplayResult {
         replay(text.as_bytes(), "t", opts).unwrap()
@@ -1484,7 +1493,7 @@ mod tests {
         assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
         // A recorded firing of the flush timer does not say whose: with two domains it is passed over.
-        let timed = t.clone() + &line(1_000_200, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)");
+        let timed = t.clone() + &timer_fired(1_000_200);
         let mut s = ReplaySession::new("t", &lazy).unwrap();
         s.feed(timed.as_bytes());
         let r = s.finish().unwrap();
@@ -1497,13 +1506,8 @@ mod tests {
             })
         );
         // Without the labels: one domain, one flush.
-        let plain: String = t
-            .lines()
-            .filter(|l| !l.contains("tb_"))
-            .map(|l| format!("{l}\n"))
-            .collect();
         let mut s = ReplaySession::new("t", &lazy).unwrap();
-        s.feed(plain.as_bytes());
+        s.feed(without(&t, "tb_").as_bytes());
         let r = s.finish().unwrap();
         assert_eq!(r.domains.count, 1);
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 1);
@@ -1627,7 +1631,6 @@ mod tests {
     fn a_recorded_flush_timer_replaces_the_models() {
         // Unmaps in three bursts 100 ms apart, each followed by the flush timer as the trace recorded it 30 ms
         // later (late: the model's own fires 12-16 ms after arming): one flush per recorded firing.
-        let timer = |ts: u64| line(ts, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)");
         let mut body = mark(0, "TB_BEGIN net");
         for b in 0..3u64 {
             let t0 = 10_000 + b * 100_000;
@@ -1636,7 +1639,7 @@ mod tests {
                 body += &map(t0 + i * 10, iova, iova, 4096);
                 body += &unmap(t0 + 500 + i * 10, iova, 4096);
             }
-            body += &timer(t0 + 30_000);
+            body += &timer_fired(t0 + 30_000);
         }
         body += &mark(1_000_000, "TB_END net");
         let lazy = ReplayOptions {
@@ -1656,12 +1659,7 @@ mod tests {
         );
         // The model's own timer, where the trace does not record it: one flush per burst too, but at its own
         // time; strict passes the firings over.
-        let plain: String = body
-            .lines()
-            .filter(|l| !l.contains("fq_flush"))
-            .map(|l| l.to_string() + "\n")
-            .collect();
-        let r = run(&plain, &lazy);
+        let r = run(&without(&body, "fq_flush_timeout"), &lazy);
         assert_eq!(
             (
                 r.phases.get("net").unwrap().counts.iotlb_dsi,
@@ -1688,7 +1686,6 @@ mod tests {
         // A first unmap and its firing; then two unmaps 25 ms apart. The model's own timer (12-16 ms) flushes
         // each alone: three flushes. The recorded firing of the second pair comes 40 ms after its first unmap
         // (late) and finds both queued: two flushes.
-        let firing = |ts: u64| line(ts, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)");
         let mut body = mark(0, "TB_BEGIN net");
         let mut timed = body.clone();
         for (i, ts) in [(0u64, 1_000u64), (1, 100_000), (2, 125_000)] {
@@ -1698,10 +1695,10 @@ mod tests {
                 *t += &unmap(ts, iova, 4096);
             }
             if i == 0 {
-                timed += &firing(3_000);
+                timed += &timer_fired(3_000);
             }
         }
-        timed += &firing(140_000);
+        timed += &timer_fired(140_000);
         let end = mark(1_000_000, "TB_END net");
         let lazy = ReplayOptions {
             cmdline: "iommu.strict=0".into(),

@@ -81,7 +81,7 @@ impl Router {
     }
 
     pub(super) fn route(&mut self, ev: &EventHead, map: bool, iova: u64, size: u64) -> usize {
-        if self.ptrs.is_empty() && self.hints.is_empty() {
+        if !self.labels_seen() {
             self.inferred += 1;
             return 0;
         }
