@@ -3,8 +3,9 @@
 arm64 guest, Arm SMMUv3) and collect, per phase, what the guest's own capture recorded and what QEMU's trace says
 reached its IOMMU.
 
-    python3 testbed/boot.py DIR --mode strict|lazy|pt [--iommu intel|virtio|smmuv3] [--cm on|off]
-                            [--kernel 6.1|6.12] [--smp N] [--phases net,blk,nvme,mix] [--domains]
+    python3 testbed/boot.py DIR --mode strict|lazy|pt [--iommu intel|virtio|smmuv3|none] [--cm on|off]
+                            [--kernel 6.1|6.12] [--smp N] [--phases net,blk,nvme,mix] [--domains] [--timer]
+                            [--probes SYM,SYM]
 
 DIR is what prepare.sh made (`prepare.sh DIR arm64` for smmuv3). Writes DIR/runs/NAME/: results.json (per phase:
 QEMU's invalidation descriptors, requests or commands between the guest's phase markers), trace.txt (the guest's
@@ -80,10 +81,10 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
          probes: str = "", timer: bool = False) -> str:
     """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel by default), virtio (virtio-iommu-pci, the
     6.12 backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU), smmuv3 (an arm64 guest on `virt,iommu=smmuv3`,
-    6.12 by default) or none (an x86 machine without an IOMMU). Phases: net, blk, nvme (arm64's machine has an NVMe drive) and mix (net and blk at once);
-    `domains`: the capture records each event's domain (kprobes); `timer`: and when the flush queue's timer
-    fires; `probes`: comma-separated kernel functions whose calls the trace records too (diagnostics). Returns
-    the run's directory."""
+    6.12 by default) or none (an x86 machine without an IOMMU). Phases: net, blk, nvme (arm64's machine has an
+    NVMe drive) and mix (all of them at once). `domains`: the capture records each event's domain (kprobes);
+    `timer`: and when the flush queue's timer fires; `probes`: comma-separated kernel functions whose calls the
+    trace records too (diagnostics). Returns the run's directory."""
     kernel = kernel or ("6.1" if iommu == "intel" else "6.12")
     arm = iommu == "smmuv3"
     name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}",
@@ -138,7 +139,8 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     with tarfile.open(out_img) as t:
         t.extractall(rd, filter="fully_trusted")
     q = qemu_counts(os.path.join(rd, "qemu-trace.log"), phases.split(","))
-    res = {"mode": mode, "cm": cm, "iommu": iommu, "kernel": kernel, "smp": smp, "cmdline": append, "phases": {p: {"qemu": dict(c)} for p, c in q.items()}}
+    res = {"mode": mode, "cm": cm, "iommu": iommu, "kernel": kernel, "smp": smp, "cmdline": append,
+           "phases": {p: {"qemu": dict(c)} for p, c in q.items()}}
     with open(os.path.join(rd, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     return rd
@@ -154,7 +156,7 @@ if __name__ == "__main__":
     ap.add_argument("--kernel", choices=list(KERNELS), help="6.1 (intel's default) or 6.12 (virtio's, smmuv3's)")
     ap.add_argument("--smp", type=int, default=1, help="vCPUs")
     ap.add_argument("--probes", default="", metavar="SYM,SYM", help="also trace calls of these kernel functions "
-                    "(kprobes; e.g. fq_flush_timeout to see the flush queue's timer fire)")
+                    "(kprobes, a diagnostic; --timer already records fq_flush_timeout)")
     ap.add_argument("--domains", action="store_true", help="record each event's domain (capture -k, kprobes)")
     ap.add_argument("--timer", action="store_true", help="record when the flush queue's timer fires (capture -t)")
     a = ap.parse_args()

@@ -19,8 +19,8 @@ K=; [ "$(arg domains 0)" = 1 ] && K=-k
 # tb.timer=1: and when the flush queue's timer fires (capture.sh -t, a kprobe on fq_flush_timeout).
 [ "$(arg timer 0)" = 1 ] && K="$K -t"
 say() { echo "TB: $*" > /dev/console; }
-# tb.probes=SYM,SYM: a kprobe on each kernel function, recorded with the capture (diagnostics: when the flush
-# queue's timer fires, when a domain is flushed).
+# tb.probes=SYM,SYM: a kprobe on each kernel function, recorded with the capture (a diagnostic; tb.timer
+# already records fq_flush_timeout).
 for s in $(arg probes "" | tr ',' ' '); do
   echo "p:tbdiag/$s $s" >> /sys/kernel/tracing/kprobe_events && echo 1 > /sys/kernel/tracing/events/tbdiag/$s/enable \
     || say "no kprobe on $s"

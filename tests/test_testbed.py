@@ -24,22 +24,23 @@ pytestmark = pytest.mark.skipif(os.environ.get("IOMMULAB_TESTBED") != "1" or os.
                                 reason="the testbed boots real kernels: set IOMMULAB_TESTBED=1 (as root)")
 
 
-@pytest.fixture(scope="module")
-def prepared():
-    p = subprocess.run(["bash", str(ROOT / "testbed/prepare.sh"), str(TB)], capture_output=True, text=True)
-    if not shutil.which("qemu-system-x86_64"):
-        pytest.skip(f"QEMU is not installable here: {p.stderr.strip()[-300:]}")
+def prepare(arch: str, qemu: str) -> pathlib.Path:
+    """testbed/prepare.sh for `arch` (x86 or arm64); skips where its QEMU cannot be installed."""
+    p = subprocess.run(["bash", str(ROOT / "testbed/prepare.sh"), str(TB), arch], capture_output=True, text=True)
+    if not shutil.which(qemu):
+        pytest.skip(f"{qemu} is not installable here: {p.stderr.strip()[-300:]}")
     assert p.returncode == 0, p.stderr[-2000:]
     return TB
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    return prepare("x86", "qemu-system-x86_64")
 
 
 @pytest.fixture(scope="module")
 def prepared_arm64():
-    p = subprocess.run(["bash", str(ROOT / "testbed/prepare.sh"), str(TB), "arm64"], capture_output=True, text=True)
-    if not shutil.which("qemu-system-aarch64"):
-        pytest.skip(f"QEMU for arm64 is not installable here: {p.stderr.strip()[-300:]}")
-    assert p.returncode == 0, p.stderr[-2000:]
-    return TB
+    return prepare("arm64", "qemu-system-aarch64")
 
 
 # SMMUv3's command names in replay, and QEMU's (hw/arm/smmuv3.c smmuv3_cmdq_consume: one smmuv3_cmdq_opcode per
