@@ -124,10 +124,20 @@ def format_replay(res: dict[str, Any]) -> str:
     names = {"unaligned": "IOVAs not 4 KiB aligned", "time_backwards": "events stamped before the one before",
              "unmatched_markers": "TB_END of a phase not begun",
              "untraced_unmapped_pages": "pages unmapped that the trace never mapped (mapped before tracing, or map "
-                                        "events lost)"}
+                                        "events lost)",
+             "maps_over_live": "maps on IOVA still mapped (a domain never hands out a live IOVA: several domains, "
+                               "or unmap events lost)"}
     odd = [f"{an[k]} {v}" for k, v in names.items() if an.get(k)]
     if odd:
         lines.append("anomalies (replayed as they are): " + " · ".join(odd))
+    dom = res.get("domains", {})
+    if dom.get("labelled_events"):
+        lines.append(f"domains: {dom['count']} named by the trace's labels ({dom['labelled_events']} events placed by "
+                     f"a label, {dom['inferred_events']} by inference)")
+    elif an.get("maps_over_live") and res["policy"] == "lazy":
+        lines.append("domains: the trace names none and is replayed as one, but it maps IOVA still mapped: it has "
+                     "several, each with its own flush queue and timer. Where their devices were busy at the same "
+                     "time, the flush counts below are too few; `iommulab capture` records the domains (kprobes).")
     lines.append("")
     lines.append(" ".join(f"{n:>{w}}" if i else f"{n:<{w}}" for i, (n, w) in enumerate(cols)))
     fits = []

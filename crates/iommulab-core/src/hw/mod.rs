@@ -345,6 +345,9 @@ pub struct IommuCounters {
     pub cmdq_gathered: u64,
     /// Leaf entries (pages or blocks) cleared by unmaps.
     pub ptes_cleared: u64,
+    /// Leaf entries a map wrote over while they were still present (iommu_map() refuses that with -EEXIST;
+    /// only a replayed trace's domains mixed up, or its unmaps lost, make one).
+    pub leaves_replaced: u64,
     /// Page-table pages allocated and freed by map/unmap.
     pub table_pages_allocated: u64,
     pub table_pages_freed: u64,

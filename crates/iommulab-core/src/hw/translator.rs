@@ -238,8 +238,10 @@ impl Translator {
         let (before, replaced) = (pt.tables_allocated, pt.leaves_replaced);
         let w = pt.map(lo, phys_pfn >> g, hi - lo + 1);
         let grown = pt.tables_allocated - before;
-        if pt.leaves_replaced != replaced {
+        let replaced = pt.leaves_replaced - replaced;
+        if replaced != 0 {
             self.epoch += 1;
+            self.c.leaves_replaced += replaced;
         }
         self.c.table_pages_allocated += grown;
         w

@@ -278,6 +278,10 @@ pub struct Anomalies {
     /// Unmapped pages the trace never mapped: mapped before tracing began, or map events lost (replayed as
     /// mapped then).
     pub untraced_unmapped_pages: u64,
+    /// Map events on IOVA their domain still had mapped. A domain's allocator never hands out a live IOVA
+    /// (and iommu_map() refuses to map over one), so the trace has domains the replay merged (no labels), or
+    /// lost unmap events.
+    pub maps_over_live: u64,
 }
 
 /// The flush queue's timer as the trace recorded it (kprobe lines on `fq_flush_timeout`): how many firings
@@ -346,6 +350,8 @@ struct Replayer {
     /// Unmapped pages the trace never mapped, and TB_END markers of a phase not begun.
     untraced_pages: u64,
     unmatched_markers: u64,
+    /// Map events that wrote over a translation still present in their domain.
+    maps_over_live: u64,
 }
 
 fn pfn(bytes: u64) -> u64 {
@@ -500,7 +506,9 @@ impl Replayer {
         }
         self.check_reuse(pfn(iova), pfn(iova) + pages(size));
         let c = &mut self.dma.core;
+        let replaced = c.iommu.counters().leaves_replaced;
         c.iommu.map_pages(c.dom, pfn(iova), pfn(paddr), pages(size));
+        self.maps_over_live += (c.iommu.counters().leaves_replaced != replaced) as u64;
         c.stats.maps += 1;
         c.stats.pages_mapped += pages(size);
     }
@@ -787,6 +795,7 @@ impl Maker {
             seq: 0,
             ats_phases: self.ats_phases.clone(),
             untraced_pages: 0,
+            maps_over_live: 0,
             unmatched_markers: 0,
         };
         r.mark = r.counters();
@@ -1137,6 +1146,7 @@ impl ReplaySession {
         let mut anomalies = self.anomalies;
         let ats_phases = self.ats_phases;
         anomalies.untraced_unmapped_pages = rs[0].1.iter().map(|r| r.untraced_pages).sum();
+        anomalies.maps_over_live = rs[0].1.iter().map(|r| r.maps_over_live).sum();
         anomalies.unmatched_markers = rs[0].1[0].unmatched_markers;
         let domains = Domains {
             count: self.router.domains() as u64,
@@ -1374,6 +1384,16 @@ mod tests {
             ),
             (2, 1, 1, 2)
         );
+        assert_eq!(a.maps_over_live, 0);
+        // A map on IOVA still mapped: no domain does that, so the trace merged several (or lost an unmap).
+        let t = [
+            map(1_000, 0xffff_e000, 0x10_0000, 8192),
+            map(2_000, 0xffff_f000, 0x20_0000, 4096),
+            unmap(3_000, 0xffff_e000, 8192),
+            map(4_000, 0xffff_f000, 0x30_0000, 4096),
+        ]
+        .concat();
+        assert_eq!(run(&t, &ReplayOptions::default()).anomalies.maps_over_live, 1);
         // --ats-phases naming a phase the trace does not have is an error, not a silent nothing.
         let opts = ReplayOptions {
             ats_phases: vec!["net".into()],
