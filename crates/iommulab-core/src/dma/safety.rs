@@ -63,6 +63,8 @@ pub type Ticket = (u64, u64);
 /// Unmapped ranges not yet both released and invalidated, keyed by ticket.
 #[derive(Debug, Default)]
 pub struct SafetyLog {
+    /// Logs nothing (a trace replay, which reports what reached the IOMMU and no windows): tickets only.
+    off: bool,
     open: BTreeMap<Ticket, Entry>,
     seq: u64,
     /// The largest range logged, so a range invalidation finds ranges starting before it.
@@ -73,9 +75,20 @@ pub struct SafetyLog {
 }
 
 impl SafetyLog {
+    /// A log that keeps nothing: every call is a no-op but `unmapped`'s ticket.
+    pub fn off() -> Self {
+        SafetyLog {
+            off: true,
+            ..Default::default()
+        }
+    }
+
     /// A buffer mapped at IOVA pfn `pfn` (its first granule) at `t` lets the device reach `others` bytes
     /// that are not the buffer's (sub-page exposure: a 66-byte ACK head exposes the rest of its slab page).
     pub fn shared_buffer(&mut self, pfn: u64, others: u64, t: Time) {
+        if self.off {
+            return;
+        }
         self.stats.subpage_buffers += 1;
         self.stats.subpage_bytes.record(others);
         self.shared.insert(pfn, (others, t));
@@ -83,6 +96,10 @@ impl SafetyLog {
 
     /// The PTEs of [pfn, pfn + pages) were cleared at `t`.
     pub fn unmapped(&mut self, pfn: u64, pages: u64, t: Time) -> Ticket {
+        if self.off {
+            self.seq += 1;
+            return (pfn, self.seq);
+        }
         if let Some((others, at)) = self.shared.remove(&pfn) {
             self.stats.subpage_byte_ns += others as u128 * t.saturating_sub(at) as u128;
         }
@@ -102,6 +119,9 @@ impl SafetyLog {
 
     /// The pages of the latest unmap at `pfn` went back to their owner at `t` (right after the unmap).
     pub fn released(&mut self, pfn: u64, t: Time) {
+        if self.off {
+            return;
+        }
         let key = self
             .open
             .range((pfn, 0)..=(pfn, u64::MAX))
@@ -125,6 +145,9 @@ impl SafetyLog {
 
     /// An invalidation of [start, end] (None: the whole domain) completed at `done`.
     pub fn invalidated(&mut self, range: Option<(u64, u64)>, done: Time) {
+        if self.off {
+            return;
+        }
         let (lo, hi) = match range {
             Some((s, e)) => (s.saturating_sub(self.max_pages.saturating_sub(1)), e),
             None => (0, u64::MAX),

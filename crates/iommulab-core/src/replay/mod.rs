@@ -774,6 +774,8 @@ impl Maker {
         let p = &self.platform;
         let mut core = DmaCore::new(hw::build(p, 1, self.kernel, false), 1, &p.cpu);
         core.iova_from_trace = true;
+        // Replay reports what reached the IOMMU, not exposure windows.
+        core.safety = crate::dma::safety::SafetyLog::off();
         let fq = FqOptions::for_device(p.iommu.shadow_on_flush);
         let mut dma = DmaLayer::new(core, self.policy, 1, self.hz, fq);
         if self.policy == PolicyName::Lazy {
