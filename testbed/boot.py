@@ -4,8 +4,8 @@ arm64 guest, Arm SMMUv3) and collect, per phase, what the guest's own capture re
 reached its IOMMU.
 
     python3 testbed/boot.py DIR --mode strict|lazy|pt [--iommu intel|virtio|smmuv3|none] [--cm on|off]
-                            [--kernel 6.1|6.12] [--smp N] [--phases net,blk,nvme,mix] [--domains] [--timer]
-                            [--probes SYM,SYM]
+                            [--kernel 6.1|6.12] [--smp N] [--phases net,blk,nvme,mix] [--domains] [--devices]
+                            [--timer] [--probes SYM,SYM]
 
 DIR is what prepare.sh made (`prepare.sh DIR arm64` for smmuv3). Writes DIR/runs/NAME/: results.json (per phase:
 QEMU's invalidation descriptors, requests or commands between the guest's phase markers), trace.txt (the guest's
@@ -78,12 +78,13 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
 
 def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: int = 600,
          iommu: str = "intel", domains: bool = False, kernel: str | None = None, smp: int = 1,
-         probes: str = "", timer: bool = False) -> str:
+         probes: str = "", timer: bool = False, devices: bool = False) -> str:
     """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel by default), virtio (virtio-iommu-pci, the
     6.12 backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU), smmuv3 (an arm64 guest on `virt,iommu=smmuv3`,
     6.12 by default) or none (an x86 machine without an IOMMU). Phases: net, blk, nvme (arm64's machine has an
     NVMe drive) and mix (all of them at once). `domains`: the capture records each event's domain (kprobes);
-    `timer`: and when the flush queue's timer fires; `probes`: comma-separated kernel functions whose calls the
+    `devices`: and the DMA API's events, which name each mapping's device (6.12); `timer`: and when the
+    flush queue's timer fires; `probes`: comma-separated kernel functions whose calls the
     trace records too (diagnostics). Returns the run's directory."""
     kernel = kernel or ("6.1" if iommu == "intel" else "6.12")
     arm = iommu == "smmuv3"
@@ -105,7 +106,8 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     append = (f"console={'ttyAMA0' if arm else 'ttyS0'} panic=-1 quiet loglevel=4 "
               f"{'intel_iommu=on ' if iommu == 'intel' else ''}"
               f"{MODES[mode]} tb.phases={phases} tb.port={port}{' tb.domains=1' if domains else ''}"
-              f"{' tb.probes=' + probes if probes else ''}{' tb.timer=1' if timer else ''}")
+              f"{' tb.probes=' + probes if probes else ''}{' tb.timer=1' if timer else ''}"
+              f"{' tb.devices=1' if devices else ''}")
     ip = "iommu_platform=on,disable-legacy=on"
     machine = {"intel": ["-machine", "q35,kernel-irqchip=split", "-device",
                          f"intel-iommu,intremap=on,caching-mode={cm}"],
@@ -158,8 +160,10 @@ if __name__ == "__main__":
     ap.add_argument("--probes", default="", metavar="SYM,SYM", help="also trace calls of these kernel functions "
                     "(kprobes, a diagnostic; --timer already records fq_flush_timeout)")
     ap.add_argument("--domains", action="store_true", help="record each event's domain (capture -k, kprobes)")
+    ap.add_argument("--devices", action="store_true", help="record the DMA API's events, which name each mapping's "
+                    "device (capture -D, Linux 6.12+)")
     ap.add_argument("--timer", action="store_true", help="record when the flush queue's timer fires (capture -t)")
     a = ap.parse_args()
     rd = boot(a.dir, a.mode, a.cm, a.phases, iommu=a.iommu, domains=a.domains, kernel=a.kernel, smp=a.smp,
-              probes=a.probes, timer=a.timer)
+              probes=a.probes, timer=a.timer, devices=a.devices)
     print(json.dumps(json.load(open(os.path.join(rd, "results.json"))), indent=1))

@@ -16,6 +16,8 @@ BLKMB=$(arg blkmb 64)
 PORT=$(arg port 8080)
 # tb.domains=1: the capture also records each event's domain (kprobes: capture.sh -k).
 K=; [ "$(arg domains 0)" = 1 ] && K=-k
+# tb.devices=1: and the DMA API's events, which name each mapping's device (capture.sh -D, Linux 6.12+).
+[ "$(arg devices 0)" = 1 ] && K="$K -D"
 # tb.timer=1: and when the flush queue's timer fires (capture.sh -t, a kprobe on fq_flush_timeout).
 [ "$(arg timer 0)" = 1 ] && K="$K -t"
 say() { echo "TB: $*" > /dev/console; }

@@ -60,6 +60,22 @@ def test_capture_records_restores_and_replays(tmp_path):
     assert p.returncode == 0 and "kprobe" not in p.stderr
 
 
+def test_without_kprobes_the_dma_apis_events_name_the_devices(tmp_path):
+    # A kernel with the DMA API's events (6.12+) and no kprobes: the capture records those instead, says so,
+    # and leaves them as it found them.
+    t = fake_tracefs(tmp_path)
+    for e in ("dma_map_page", "dma_unmap_page", "dma_map_sg", "dma_unmap_sg"):
+        (t / "events/dma" / e).mkdir(parents=True)
+        (t / "events/dma" / e / "enable").write_text("0\n")
+    p = run_capture(t, "-o", str(tmp_path / "t.txt"), "--duration", "1", "--no-timer")
+    assert p.returncode == 0, p.stderr
+    assert "the DMA API's events name each mapping's device instead" in p.stderr
+    assert all((t / "events/dma" / e / "enable").read_text().strip() == "0"
+               for e in ("dma_map_page", "dma_unmap_page", "dma_map_sg", "dma_unmap_sg"))
+    p = run_capture(t, "-o", str(tmp_path / "t2.txt"), "--dry-run", "--no-timer")
+    assert "would: echo 1 > " + str(t / "events/dma/dma_map_sg/enable") in p.stdout
+
+
 def test_nothing_is_overwritten_and_dry_run_changes_nothing(tmp_path):
     t = fake_tracefs(tmp_path)
     out = tmp_path / "t.txt"

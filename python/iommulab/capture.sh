@@ -3,14 +3,17 @@
 # kernel has it) through tracefs into a trace `iommulab replay` reads as it is. POSIX sh: runs on a minimal guest
 # or a busybox initramfs, where Python is not installed (`iommulab capture --print-script` prints this file).
 #
-#   capture.sh -o TRACE [-d SECONDS] [-p PHASE] [-b KB] [-k] [-t] [-n] [-- COMMAND [ARG...]]
+#   capture.sh -o TRACE [-d SECONDS] [-p PHASE] [-b KB] [-k] [-D] [-t] [-n] [-- COMMAND [ARG...]]
 #
 #   -o TRACE    output file; TRACE.xz is compressed with xz, TRACE.gz with gzip, anything else is plain text
 #   -d SECONDS  record for this long (default: until COMMAND ends, or 10 s without one)
 #   -p PHASE    bracket the recording with TB_BEGIN PHASE / TB_END PHASE markers (replay reports per phase)
 #   -b KB       per-CPU ring buffer size while recording (default 65536)
 #   -k          also record each map's and unmap's domain (kprobes on __iommu_map/__iommu_unmap), where the
-#               kernel allows kprobes; replay can then tell devices' domains apart
+#               kernel allows kprobes; replay can then tell devices' domains apart. Without kprobes, the DMA
+#               API's own events (as -D) where the kernel has them
+#   -D          also record the DMA API's events (dma:dma_map_page, dma_unmap_page, dma_map_sg, ..., Linux 6.12
+#               and later), which name each mapping's device, and the IOMMU groups as comment lines
 #   -t          also record when the flush queue's timer fires (a kprobe on fq_flush_timeout), where the kernel
 #               allows it; replay of a trace without domains runs its lazy flush timer as it ran
 #   -n          dry run: print what would be done, change nothing
@@ -20,7 +23,7 @@
 # (overruns) are counted from per_cpu/*/stats and reported, and written as a comment line into the trace.
 set -u
 
-out= dur= phase= bufkb=65536 kprobes=0 timerprobe=0 dry=0 timer=0
+out= dur= phase= bufkb=65536 kprobes=0 dmaev=0 timerprobe=0 dry=0 timer=0
 while [ $# -gt 0 ]; do
   case "$1" in
     -o) out=${2-}; shift 2 ;;
@@ -28,6 +31,7 @@ while [ $# -gt 0 ]; do
     -p) phase=${2-}; shift 2 ;;
     -b) bufkb=${2-}; shift 2 ;;
     -k) kprobes=1; shift ;;
+    -D) dmaev=1; shift ;;
     -t) timerprobe=1; shift ;;
     -n) dry=1; shift ;;
     --) shift; break ;;
@@ -57,6 +61,25 @@ esac
 
 events="iommu/map iommu/unmap"
 [ -d "$T/events/iommu/io_page_fault" ] && events="$events iommu/io_page_fault"
+# The DMA API's calls that map or unmap (kernel/dma/mapping.c), each naming its device.
+dma_events=
+for e in dma_map_page dma_unmap_page dma_map_resource dma_unmap_resource dma_map_sg dma_unmap_sg dma_alloc \
+         dma_free dma_alloc_pages dma_free_pages dma_alloc_sgt dma_free_sgt; do
+  [ -d "$T/events/dma/$e" ] && dma_events="$dma_events dma/$e"
+done
+if [ "$kprobes" = 1 ] && { [ ! -w "$T/kprobe_events" ] || ! grep -q ' __iommu_map$' /proc/kallsyms 2>/dev/null; }; then
+  kprobes=0
+  if [ -n "$dma_events" ]; then
+    dmaev=1
+    echo "capture: no kprobes here (kprobe_events not writable or __iommu_map not in kallsyms): the DMA API's events name each mapping's device instead" >&2
+  else
+    echo "capture: no kprobes here (kprobe_events not writable or __iommu_map not in kallsyms) and no DMA API events (Linux 6.12+): the trace will not name domains" >&2
+  fi
+fi
+if [ "$dmaev" = 1 ]; then
+  [ -n "$dma_events" ] || echo "capture: this kernel has no DMA API events (dma:dma_map_page, Linux 6.12+): the trace will not name devices" >&2
+  events="$events$dma_events"
+fi
 
 run() {  # run or, with -n, print a change to tracefs
   if [ "$dry" = 1 ]; then echo "would: $*"; else sh -c "$*"; fi
@@ -93,15 +116,11 @@ run "echo > $T/trace"
 run "echo $bufkb > $T/buffer_size_kb"
 for e in $events; do run "echo 1 > $T/events/$e/enable"; done
 if [ "$kprobes" = 1 ]; then
-  if [ -w "$T/kprobe_events" ] && grep -q ' __iommu_map$' /proc/kallsyms 2>/dev/null; then
-    # The testbed's probes: the domain pointer, IOVA and size of every __iommu_map / __iommu_unmap.
-    run "echo 'p:iommulab/tb_map __iommu_map dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg4:u64' >> $T/kprobe_events" \
-      && run "echo 1 > $T/events/iommulab/tb_map/enable" && added_kprobes="$added_kprobes tb_map"
-    run "echo 'p:iommulab/tb_unmap __iommu_unmap dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg3:u64' >> $T/kprobe_events" \
-      && run "echo 1 > $T/events/iommulab/tb_unmap/enable" && added_kprobes="$added_kprobes tb_unmap"
-  else
-    echo "capture: no kprobes here (kprobe_events not writable or __iommu_map not in kallsyms): the trace will not name domains" >&2
-  fi
+  # The testbed's probes: the domain pointer, IOVA and size of every __iommu_map / __iommu_unmap.
+  run "echo 'p:iommulab/tb_map __iommu_map dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg4:u64' >> $T/kprobe_events" \
+    && run "echo 1 > $T/events/iommulab/tb_map/enable" && added_kprobes="$added_kprobes tb_map"
+  run "echo 'p:iommulab/tb_unmap __iommu_unmap dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg3:u64' >> $T/kprobe_events" \
+    && run "echo 1 > $T/events/iommulab/tb_unmap/enable" && added_kprobes="$added_kprobes tb_unmap"
 fi
 if [ "$timerprobe" = 1 ]; then
   # dma-iommu.c's flush-queue timer callback (lazy mode): when the timer really fired.
@@ -123,6 +142,12 @@ fi
 
 : > "$tmp" || { echo "capture: cannot write $tmp" >&2; restore; exit 2; }
 [ "$timer" = 1 ] && echo "# iommulab capture: flush queue timer recorded (kprobe fq_flush_timeout)" > "$tmp"
+# With the DMA API's events, which devices share a domain: their IOMMU group.
+if [ "$dmaev" = 1 ] && [ -n "$dma_events" ]; then
+  for g in /sys/kernel/iommu_groups/*; do
+    [ -d "$g/devices" ] && echo "# iommulab capture: iommu group ${g##*/}: $(ls "$g/devices" | tr '\n' ' ')" >> "$tmp"
+  done
+fi
 cat "$T/trace_pipe" >> "$tmp" &
 reader=$!
 echo 1 > "$T/tracing_on"

@@ -183,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--buffer-kb", type=int, default=65536, metavar="KB", help="per-CPU ring buffer while recording")
     cp.add_argument("--domains", action=argparse.BooleanOptionalAction, default=True,
                     help="record each event's domain (kprobes on __iommu_map/__iommu_unmap) where the kernel "
-                    "allows kprobes, so replay keeps concurrent devices apart (default: on; it says so when it "
-                    "cannot)")
+                    "allows kprobes, else the DMA API's events naming each mapping's device (Linux 6.12+), so "
+                    "replay keeps concurrent devices apart (default: on; it says so when it cannot)")
     cp.add_argument("--timer", action=argparse.BooleanOptionalAction, default=True,
                     help="record when the flush queue's timer fires (a kprobe on fq_flush_timeout) where the kernel "
                     "allows it; replay of a trace without domains runs its lazy flush timer as recorded (default: "

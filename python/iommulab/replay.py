@@ -135,9 +135,13 @@ def format_replay(res: dict[str, Any]) -> str:
         lines.append(f"domains: {dom['count']} named by the trace's labels ({dom['labelled_events']} events placed by "
                      f"a label, {dom['inferred_events']} by inference)")
     elif an.get("maps_over_live") and res["policy"] == "lazy":
-        lines.append("domains: the trace names none and is replayed as one, but it maps IOVA still mapped: it has "
-                     "several, each with its own flush queue and timer. Where their devices were busy at the same "
-                     "time, the flush counts below are too few; `iommulab capture` records the domains (kprobes).")
+        several = ("domains: the trace names none and is replayed as one, but it maps IOVA still mapped: it has "
+                   "several, each with its own flush queue and timer. ")
+        if (res.get("recorded_timer") or {}).get("firings"):
+            lines.append(several + "Every recorded firing of their timers flushes that one queue.")
+        else:
+            lines.append(several + "Where their devices were busy at the same time, the flush counts below are too "
+                         "few; `iommulab capture` records the domains (kprobes, or the DMA API's events).")
     lines.append("")
     lines.append(" ".join(f"{n:>{w}}" if i else f"{n:<{w}}" for i, (n, w) in enumerate(cols)))
     fits = []

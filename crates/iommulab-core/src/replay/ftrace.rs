@@ -50,6 +50,17 @@ pub enum Record {
     /// A kprobe at `fq_flush_timeout`: the flush queue's timer fired on this CPU (dma-iommu.c; `iommulab
     /// capture --timer` records it where the kernel allows).
     Timer { ev: EventHead },
+    /// A DMA API event naming the device of a map (`dma_map_page`, `dma_map_sg`, `dma_alloc`, …) or an unmap
+    /// (`dma_unmap_page`, `dma_unmap_sg`, `dma_free`, …) on its CPU (include/trace/events/dma.h, Linux
+    /// 6.12+), with the DMA address range it names (none for `dma_unmap_sg`, which prints physical addresses).
+    Device {
+        ev: EventHead,
+        map: bool,
+        dev: String,
+        range: Option<(u64, u64)>,
+    },
+    /// `# iommulab capture: iommu group N: DEV DEV …`: devices sharing an IOMMU group (and so a domain).
+    Group { id: u64, devs: Vec<String> },
     /// Another event, a header or comment line, or an empty line.
     Other,
     /// A line that could not be read (cut by a buffer overrun, garbled): its number and why.
@@ -80,6 +91,9 @@ pub struct EventHead {
 /// Parse one line (without its line ending).
 pub fn parse_line(s: &str, line: u64) -> Record {
     let t = s.trim_start();
+    if let Some(g) = t.strip_prefix(GROUP_NOTE) {
+        return parse_group(g);
+    }
     if t.is_empty() || t.starts_with('#') {
         return Record::Other;
     }
@@ -125,6 +139,9 @@ pub fn parse_line(s: &str, line: u64) -> Record {
             }
         }
         "fq_flush_timeout" => Record::Timer { ev: head },
+        e if e.starts_with("dma_") || e.starts_with("dma:dma_") => {
+            parse_dma(head, e.trim_start_matches("dma:"), body)
+        }
         "tracing_mark_write" | "print" => Record::Marker {
             ev: head,
             text: body.trim().to_string(),
@@ -219,6 +236,78 @@ fn num(s: &str) -> Option<u64> {
     match s.strip_prefix("0x") {
         Some(h) => u64::from_str_radix(h, 16).ok(),
         None => s.parse().ok(),
+    }
+}
+
+/// The capture's note on an IOMMU group and its devices.
+const GROUP_NOTE: &str = "# iommulab capture: iommu group ";
+
+fn parse_group(g: &str) -> Record {
+    let Some((id, devs)) = g.split_once(':') else {
+        return Record::Other;
+    };
+    match id.trim().parse() {
+        Ok(id) => Record::Group {
+            id,
+            devs: devs.split_whitespace().map(str::to_string).collect(),
+        },
+        Err(_) => Record::Other,
+    }
+}
+
+/// A DMA API event (kernel/dma/mapping.c): `DEVICE dir=… dma_addr=HEX size=N …`, or for `dma_map_sg`
+/// `… dma_addrs={0xA,0xB} sizes={0xN,0xM} …`. Events that neither map nor unmap (the syncs) are other lines.
+fn parse_dma(ev: EventHead, event: &str, body: &str) -> Record {
+    let map = match event {
+        "dma_map_page" | "dma_map_resource" | "dma_map_sg" | "dma_alloc" | "dma_alloc_pages"
+        | "dma_alloc_sgt" => true,
+        "dma_unmap_page" | "dma_unmap_resource" | "dma_unmap_sg" | "dma_free"
+        | "dma_free_pages" | "dma_free_sgt" => false,
+        _ => return Record::Other,
+    };
+    let line = ev.line;
+    let Some(dev) = body.split_whitespace().next().filter(|d| !d.contains('=')) else {
+        return Record::Bad {
+            line,
+            why: "a DMA API event without its device name",
+        };
+    };
+    let hex = |v: &str| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok();
+    let range = if event == "dma_unmap_sg" {
+        None
+    } else if event == "dma_map_sg" {
+        // Every mapped segment: the range from the lowest address to the highest segment's end.
+        let [addrs, sizes] = fields(body, ["dma_addrs", "sizes"]);
+        let list = |v: Option<&str>| -> Option<Vec<u64>> {
+            v?.trim_matches(['{', '}'])
+                .split(',')
+                .map(|x| hex(x.trim()))
+                .collect()
+        };
+        let (Some(a), Some(n)) = (list(addrs), list(sizes)) else {
+            return Record::Bad {
+                line,
+                why: "a dma_map_sg event without dma_addrs={…} and sizes={…}",
+            };
+        };
+        let lo = a.iter().copied().min();
+        let hi = a.iter().zip(&n).map(|(a, n)| a.saturating_add(*n)).max();
+        lo.zip(hi)
+    } else {
+        let [addr, size] = fields(body, ["dma_addr", "size"]);
+        let (Some(a), Some(n)) = (addr.and_then(hex), size.and_then(num)) else {
+            return Record::Bad {
+                line,
+                why: "a DMA API event without dma_addr= and size=",
+            };
+        };
+        Some((a, a.saturating_add(n.max(1))))
+    };
+    Record::Device {
+        ev,
+        map,
+        dev: dev.to_string(),
+        range,
     }
 }
 
@@ -322,6 +411,52 @@ mod tests {
             let cut = (head + &body).chars().take(noise.len()).collect::<String>();
             let _ = parse_line(&cut, 10);
         }
+    }
+
+    #[test]
+    fn the_dma_apis_events_and_the_captures_group_notes_are_read() {
+        let head = "              dd-271     [000] d....     5.634651: ";
+        let read = |body: &str| match parse_line(&format!("{head}{body}"), 1) {
+            Record::Device {
+                ev,
+                map,
+                dev,
+                range,
+            } => Some((ev.cpu, map, dev, range)),
+            _ => None,
+        };
+        let dev = |d: &str| d.to_string();
+        for (body, want) in [
+            ("dma_map_page: 0000:00:02.0 dir=FROM_DEVICE dma_addr=ffffa000 size=4096 phys_addr=427f2000 attrs=",
+             (true, dev("0000:00:02.0"), Some((0xffffa000, 0xffffb000)))),
+            ("dma_map_sg: 0000:00:03.0 dir=FROM_DEVICE nents=3/3 ents=2/2 dma_addrs={0xfffa0000,0xfffb0000} sizes={0x10000,0x2000} phys_addrs={0x426f5000,0x1,0x2} attrs=NO_WARN",
+             (true, dev("0000:00:03.0"), Some((0xfffa0000, 0xfffb2000)))),
+            ("dma_unmap_sg: 0000:00:03.0 dir=FROM_DEVICE phys_addrs={0x426f5000} attrs=",
+             (false, dev("0000:00:03.0"), None)),
+            ("dma_free: 0000:00:04.0 dir=BIDIRECTIONAL dma_addr=fffff000 size=4096 virt_addr=0000000012345678 attrs=",
+             (false, dev("0000:00:04.0"), Some((0xfffff000, 0x1_0000_0000)))),
+        ] {
+            assert_eq!(read(body), Some((0, want.0, want.1, want.2)), "{body}");
+        }
+        // The syncs neither map nor unmap; a device-less line is unreadable.
+        assert_eq!(parse_line(&format!("{head}dma_sync_single_for_cpu: 0000:00:02.0 dir=FROM_DEVICE dma_addr=ffffa000 size=4096"), 5), Record::Other);
+        assert!(matches!(
+            parse_line(
+                &format!("{head}dma_map_page: dir=TO_DEVICE dma_addr=1 size=1"),
+                6
+            ),
+            Record::Bad { line: 6, .. }
+        ));
+        assert_eq!(
+            parse_line(
+                "# iommulab capture: iommu group 3: 0000:00:03.0 0000:00:03.1 ",
+                7
+            ),
+            Record::Group {
+                id: 3,
+                devs: vec!["0000:00:03.0".into(), "0000:00:03.1".into()]
+            }
+        );
     }
 
     const MAP: &str = "     kworker/0:1-10      [000] b..1.     3.579441: map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096";

@@ -27,6 +27,7 @@
 
 pub mod ftrace;
 mod group;
+mod hold;
 mod route;
 
 use crate::dma::flush_queue::{FlushQueue, FqOptions};
@@ -39,6 +40,7 @@ use crate::scenario::{load, Arch, PolicyName, Source, Vendor};
 use crate::sim::Time;
 use ftrace::Record;
 use group::{marked, Grouper, Marked, Op, PhaseName};
+use hold::{Held, Holdback};
 use route::Router;
 use serde::ser::SerializeMap;
 use serde::Serialize;
@@ -575,6 +577,8 @@ pub struct ReplaySession {
     groups: Vec<Grouper>,
     /// Which domain each event goes to.
     router: Router,
+    /// Records waiting for the DMA API event that names their device.
+    hold: Holdback,
     lines: Lines,
     iommu: String,
     kernel: String,
@@ -891,6 +895,7 @@ impl ReplaySession {
             batch: Vec::new(),
             groups: vec![Grouper::new(translated)],
             router: Router::default(),
+            hold: Holdback::default(),
             lines: Lines::default(),
             iommu: iommu_name,
             kernel: opts.kernel.clone(),
@@ -973,6 +978,30 @@ impl ReplaySession {
                 why,
             };
         }
+        match rec {
+            Record::Other => return,
+            Record::Bad { line, why } => {
+                self.lines.bad += 1;
+                if self.lines.bad_examples.len() < BAD_EXAMPLES {
+                    self.lines.bad_examples.push(format!("{line}: {why}"));
+                }
+                return;
+            }
+            rec if self.hold.bypass() => return self.record(rec, None),
+            rec => self.hold.push(rec),
+        }
+        self.release(false);
+    }
+
+    /// Replay the records the hold-back lets go (all of them at the end).
+    fn release(&mut self, end: bool) {
+        while let Some(Held { rec, dev }) = self.hold.pop(end) {
+            self.record(rec, dev.as_deref());
+        }
+    }
+
+    /// One record, in trace order, with the device a DMA API event named for it.
+    fn record(&mut self, rec: Record, dev: Option<&str>) {
         let ev = match &rec {
             Record::Map { ev, .. } | Record::Unmap { ev, .. } | Record::Marker { ev, .. } => ev,
             Record::Domain {
@@ -999,13 +1028,8 @@ impl ReplaySession {
                 }
                 return;
             }
-            Record::Other => return,
-            Record::Bad { line, why } => {
-                self.lines.bad += 1;
-                if self.lines.bad_examples.len() < BAD_EXAMPLES {
-                    self.lines.bad_examples.push(format!("{line}: {why}"));
-                }
-                return;
+            Record::Other | Record::Bad { .. } | Record::Device { .. } | Record::Group { .. } => {
+                return
             }
         };
         self.lines.events += 1;
@@ -1023,13 +1047,18 @@ impl ReplaySession {
         }
         // The event's domain, the same for every tick phase tried (the trace decides it, not the timers).
         let dom = match &rec {
-            Record::Map { ev, iova, size, .. } => Some(self.router.route(ev, true, *iova, *size)),
+            Record::Map { ev, iova, size, .. } => {
+                Some(self.router.route(ev, true, *iova, *size, dev))
+            }
             Record::Unmap {
                 ev,
                 iova,
                 size,
                 unmapped,
-            } => Some(self.router.route(ev, false, *iova, (*unmapped).max(*size))),
+            } => Some(
+                self.router
+                    .route(ev, false, *iova, (*unmapped).max(*size), dev),
+            ),
             _ => None,
         };
         let known = self.router.domains();
@@ -1120,6 +1149,7 @@ impl ReplaySession {
             let l = std::mem::take(&mut self.partial);
             self.line(&String::from_utf8_lossy(&l));
         }
+        self.release(true);
         // The candidates still waiting for unmaps, synced as their phases' settled ones were.
         for (dom, g) in self.groups.iter_mut().enumerate() {
             let mut ops = Vec::new();
@@ -1395,7 +1425,10 @@ mod tests {
             map(4_000, 0xffff_f000, 0x30_0000, 4096),
         ]
         .concat();
-        assert_eq!(run(&t, &ReplayOptions::default()).anomalies.maps_over_live, 1);
+        assert_eq!(
+            run(&t, &ReplayOptions::default()).anomalies.maps_over_live,
+            1
+        );
         // --ats-phases naming a phase the trace does not have is an error, not a silent nothing.
         let opts = ReplayOptions {
             ats_phases: vec!["net".into()],
@@ -1533,6 +1566,38 @@ mod tests {
         let r = s.finish().unwrap();
         assert_eq!(r.domains.count, 1);
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 1);
+        // The DMA API's events name the devices instead: dma_map_page after its map, dma_unmap_page after
+        // its unmap (Linux 6.12), each on the map's CPU.
+        let mut d = String::new();
+        for (i, dev) in ["0000:00:02.0", "0000:00:03.0"].iter().enumerate() {
+            let ts = 1_000_000 + i as u64 * 10;
+            d += &line(ts + 1, "map: IOMMU: iova=0x00000000fffff000 - 0x0000000100000000 paddr=0x0000000001000000 size=4096");
+            d += &line(ts + 2, &format!("dma_map_page: {dev} dir=FROM_DEVICE dma_addr=fffff000 size=4096 phys_addr=1000000 attrs="));
+        }
+        for (i, dev) in ["0000:00:02.0", "0000:00:03.0"].iter().enumerate() {
+            let ts = 1_000_100 + i as u64 * 10;
+            d += &line(ts + 1, "unmap: IOMMU: iova=0x00000000fffff000 - 0x0000000100000000 size=4096 unmapped_size=4096");
+            d += &line(
+                ts + 2,
+                &format!(
+                    "dma_unmap_page: {dev} dir=FROM_DEVICE dma_addr=fffff000 size=4096 attrs="
+                ),
+            );
+        }
+        let mut s = ReplaySession::new("t", &lazy).unwrap();
+        s.feed(d.as_bytes());
+        let r = s.finish().unwrap();
+        assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
+        assert_eq!(r.anomalies.maps_over_live, 0);
+        assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
+        // Devices of one IOMMU group share its domain.
+        let grouped =
+            "# iommulab capture: iommu group 7: 0000:00:02.0 0000:00:03.0\n".to_string() + &d;
+        let mut s = ReplaySession::new("t", &lazy).unwrap();
+        s.feed(grouped.as_bytes());
+        let r = s.finish().unwrap();
+        assert_eq!(r.domains.count, 1);
+        assert_eq!(r.anomalies.maps_over_live, 1);
     }
 
     #[test]

@@ -6,7 +6,8 @@ use super::ftrace::{Ctx, EventHead};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Which DMA domain an event belongs to. The kprobe lines of a labelled trace name it (`tb_map` /
-/// `tb_unmap` just before the event on its CPU). An event of a labelled trace without its label (the kernel
+/// `tb_unmap` just before the event on its CPU); the DMA API's events name the device (its IOMMU group, where
+/// the capture noted it), one domain per device or group. An event of a labelled trace without its label (the kernel
 /// skips a kprobe hit now and then) is placed by what a domain cannot do: hand out an IOVA it still has
 /// mapped or unmap what it has not mapped; among the domains that can, the one holding exactly this mapping,
 /// a recently freed IOVA (the rcache), the same task, CPU and context's last. A trace without labels is one
@@ -16,6 +17,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 pub(super) struct Router {
     /// Domain pointer (from labels) → index.
     ptrs: HashMap<u64, usize>,
+    /// Device or IOMMU group (from the DMA API's events) → index: its own, or the one a pointer label gave
+    /// an event of it.
+    devs: HashMap<String, usize>,
+    /// Domain indices labels have taken.
+    named: usize,
     /// The last label seen on each CPU: (map?, domain pointer, IOVA).
     pub(super) hints: HashMap<u32, (bool, u64, u64)>,
     /// The domain each mapper (task, CPU, context) used last.
@@ -40,7 +46,35 @@ const ROUTER_RECENT_FREES: usize = 4096;
 impl Router {
     /// Whether the trace has shown a domain label yet.
     pub(super) fn labels_seen(&self) -> bool {
-        !self.ptrs.is_empty() || !self.hints.is_empty()
+        !self.ptrs.is_empty() || !self.hints.is_empty() || !self.devs.is_empty()
+    }
+
+    /// The domain a label names: a pointer label's, learnt by the device too; a device's own where the trace
+    /// has no pointer labels (with them, a device not yet seen with one is left to inference).
+    fn named(&mut self, ptr: Option<u64>, dev: Option<&str>) -> Option<usize> {
+        let d = match ptr {
+            Some(p) => Some(match self.ptrs.get(&p) {
+                Some(&d) => d,
+                None => {
+                    self.named += 1;
+                    self.ptrs.insert(p, self.named - 1);
+                    self.named - 1
+                }
+            }),
+            None => dev.and_then(|n| self.devs.get(n).copied()),
+        };
+        match (d, dev) {
+            (Some(d), Some(n)) => {
+                self.devs.entry(n.to_string()).or_insert(d);
+                Some(d)
+            }
+            (None, Some(n)) if self.ptrs.is_empty() => {
+                self.named += 1;
+                self.devs.insert(n.to_string(), self.named - 1);
+                Some(self.named - 1)
+            }
+            (d, _) => d,
+        }
     }
 
     pub(super) fn domains(&self) -> usize {
@@ -80,21 +114,29 @@ impl Router {
         before.max(inside)
     }
 
-    pub(super) fn route(&mut self, ev: &EventHead, map: bool, iova: u64, size: u64) -> usize {
-        if !self.labels_seen() {
+    /// The domain of a map or unmap event, `dev` the device a DMA API event named for it.
+    pub(super) fn route(
+        &mut self,
+        ev: &EventHead,
+        map: bool,
+        iova: u64,
+        size: u64,
+        dev: Option<&str>,
+    ) -> usize {
+        if dev.is_none() && !self.labels_seen() {
             self.inferred += 1;
             return 0;
         }
         let who = (ev.pid, ev.cpu, ev.ctx);
         let end = iova.saturating_add(size.max(1));
-        let labelled = match self.hints.get(&ev.cpu) {
+        let ptr = match self.hints.get(&ev.cpu) {
             Some(&(m, ptr, a)) if m == map && a == iova => {
                 self.hints.remove(&ev.cpu);
-                let n = self.ptrs.len();
-                Some(*self.ptrs.entry(ptr).or_insert(n))
+                Some(ptr)
             }
             _ => None,
         };
+        let labelled = self.named(ptr, dev);
         let last = self.last.get(&who).copied();
         let n = self.domains();
         let d = if let Some(d) = labelled {
