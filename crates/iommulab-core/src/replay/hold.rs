@@ -12,6 +12,10 @@ use std::collections::{HashMap, VecDeque};
 /// time: a two-vCPU arm64 guest's 32-page NVMe `dma_map_sg` came 560 lines after its first `iommu:map`.
 pub(super) const HOLD_WINDOW: usize = 4096;
 
+/// A trace whose first this many records hold no DMA API event has none (a capture enables them from its
+/// start or not at all): its records skip the hold-back.
+const HOLD_PROBE: u64 = 256;
+
 /// A record and the device (its IOMMU group, where the capture noted it) a DMA API event named for it.
 pub(super) struct Held {
     pub rec: Record,
@@ -76,10 +80,10 @@ fn meets(a: (u64, u64), b: Option<(u64, u64)>) -> bool {
 }
 
 impl Holdback {
-    /// Whether records may skip the hold-back: the trace's first `HOLD_WINDOW` records had no DMA API event
-    /// (a capture records them from its start or not at all) and none is still held.
+    /// Whether records may skip the hold-back: the trace's first `HOLD_PROBE` records had no DMA API event
+    /// and none is still held.
     pub(super) fn bypass(&self) -> bool {
-        !self.named && self.taken > HOLD_WINDOW as u64 && self.q.is_empty()
+        !self.named && self.taken > HOLD_PROBE && self.q.is_empty()
     }
 
     /// Take a record read from the trace (DMA API events and group notes label, everything else waits).
@@ -146,7 +150,8 @@ impl Holdback {
     pub(super) fn pop(&mut self, end: bool) -> Option<Held> {
         let h = self.q.front()?;
         let waiting = h.dev.is_none() && event_of(&h.rec).is_some();
-        if waiting && !end && self.q.len() <= HOLD_WINDOW {
+        let may_be_named = self.named || self.taken <= HOLD_PROBE;
+        if waiting && !end && may_be_named && self.q.len() <= HOLD_WINDOW {
             return None;
         }
         let h = self.q.pop_front()?;
@@ -181,6 +186,27 @@ mod tests {
             out.push((format!("{:?}", x.rec).chars().take(5).collect(), x.dev));
         }
         out
+    }
+
+    #[test]
+    fn a_trace_without_dma_api_events_stops_waiting_for_them() {
+        let mut h = Holdback::default();
+        let map = "  t-1 [000] ..... 5.000001: map: IOMMU: iova=0x00000000fffff000 - 0x0000000100000000 paddr=0x1000 size=4096";
+        let mut out = 0;
+        for i in 0..HOLD_PROBE + 10 {
+            assert_eq!(h.bypass(), i > HOLD_PROBE);
+            if h.bypass() {
+                out += 1; // the session replays it straight away
+                continue;
+            }
+            h.push(parse_line(map, i + 1));
+            while h.pop(false).is_some() {
+                out += 1;
+            }
+            // The first HOLD_PROBE records wait; then every one leaves as it comes.
+            assert_eq!(out, if i < HOLD_PROBE { 0 } else { i + 1 });
+        }
+        assert!(h.bypass());
     }
 
     #[test]
