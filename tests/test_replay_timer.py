@@ -48,3 +48,22 @@ def test_the_text_says_the_timer_was_recorded():
     out = cli("replay", str(cap / "guest-trace.txt.xz"), "--iommu", "smmuv3", "--kernel", "6.1", "--cmdline",
               res["cmdline"], check_rc=0).stdout
     assert "lazy flush timer: as the trace recorded it (31 firings of fq_flush_timeout)" in out
+
+
+def test_firings_that_name_their_domain_drive_each_domains_timer(tmp_path):
+    # Three devices at once on four vCPUs (arm64 6.12, tests/data/testbed-timer/k6.12-smmuv3-lazy-smp4-mix): the
+    # capture read each firing's domain (the cookie's fq_domain) and named every event's domain (kprobes) and
+    # device (the DMA API's events). Each recorded firing flushes its own domain; the model's own timers, run
+    # by four vCPUs on a two-core host, fire more often than the guest's did.
+    cap = DATA / "k6.12-smmuv3-lazy-smp4-mix"
+    rep, res = replay(cap, cap / "guest-trace.txt.xz")
+    want = res["phases"]["mix"]["qemu"]["SMMU_CMD_TLBI_NH_ASID"]
+    rt = rep["recorded_timer"]
+    assert rep["domains"]["count"] == 3 and rt["by_domain"] and rt["firings"] > 100 and rt["ignored"] == 0
+    have = rep["phases"]["mix"]["counts"]["tlbi_nh_asid"]
+    assert abs(have - want) <= 0.10 * want, f"replay {have}, QEMU {want}"
+    lines = lzma.open(cap / "guest-trace.txt.xz", "rt").read().splitlines(True)
+    plain = tmp_path / "own-timer.txt"
+    plain.write_text("".join(l for l in lines if "fq_flush_timeout" not in l and "flush queue timer" not in l))
+    own, _ = replay(cap, plain)
+    assert own["phases"]["mix"]["counts"]["tlbi_nh_asid"] > 1.10 * want

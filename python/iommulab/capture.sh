@@ -14,8 +14,9 @@
 #               API's own events (as -D) where the kernel has them
 #   -D          also record the DMA API's events (dma:dma_map_page, dma_unmap_page, dma_map_sg, ..., Linux 6.12
 #               and later), which name each mapping's device, and the IOMMU groups as comment lines
-#   -t          also record when the flush queue's timer fires (a kprobe on fq_flush_timeout), where the kernel
-#               allows it; replay of a trace without domains runs its lazy flush timer as it ran
+#   -t          also record when the flush queue's timer fires (a kprobe on fq_flush_timeout) and whose domain
+#               it flushes (a kprobe on the IOMMU driver's flush_iotlb_all), where the kernel allows it; replay
+#               then runs each domain's lazy flush timer as it ran
 #   -n          dry run: print what would be done, change nothing
 #
 # It saves the tracing state it touches (buffer size, the events it enables, kprobe events it adds, tracing_on)
@@ -125,10 +126,20 @@ fi
 if [ "$timerprobe" = 1 ]; then
   # dma-iommu.c's flush-queue timer callback (lazy mode): when the timer really fired.
   if [ -w "$T/kprobe_events" ] && grep -q ' fq_flush_timeout$' /proc/kallsyms 2>/dev/null \
-     && run "echo 'p:iommulab/fq_flush_timeout fq_flush_timeout' >> $T/kprobe_events" \
+     && run "echo 'p:iommulab/fq_flush_timeout fq_flush_timeout fq_domain=+64(\$arg1):x64' >> $T/kprobe_events" \
      && run "echo 1 > $T/events/iommulab/fq_flush_timeout/enable"; then
     added_kprobes="$added_kprobes fq_flush_timeout"
     timer=1
+    # Its domain: fq_domain, 64 bytes past the timer in struct iommu_dma_cookie (Linux 6.1-6.12 without
+    # lockdep; replay checks it against the domains the trace names), and the flush it makes, where the
+    # driver's flush_iotlb_all(domain) can be probed: fq_flush_iotlb() calls it on the same CPU.
+    for f in intel_flush_iotlb_all arm_smmu_flush_iotlb_all amd_iommu_flush_iotlb_all viommu_flush_iotlb_all; do
+      grep -qE " $f([[:space:]]|\$)" /proc/kallsyms 2>/dev/null || continue
+      run "echo 'p:iommulab/tb_flush_all $f dom=\$arg1:x64' >> $T/kprobe_events" \
+        && run "echo 1 > $T/events/iommulab/tb_flush_all/enable" \
+        && added_kprobes="$added_kprobes tb_flush_all" && timer=2
+      break
+    done
   else
     echo "capture: no kprobe on fq_flush_timeout here: the trace will not record the flush queue's timer" >&2
   fi
@@ -141,7 +152,8 @@ if [ "$dry" = 1 ]; then
 fi
 
 : > "$tmp" || { echo "capture: cannot write $tmp" >&2; restore; exit 2; }
-[ "$timer" = 1 ] && echo "# iommulab capture: flush queue timer recorded (kprobe fq_flush_timeout)" > "$tmp"
+[ "$timer" != 0 ] && echo "# iommulab capture: flush queue timer recorded (kprobe fq_flush_timeout)" > "$tmp"
+[ "$timer" = 2 ] && echo "# iommulab capture: flush queue timer's domain recorded (kprobe tb_flush_all)" >> "$tmp"
 # With the DMA API's events, which devices share a domain: their IOMMU group.
 if [ "$dmaev" = 1 ] && [ -n "$dma_events" ]; then
   for g in /sys/kernel/iommu_groups/*; do

@@ -153,9 +153,15 @@ def format_replay(res: dict[str, Any]) -> str:
     rt = res.get("recorded_timer")
     if rt:
         lines.append("")
-        lines.append(f"lazy flush timer: as the trace recorded it ({rt['firings']} firings of fq_flush_timeout)"
-                     + (f"; {rt['ignored']} passed over: the trace has several domains and does not say whose timer "
-                        "fired" if rt["ignored"] else ""))
+        if rt.get("by_domain"):
+            lines.append(f"lazy flush timer: as the trace recorded it ({rt['firings']} firings of fq_flush_timeout, "
+                         "each flushing the domain its flush named)"
+                         + (f"; {rt['ignored']} passed over: their flush or its domain is not in the trace"
+                            if rt["ignored"] else ""))
+        else:
+            lines.append(f"lazy flush timer: as the trace recorded it ({rt['firings']} firings of fq_flush_timeout)"
+                         + (f"; {rt['ignored']} passed over: the trace has several domains and does not say whose "
+                            "timer fired" if rt["ignored"] else ""))
     elif fits:
         lines.append("")
         lines.append("lazy flush timer: tick phase inferred per phase from when queued IOVAs are mapped again: "

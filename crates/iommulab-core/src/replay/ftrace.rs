@@ -48,8 +48,8 @@ pub enum Record {
         size: u64,
     },
     /// A kprobe at `fq_flush_timeout`: the flush queue's timer fired on this CPU (dma-iommu.c; `iommulab
-    /// capture --timer` records it where the kernel allows).
-    Timer { ev: EventHead },
+    /// capture --timer` records it where the kernel allows), with the cookie's `fq_domain` where it read it.
+    Timer { ev: EventHead, dom: Option<u64> },
     /// A DMA API event naming the device of a map (`dma_map_page`, `dma_map_sg`, `dma_alloc`, …) or an unmap
     /// (`dma_unmap_page`, `dma_unmap_sg`, `dma_free`, …) on its CPU (include/trace/events/dma.h, Linux
     /// 6.12+), with the DMA address range it names (none for `dma_unmap_sg`, which prints physical addresses).
@@ -61,6 +61,12 @@ pub enum Record {
     },
     /// `# iommulab capture: iommu group N: DEV DEV …`: devices sharing an IOMMU group (and so a domain).
     Group { id: u64, devs: Vec<String> },
+    /// A kprobe at the IOMMU driver's `flush_iotlb_all` naming the domain flushed (`tb_flush_all: (…)
+    /// dom=0x…`): right after a [`Record::Timer`] on its CPU, the domain whose timer fired.
+    FlushAll { ev: EventHead, dom: u64 },
+    /// The capture's note that it records those (`# iommulab capture: flush queue timer's domain recorded`):
+    /// a firing's flush names its domain.
+    TimerDomains,
     /// Another event, a header or comment line, or an empty line.
     Other,
     /// A line that could not be read (cut by a buffer overrun, garbled): its number and why.
@@ -93,6 +99,9 @@ pub fn parse_line(s: &str, line: u64) -> Record {
     let t = s.trim_start();
     if let Some(g) = t.strip_prefix(GROUP_NOTE) {
         return parse_group(g);
+    }
+    if t.starts_with(TIMER_DOMAINS_NOTE) {
+        return Record::TimerDomains;
     }
     if t.is_empty() || t.starts_with('#') {
         return Record::Other;
@@ -138,7 +147,17 @@ pub fn parse_line(s: &str, line: u64) -> Record {
                 size,
             }
         }
-        "fq_flush_timeout" => Record::Timer { ev: head },
+        "fq_flush_timeout" => Record::Timer {
+            ev: head,
+            dom: fields(body, ["fq_domain"])[0].and_then(num),
+        },
+        "tb_flush_all" => match fields(body, ["dom"])[0].and_then(num) {
+            Some(dom) => Record::FlushAll { ev: head, dom },
+            None => Record::Bad {
+                line,
+                why: "a flush_iotlb_all kprobe line without dom=",
+            },
+        },
         e if e.starts_with("dma_") || e.starts_with("dma:dma_") => {
             parse_dma(head, e.trim_start_matches("dma:"), body)
         }
@@ -241,6 +260,8 @@ fn num(s: &str) -> Option<u64> {
 
 /// The capture's note on an IOMMU group and its devices.
 const GROUP_NOTE: &str = "# iommulab capture: iommu group ";
+/// The capture's note that the flush timer's firings name their domain.
+const TIMER_DOMAINS_NOTE: &str = "# iommulab capture: flush queue timer's domain recorded";
 
 fn parse_group(g: &str) -> Record {
     let Some((id, devs)) = g.split_once(':') else {
@@ -356,7 +377,7 @@ mod tests {
             "     ksoftirqd/1-20      [001] d.s..     8.693557: fq_flush_timeout: (fq_flush_timeout+0x0/0x160)",
             1,
         );
-        let Record::Timer { ev } = r else {
+        let Record::Timer { ev, dom: None } = r else {
             panic!("{r:?}")
         };
         assert_eq!((ev.cpu, ev.ts_ns, ev.ctx), (1, 8_693_557_000, Ctx::Softirq));
@@ -457,6 +478,25 @@ mod tests {
                 devs: vec!["0000:00:03.0".into(), "0000:00:03.1".into()]
             }
         );
+        assert_eq!(
+            parse_line(
+                "# iommulab capture: flush queue timer's domain recorded (kprobe tb_flush_all)",
+                8
+            ),
+            Record::TimerDomains
+        );
+        assert!(matches!(
+            parse_line(
+                &format!(
+                    "{head}tb_flush_all: (intel_flush_iotlb_all+0x0/0x30) dom=0xffff8881004d2e00"
+                ),
+                9
+            ),
+            Record::FlushAll {
+                dom: 0xffff8881004d2e00,
+                ..
+            }
+        ));
     }
 
     const MAP: &str = "     kworker/0:1-10      [000] b..1.     3.579441: map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096";

@@ -287,12 +287,14 @@ pub struct Anomalies {
 }
 
 /// The flush queue's timer as the trace recorded it (kprobe lines on `fq_flush_timeout`): how many firings
-/// drove the model's timer, and how many were passed over (a trace of several domains does not say whose
-/// timer fired).
+/// drove the model's timer, and how many were passed over (a trace of several domains that does not say whose
+/// timer fired; a firing whose flush the trace lost); `by_domain`: each firing named its domain (a kprobe on
+/// the driver's `flush_iotlb_all`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RecordedTimer {
     pub firings: u64,
     pub ignored: u64,
+    pub by_domain: bool,
 }
 
 /// The DMA domains the trace showed: how many, and how many events a label placed and how many were inferred.
@@ -600,8 +602,12 @@ pub struct ReplaySession {
     /// The flush queue's timer, when the trace records it.
     recorded_timer: Option<RecordedTimer>,
     /// Whether recorded firings drive the timer, decided at the first: not in a trace with domain labels (it
-    /// may show several domains, and a firing does not say whose).
+    /// may show several domains, and a firing does not say whose) unless its firings name their domains.
     timer_drives: Option<bool>,
+    /// The capture noted that each firing is followed by its flush naming the domain.
+    timer_domains: bool,
+    /// Per CPU, a recorded firing waiting for the flush that names its domain.
+    firing: Vec<Option<Time>>,
 }
 
 /// Steps read before they are handed to the model together (small enough to stay in a core's cache on
@@ -622,8 +628,8 @@ enum Step {
     Marker(String),
     /// The trace records the flush queue's timer: the model's own timer stands down, in every domain.
     TimerRecorded,
-    /// The flush queue's timer fired, as the trace recorded it: domain 0's (a trace of one domain).
-    Timer { ts: Time, cpu: u32 },
+    /// The flush queue's timer of domain `dom` fired, as the trace recorded it.
+    Timer { ts: Time, cpu: u32, dom: usize },
 }
 
 /// Steps read and grouped, for the model.
@@ -757,7 +763,7 @@ fn replay_events(make: &Maker, phase: u64, doms: &mut Vec<Replayer>, batch: &[St
             Step::Do { dom, op } => doms[*dom].apply(op),
             Step::Marker(text) => doms.iter_mut().for_each(|r| r.marker(text)),
             Step::TimerRecorded => doms.iter_mut().for_each(Replayer::timer_recorded),
-            &Step::Timer { ts, cpu } => doms[0].recorded_timer(ts, cpu),
+            &Step::Timer { ts, cpu, dom } => doms[dom].recorded_timer(ts, cpu),
         }
     }
 }
@@ -911,6 +917,8 @@ impl ReplaySession {
             last_ts: 0,
             recorded_timer: None,
             timer_drives: None,
+            timer_domains: false,
+            firing: Vec::new(),
         })
     }
 
@@ -1010,22 +1018,40 @@ impl ReplaySession {
                 self.router.hints.insert(ev.cpu, (*map, *dom, *iova));
                 return;
             }
-            Record::Timer { ev } => {
-                if self.policy == PolicyName::Lazy {
-                    let (ts, cpu) = (ev.ts_ns, ev.cpu);
-                    let drives = self.timer_drives();
-                    let known = self.router.domains();
-                    let t = self
-                        .recorded_timer
-                        .get_or_insert_with(RecordedTimer::default);
-                    if drives && known == 1 {
-                        t.firings += 1;
-                        self.batch.push(Step::At { ts, known });
-                        self.batch.push(Step::Timer { ts, cpu });
-                    } else {
-                        t.ignored += 1;
-                    }
+            Record::Timer { ev, dom } => {
+                if self.policy != PolicyName::Lazy {
+                    return;
                 }
+                self.recorded_timer
+                    .get_or_insert_with(RecordedTimer::default);
+                if self.timer_domains {
+                    // Its flush, next on this CPU, names the domain.
+                    let c = ev.cpu as usize;
+                    if self.firing.len() <= c {
+                        self.firing.resize(c + 1, None);
+                    }
+                    if self.firing[c].replace(ev.ts_ns).is_some() {
+                        self.timer_ignored();
+                    }
+                } else if let Some(ptr) = *dom {
+                    let d = self.timer_domain(ptr);
+                    self.timer_fired(ev.ts_ns, ev.cpu, true, d);
+                } else {
+                    let d = (self.router.domains() == 1).then_some(0);
+                    self.timer_fired(ev.ts_ns, ev.cpu, false, d);
+                }
+                return;
+            }
+            Record::FlushAll { ev, dom } => {
+                // The flush of a recorded firing on this CPU (any other is a full ring's, replayed already).
+                if let Some(_fired) = self.firing.get_mut(ev.cpu as usize).and_then(Option::take) {
+                    let d = self.timer_domain(*dom);
+                    self.timer_fired(ev.ts_ns, ev.cpu, true, d);
+                }
+                return;
+            }
+            Record::TimerDomains => {
+                self.timer_domains = true;
                 return;
             }
             Record::Other | Record::Bad { .. } | Record::Device { .. } | Record::Group { .. } => {
@@ -1099,16 +1125,56 @@ impl ReplaySession {
         }
     }
 
-    /// Whether recorded firings drive the flush timer, decided once: when the trace shows no domain labels
-    /// (its firings are then its one domain's). Deciding yes stands the model's own timer down.
-    fn timer_drives(&mut self) -> bool {
+    /// The domain a recorded firing's pointer names: the labelled domain of that pointer, or the one domain of
+    /// a trace without labels.
+    fn timer_domain(&self, ptr: u64) -> Option<usize> {
+        if self.router.labels_seen() {
+            self.router.ptr_domain(ptr)
+        } else {
+            Some(0)
+        }
+    }
+
+    /// A recorded firing of domain `dom`'s flush timer at `ts` (its flush's time, where the trace names the
+    /// domain that way), or of an unknown domain's: replayed if recorded firings drive the timer. `named`:
+    /// the firing named a domain.
+    fn timer_fired(&mut self, ts: Time, cpu: u32, named: bool, dom: Option<usize>) {
+        let drives = self.timer_drives(named && dom.is_some());
+        match dom {
+            Some(dom) if drives => {
+                let known = self.router.domains();
+                self.recorded_timer
+                    .get_or_insert_with(RecordedTimer::default)
+                    .firings += 1;
+                self.batch.push(Step::At { ts, known });
+                self.batch.push(Step::Timer { ts, cpu, dom });
+            }
+            _ => self.timer_ignored(),
+        }
+    }
+
+    fn timer_ignored(&mut self) {
+        self.recorded_timer
+            .get_or_insert_with(RecordedTimer::default)
+            .ignored += 1;
+    }
+
+    /// Whether recorded firings drive the flush timer, decided once, at the first: when the trace shows no
+    /// domain labels (its firings are then its one domain's), or the firing named a domain the labels know
+    /// (`named`; a domain read at the wrong offset would not be). Deciding yes stands the model's own timer
+    /// down.
+    fn timer_drives(&mut self, named: bool) -> bool {
         if let Some(d) = self.timer_drives {
             return d;
         }
-        let d = !self.router.labels_seen();
+        let labels = self.router.labels_seen();
+        let d = named || !labels;
         self.timer_drives = Some(d);
         if d {
             self.batch.push(Step::TimerRecorded);
+            if let Some(t) = self.recorded_timer.as_mut() {
+                t.by_domain = named && labels;
+            }
         }
         d
     }
@@ -1150,6 +1216,10 @@ impl ReplaySession {
             self.line(&String::from_utf8_lossy(&l));
         }
         self.release(true);
+        let lost = self.firing.iter().filter(|f| f.is_some()).count();
+        for _ in 0..lost {
+            self.timer_ignored();
+        }
         // The candidates still waiting for unmaps, synced as their phases' settled ones were.
         for (dom, g) in self.groups.iter_mut().enumerate() {
             let mut ops = Vec::new();
@@ -1557,9 +1627,58 @@ mod tests {
             r.recorded_timer,
             Some(RecordedTimer {
                 firings: 0,
-                ignored: 1
+                ignored: 1,
+                by_domain: false
             })
         );
+        // A capture that names each firing's domain (its flush_iotlb_all, next on the CPU): that domain's
+        // timer fired, and the recorded firings drive every domain's timer.
+        let named = format!(
+            "# iommulab capture: flush queue timer's domain recorded (kprobe tb_flush_all)\n{t}{}{}",
+            timer_fired(1_000_200),
+            line(1_000_201, "tb_flush_all: (intel_flush_iotlb_all+0x0/0x30) dom=0xbbb0")
+        );
+        let mut s = ReplaySession::new("t", &lazy).unwrap();
+        s.feed(named.as_bytes());
+        let r = s.finish().unwrap();
+        assert_eq!(
+            r.recorded_timer,
+            Some(RecordedTimer {
+                firings: 1,
+                ignored: 0,
+                by_domain: true
+            })
+        );
+        assert_eq!(
+            r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi,
+            1,
+            "only 0xbbb0's timer fired"
+        );
+        // Or the firing reads the cookie's fq_domain itself; one that names no domain the labels know (read at
+        // the wrong offset) leaves every domain its own timer.
+        for (dom, firings, dsi) in [("0xaaa0", 1, 1), ("0x1234", 0, 2)] {
+            let fq = format!(
+                "{t}{}",
+                line(
+                    1_000_200,
+                    &format!("fq_flush_timeout: (fq_flush_timeout+0x0/0x160) fq_domain={dom}")
+                )
+            );
+            let mut s = ReplaySession::new("t", &lazy).unwrap();
+            s.feed(fq.as_bytes());
+            let r = s.finish().unwrap();
+            let rt = r.recorded_timer.unwrap();
+            assert_eq!(
+                (rt.firings, rt.ignored, rt.by_domain),
+                (firings, 1 - firings, firings == 1),
+                "{dom}"
+            );
+            assert_eq!(
+                r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi,
+                dsi,
+                "{dom}"
+            );
+        }
         // Without the labels: one domain, one flush.
         let mut s = ReplaySession::new("t", &lazy).unwrap();
         s.feed(without(&t, "tb_").as_bytes());
@@ -1741,7 +1860,8 @@ mod tests {
             r.recorded_timer,
             Some(RecordedTimer {
                 firings: 3,
-                ignored: 0
+                ignored: 0,
+                by_domain: false
             })
         );
         // The model's own timer, where the trace does not record it: one flush per burst too, but at its own

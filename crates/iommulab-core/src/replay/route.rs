@@ -77,6 +77,11 @@ impl Router {
         }
     }
 
+    /// The domain a labelled pointer named, if the trace's labels have.
+    pub(super) fn ptr_domain(&self, ptr: u64) -> Option<usize> {
+        self.ptrs.get(&ptr).copied()
+    }
+
     pub(super) fn domains(&self) -> usize {
         self.live.len().max(1)
     }
