@@ -146,16 +146,20 @@ def test_a_real_guests_capture_replays_to_qemus_counts(prepared, mode, cm, dsi):
 
 def test_two_devices_at_once_captured_with_their_domains_replay_to_qemus_flushes(prepared):
     # The mix phase runs the download and the disk reads together, each device in its own domain with its own
-    # flush queue and timer; capture -k records each event's domain through kprobes on __iommu_map/unmap.
+    # flush queue and timer; capture -k records each event's domain through kprobes on __iommu_map/unmap, and
+    # capture -t each timer firing with its domain (the cookie's fq_domain, and VT-d's flush_iotlb_all), so
+    # every domain's timer runs as the guest's did, early or late.
     sys.path.insert(0, str(ROOT / "testbed"))
     import boot
 
-    rd = pathlib.Path(boot.boot(str(prepared), "lazy", phases="mix", domains=True))
+    rd = pathlib.Path(boot.boot(str(prepared), "lazy", phases="mix", domains=True, timer=True))
     res = json.loads((rd / "results.json").read_text())
     trace = (rd / "trace.txt").read_text()
     assert " tb_map: " in trace and " tb_unmap: " in trace, "the capture recorded no domains"
     rep = iommulab.replay(rd / "trace.txt", kernel="6.1", cmdline=res["cmdline"])
     assert rep["lines"]["bad"] == 0 and rep["domains"]["count"] == 2
+    rt = rep["recorded_timer"]
+    assert rt["by_domain"] and rt["firings"] > 10 and rt["ignored"] <= 1, rt
     got, qemu = rep["phases"]["mix"]["counts"], res["phases"]["mix"]["qemu"]
     assert got["map_events"] > 1000 and got["unmap_events"] > 1000
     for ours, theirs in (("iotlb_dsi", "vtd_inv_desc_iotlb_domain"), ("wait", "vtd_inv_desc_wait_sw")):
