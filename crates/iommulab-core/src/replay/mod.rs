@@ -288,8 +288,8 @@ pub struct Anomalies {
 
 /// The flush queue's timer as the trace recorded it (kprobe lines on `fq_flush_timeout`): how many firings
 /// drove the model's timer, and how many were passed over (a trace of several domains that does not say whose
-/// timer fired; a firing whose flush the trace lost); `by_domain`: each firing named its domain (a kprobe on
-/// the driver's `flush_iotlb_all`).
+/// timer fired; a firing whose flush the trace lost); `by_domain`: each firing named its domain (the cookie's
+/// `fq_domain`, or the driver's `flush_iotlb_all` that followed it), one the labels know.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RecordedTimer {
     pub firings: u64,
@@ -606,8 +606,8 @@ pub struct ReplaySession {
     timer_drives: Option<bool>,
     /// The capture noted that each firing is followed by its flush naming the domain.
     timer_domains: bool,
-    /// Per CPU, a recorded firing waiting for the flush that names its domain.
-    firing: Vec<Option<Time>>,
+    /// Per CPU, whether a recorded firing waits for the flush that names its domain.
+    firing: Vec<bool>,
 }
 
 /// Steps read before they are handed to the model together (small enough to stay in a core's cache on
@@ -1028,9 +1028,9 @@ impl ReplaySession {
                     // Its flush, next on this CPU, names the domain.
                     let c = ev.cpu as usize;
                     if self.firing.len() <= c {
-                        self.firing.resize(c + 1, None);
+                        self.firing.resize(c + 1, false);
                     }
-                    if self.firing[c].replace(ev.ts_ns).is_some() {
+                    if std::mem::replace(&mut self.firing[c], true) {
                         self.timer_ignored();
                     }
                 } else if let Some(ptr) = *dom {
@@ -1044,7 +1044,11 @@ impl ReplaySession {
             }
             Record::FlushAll { ev, dom } => {
                 // The flush of a recorded firing on this CPU (any other is a full ring's, replayed already).
-                if let Some(_fired) = self.firing.get_mut(ev.cpu as usize).and_then(Option::take) {
+                if self
+                    .firing
+                    .get_mut(ev.cpu as usize)
+                    .is_some_and(std::mem::take)
+                {
                     let d = self.timer_domain(*dom);
                     self.timer_fired(ev.ts_ns, ev.cpu, true, d);
                 }
@@ -1216,7 +1220,7 @@ impl ReplaySession {
             self.line(&String::from_utf8_lossy(&l));
         }
         self.release(true);
-        let lost = self.firing.iter().filter(|f| f.is_some()).count();
+        let lost = self.firing.iter().filter(|&&f| f).count();
         for _ in 0..lost {
             self.timer_ignored();
         }
