@@ -390,6 +390,12 @@ impl Simulation {
         self.events
     }
 
+    /// 4 KiB pages the DMA layer has mapped and not yet unmapped.
+    pub fn mapped_pages(&self) -> u64 {
+        let s = &self.host.dma.core.stats;
+        s.pages_mapped - s.iova_pages_unmapped
+    }
+
     /// Why the run stopped before its end (the watchdog), if it did: its result is not to be used.
     pub fn stopped(&self) -> Option<&str> {
         self.stopped.as_deref()
