@@ -20,6 +20,10 @@ fn find2(b: &[u8], pat: &[u8; 2]) -> Option<usize> {
     memchr_iter(pat[0], b).find(|&i| b.get(i + 1) == Some(&pat[1]))
 }
 
+/// CPU numbers a trace can show: the largest NR_CPUS any architecture allows (arch/x86/Kconfig, MAXSMP).
+/// Per-CPU state is indexed by them; a larger number is a garbled line.
+pub const MAX_CPUS: u32 = 8192;
+
 /// What one line of the trace holds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {
@@ -180,7 +184,8 @@ fn split_head(t: &str, line: u64) -> Option<(EventHead, &str)> {
         .trim_start_matches([' ', '['])
         .trim()
         .parse()
-        .ok()?;
+        .ok()
+        .filter(|&c| c < MAX_CPUS)?;
     let taskpid = t[..open].trim_end();
     // Optional "(tgid)" column before the CPU.
     let taskpid = match taskpid.rfind('(') {
@@ -555,6 +560,9 @@ mod tests {
         ] {
             assert_eq!(parse_line(other, 1), Record::Other, "{other}");
         }
+        // A CPU number no kernel has is a garbled line, not a reason to size per-CPU state by it.
+        let far = MAP.replace("[000]", "[4000000000]");
+        assert!(matches!(parse_line(&far, 5), Record::Bad { line: 5, .. }));
         // A line cut by an overrun.
         let cut = &MAP[..MAP.len() - 30];
         assert!(
