@@ -13,13 +13,23 @@ use iommulab_core::scenario::{load, PolicyName, Source, Vendor};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
-/// Lines of a real kernel's trace (the testbed's 6.12 VT-d capture, first lines), as seeds to mutate.
+/// Lines of a real kernel's trace (the testbed's 6.12 VT-d capture, first lines; a capture's notes, labels,
+/// DMA API events and timer lines), as seeds to mutate.
 const REAL: &str = "  kworker/0:1-10      [000] b..1.     3.579441: map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096
   kworker/0:1-10      [000] ..s2.     3.580036: unmap: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 size=4096 unmapped_size=4096
             init-1       [000] .....     4.491812: tracing_mark_write: TB_BEGIN net
       dd-212 [001] ..... 5.000100: map: IOMMU: iova=0x00000000fffe0000 - 0x00000000ffff0000 paddr=0x0000000004000000 size=65536
       dd-212 [001] ..s1. 5.000200: unmap: IOMMU: iova=0x00000000fffe0000 - 0x00000000ffff0000 size=65536 unmapped_size=65536
             init-1       [000] .....     6.491812: tracing_mark_write: TB_END net
+# iommulab capture: flush queue timer's domain recorded (kprobe tb_flush_all)
+# iommulab capture: iommu group 3: 0000:00:03.0 0000:00:03.1
+      dd-212 [001] d.... 5.000090: tb_map: (__iommu_map+0x0/0x290) dom=0xffff359486672640 iova=0xfffe0000 size=65536
+      dd-212 [001] d.... 5.000101: dma_map_page: 0000:00:03.0 dir=FROM_DEVICE dma_addr=fffe0000 size=65536 phys_addr=4000000 attrs=
+      dd-212 [001] ..... 5.000102: dma_map_sg: 0000:00:03.1 dir=FROM_DEVICE nents=2/2 ents=1/1 dma_addrs={0xfffa0000} sizes={0x20000} phys_addrs={0x1,0x2} attrs=NO_WARN
+      dd-212 [001] d.h.. 5.000103: dma_unmap_sg: 0000:00:03.1 dir=FROM_DEVICE phys_addrs={0x1,0x2} attrs=
+      dd-212 [001] ..s1. 5.000201: dma_unmap_page: 0000:00:03.0 dir=FROM_DEVICE dma_addr=fffe0000 size=65536 attrs=
+ ksoftirqd/1-20      [001] d.s.. 5.010000: fq_flush_timeout: (fq_flush_timeout+0x0/0xd8) fq_domain=0xffff359486672640
+ ksoftirqd/1-20      [001] d.s.. 5.010001: tb_flush_all: (intel_flush_iotlb_all+0x0/0x30) dom=0xffff359486672640
 ";
 
 /// A trace line: a well-formed event with extreme numbers, a marker, a mutated real line, or bytes.
