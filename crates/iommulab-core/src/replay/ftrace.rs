@@ -100,6 +100,111 @@ pub struct EventHead {
 
 /// Parse one line (without its line ending).
 pub fn parse_line(s: &str, line: u64) -> Record {
+    fast_event(s.as_bytes(), line).unwrap_or_else(|| parse_general(s, line))
+}
+
+/// Digits of `b` in `radix` (10 or 16) as a u64; None if empty, not all digits, or too large.
+fn digits(b: &[u8], radix: u32) -> Option<u64> {
+    if b.is_empty() {
+        return None;
+    }
+    b.iter().try_fold(0u64, |n, &c| {
+        n.checked_mul(radix as u64)?
+            .checked_add((c as char).to_digit(radix)? as u64)
+    })
+}
+
+/// A hex number `0x…` up to the next byte that is not a hex digit: (value, the rest).
+fn hex_word(b: &[u8]) -> Option<(u64, &[u8])> {
+    let b = b.strip_prefix(b"0x")?;
+    let n = b.iter().take_while(|c| c.is_ascii_hexdigit()).count();
+    Some((digits(&b[..n], 16)?, &b[n..]))
+}
+
+/// The kernel's own layout of the two events replay lives on, read byte by byte:
+/// `TASK-PID [CPU] FLAGS SEC.FRAC: map: IOMMU: iova=0x… - 0x… paddr=0x… size=N` and `…: unmap: IOMMU: iova=0x… -
+/// 0x… size=N unmapped_size=N`. Anything else (another event or layout, a tgid column, a torn or odd line) is
+/// None, and the general reader takes it; where this one answers, the general reader answers the same.
+fn fast_event(b: &[u8], line: u64) -> Option<Record> {
+    // Comments and the ring buffer's own notes are the general reader's.
+    let t = b.trim_ascii_start();
+    if t.starts_with(b"#") || t.starts_with(b"CPU:") {
+        return None;
+    }
+    let open = find2(b, b" [")?;
+    let close = open + memchr(b']', &b[open..])?;
+    let cpu_txt = b[open + 2..close].trim_ascii();
+    let cpu = u32::try_from(digits(cpu_txt, 10)?)
+        .ok()
+        .filter(|&c| c < MAX_CPUS)?;
+    let taskpid = b[..open].trim_ascii_end();
+    if taskpid.ends_with(b")") {
+        return None;
+    }
+    let dash = memrchr(b'-', taskpid)?;
+    let pid = u32::try_from(digits(&taskpid[dash + 1..], 10)?).ok()?;
+    let rest = &b[close + 1..];
+    let colon = find2(rest, b": ")?;
+    let words = rest[..colon].trim_ascii();
+    let (flags, ts) = match memrchr(b' ', words) {
+        Some(sp) => (Some(words[..sp].trim_ascii()), &words[sp + 1..]),
+        None => (None, words),
+    };
+    // More than one word before the timestamp: the general reader's layout rules apply.
+    if flags.is_some_and(|f| f.is_empty() || f.contains(&b' ') || f.contains(&b'\t')) {
+        return None;
+    }
+    let dot = memchr(b'.', ts)?;
+    let frac = &ts[dot + 1..];
+    if frac.is_empty() || frac.len() > 9 {
+        return None;
+    }
+    let ts_ns = digits(&ts[..dot], 10)?
+        .checked_mul(1_000_000_000)?
+        .checked_add(digits(frac, 10)? * 10u64.pow(9 - frac.len() as u32))?;
+    let ctx = match flags.and_then(|f| f.get(2)) {
+        Some(b'h' | b'H') => Ctx::Hardirq,
+        Some(b's') => Ctx::Softirq,
+        Some(b'z' | b'Z') => Ctx::Nmi,
+        _ => Ctx::Task,
+    };
+    let ev = EventHead {
+        pid,
+        cpu,
+        ctx,
+        ts_ns,
+        line,
+    };
+    let body = &rest[colon + 2..];
+    if let Some(m) = body.strip_prefix(b"map: IOMMU: iova=") {
+        let (iova, m) = hex_word(m)?;
+        let (_, m) = hex_word(m.strip_prefix(b" - ")?)?;
+        let (paddr, m) = hex_word(m.strip_prefix(b" paddr=")?)?;
+        let size = digits(m.strip_prefix(b" size=")?, 10)?;
+        return Some(Record::Map {
+            ev,
+            iova,
+            paddr,
+            size,
+        });
+    }
+    let m = body.strip_prefix(b"unmap: IOMMU: iova=")?;
+    let (iova, m) = hex_word(m)?;
+    let (_, m) = hex_word(m.strip_prefix(b" - ")?)?;
+    let m = m.strip_prefix(b" size=")?;
+    let sp = memchr(b' ', m)?;
+    let size = digits(&m[..sp], 10)?;
+    let unmapped = digits(m[sp..].strip_prefix(b" unmapped_size=")?, 10)?;
+    Some(Record::Unmap {
+        ev,
+        iova,
+        size,
+        unmapped,
+    })
+}
+
+/// Parse one line the general way: any layout ftrace prints, every event replay reads.
+fn parse_general(s: &str, line: u64) -> Record {
     let t = s.trim_start();
     if let Some(g) = t.strip_prefix(GROUP_NOTE) {
         return parse_group(g);
@@ -431,7 +536,15 @@ mod tests {
             } else {
                 Record::Unmap { ev, iova, size: size as u64, unmapped: size as u64 }
             };
-            prop_assert_eq!(parse_line(&(head.clone() + &body), 7), want);
+            prop_assert_eq!(parse_line(&(head.clone() + &body), 7), want.clone());
+            prop_assert_eq!(parse_general(&(head.clone() + &body), 7), want);
+            // Wherever the byte-level reader answers, the general one answers the same.
+            for l in [head.clone() + &body, head.clone() + &noise, noise.clone(), format!("{head}{body}{noise}"),
+                      format!("{body}{head}"), (head.clone() + &body).replacen(' ', &pad, 3)] {
+                if let Some(r) = fast_event(l.as_bytes(), 11) {
+                    prop_assert_eq!(r, parse_general(&l, 11), "{}", l);
+                }
+            }
             let _ = parse_line(&(head.clone() + &noise), 8);
             let _ = parse_line(&noise, 9);
             let cut = (head + &body).chars().take(noise.len()).collect::<String>();
@@ -506,6 +619,21 @@ mod tests {
 
     const MAP: &str = "     kworker/0:1-10      [000] b..1.     3.579441: map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096";
     const UNMAP: &str = "          <idle>-0       [000] d.H1.    14.017936: unmap: IOMMU: iova=0x00000000ffec0000 - 0x00000000ffee0000 size=131072 unmapped_size=131072";
+
+    #[test]
+    fn the_kernels_own_layout_takes_the_byte_level_path() {
+        for l in [MAP, UNMAP] {
+            assert_eq!(
+                fast_event(l.as_bytes(), 1),
+                Some(parse_general(l, 1)),
+                "{l}"
+            );
+        }
+        // A tgid column, or any other event, is the general reader's.
+        let tgid = MAP.replace("-10      [000]", "-10 (     10) [000]");
+        assert_eq!(fast_event(tgid.as_bytes(), 1), None);
+        assert!(matches!(parse_line(&tgid, 1), Record::Map { .. }));
+    }
 
     #[test]
     fn reads_the_kernels_map_unmap_and_marker_lines() {
