@@ -101,7 +101,8 @@ def test_three_devices_at_once_on_arm64_replay_to_the_asid_flushes_qemu_consumed
     for t in ("trace.txt", "devices.txt"):
         rep = iommulab.replay(rd / t, iommu="smmuv3", kernel=res["kernel"], cmdline=res["cmdline"])
         assert rep["lines"]["bad"] == 0 and rep["domains"]["count"] == 3
-        assert t == "trace.txt" or rep["domains"]["inferred_events"] == 0
+        # (The capture may stop between a map and the DMA API event after it: its last event or two.)
+        assert t == "trace.txt" or rep["domains"]["inferred_events"] <= 2, rep["domains"]
         # The capture also recorded the flush timer, each firing with its domain (the cookie's fq_domain): with
         # the kprobe labels every firing flushes its own domain; with the device names alone the pointer names
         # nothing known, and each domain runs its own timer.
