@@ -1143,7 +1143,13 @@ impl ReplaySession {
     /// domain that way), or of an unknown domain's: replayed if recorded firings drive the timer. `named`:
     /// the firing named a domain.
     fn timer_fired(&mut self, ts: Time, cpu: u32, named: bool, dom: Option<usize>) {
-        let drives = self.timer_drives(named && dom.is_some());
+        let drives = match (self.timer_drives, named, dom) {
+            (Some(d), ..) => d,
+            // A domain the labels do not know (yet: its queue may hold unmaps from before tracing began)
+            // decides nothing; the first firing of a known one does.
+            (None, true, None) if self.router.labels_seen() => false,
+            _ => self.timer_drives(named && dom.is_some()),
+        };
         match dom {
             Some(dom) if drives => {
                 let known = self.router.domains();
@@ -1163,10 +1169,10 @@ impl ReplaySession {
             .ignored += 1;
     }
 
-    /// Whether recorded firings drive the flush timer, decided once, at the first: when the trace shows no
-    /// domain labels (its firings are then its one domain's), or the firing named a domain the labels know
-    /// (`named`; a domain read at the wrong offset would not be). Deciding yes stands the model's own timer
-    /// down.
+    /// Whether recorded firings drive the flush timer, decided once, at the first firing that can decide: when
+    /// the trace shows no domain labels (its firings are then its one domain's), or the firing named a domain
+    /// the labels know (`named`; a domain read at the wrong offset never is, and then the model's own timers
+    /// keep running). Deciding yes stands the model's own timer down.
     fn timer_drives(&mut self, named: bool) -> bool {
         if let Some(d) = self.timer_drives {
             return d;
@@ -1661,8 +1667,13 @@ mod tests {
         // Or the firing reads the cookie's fq_domain itself; one that names no domain the labels know (read at
         // the wrong offset) leaves every domain its own timer.
         for (dom, firings, dsi) in [("0xaaa0", 1, 1), ("0x1234", 0, 2)] {
+            // (In both, an earlier firing of a domain the trace never labels decides nothing.)
             let fq = format!(
-                "{t}{}",
+                "{t}{}{}",
+                line(
+                    1_000_150,
+                    "fq_flush_timeout: (fq_flush_timeout+0x0/0x160) fq_domain=0x5678"
+                ),
                 line(
                     1_000_200,
                     &format!("fq_flush_timeout: (fq_flush_timeout+0x0/0x160) fq_domain={dom}")
@@ -1674,7 +1685,7 @@ mod tests {
             let rt = r.recorded_timer.unwrap();
             assert_eq!(
                 (rt.firings, rt.ignored, rt.by_domain),
-                (firings, 1 - firings, firings == 1),
+                (firings, 2 - firings, firings == 1),
                 "{dom}"
             );
             assert_eq!(
