@@ -114,11 +114,26 @@ fn digits(b: &[u8], radix: u32) -> Option<u64> {
     })
 }
 
-/// A hex number `0x…` up to the next byte that is not a hex digit: (value, the rest).
+/// A hex number `0x…` up to the next byte that is not a hex digit, in one pass: (value, the rest); None if it
+/// has no digit or does not fit 64 bits.
 fn hex_word(b: &[u8]) -> Option<(u64, &[u8])> {
     let b = b.strip_prefix(b"0x")?;
-    let n = b.iter().take_while(|c| c.is_ascii_hexdigit()).count();
-    Some((digits(&b[..n], 16)?, &b[n..]))
+    let mut v = 0u64;
+    let mut n = 0;
+    for &c in b {
+        let d = match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            b'A'..=b'F' => c - b'A' + 10,
+            _ => break,
+        };
+        if v >> 60 != 0 {
+            return None;
+        }
+        v = v << 4 | d as u64;
+        n += 1;
+    }
+    (n > 0).then_some((v, &b[n..]))
 }
 
 /// The kernel's own layout of the two events replay lives on, read byte by byte:
@@ -619,6 +634,27 @@ mod tests {
 
     const MAP: &str = "     kworker/0:1-10      [000] b..1.     3.579441: map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096";
     const UNMAP: &str = "          <idle>-0       [000] d.H1.    14.017936: unmap: IOMMU: iova=0x00000000ffec0000 - 0x00000000ffee0000 size=131072 unmapped_size=131072";
+
+    #[test]
+    fn hex_words_read_as_the_general_reader_reads_them() {
+        for w in [
+            "0x0",
+            "0x00000000ffebc000",
+            "0xFFFFFFFFFFFFFFFF",
+            "0x000000000000000000ff",
+            "0x1ffffffffffffffff",
+            "0x",
+            "0xg",
+            "0x12 rest",
+            "12",
+        ] {
+            let end = w.find(' ').unwrap_or(w.len());
+            let general = w[..end]
+                .strip_prefix("0x")
+                .and_then(|h| u64::from_str_radix(h, 16).ok());
+            assert_eq!(hex_word(w.as_bytes()).map(|(v, _)| v), general, "{w}");
+        }
+    }
 
     #[test]
     fn the_kernels_own_layout_takes_the_byte_level_path() {
