@@ -5,6 +5,7 @@
 //! named or until `HOLD_WINDOW` later records have been read, and leave in trace order.
 
 use super::ftrace::Record;
+use crate::sim::PerCpu;
 use std::collections::{HashMap, VecDeque};
 
 /// Records a map or unmap waits at most for its DMA API event (a modelling bound on memory, ~0.5 MB). A
@@ -36,8 +37,8 @@ pub(super) struct Holdback {
     /// Sequence number of the front of `q`.
     base: u64,
     /// Per CPU, the held maps and unmaps without a device yet: sequence numbers, oldest first.
-    open: Vec<VecDeque<u64>>,
-    ahead: Vec<Option<Ahead>>,
+    open: PerCpu<VecDeque<u64>>,
+    ahead: PerCpu<Option<Ahead>>,
     /// Devices sharing an IOMMU group share its domain: device → the group's name.
     group_of: HashMap<String, String>,
     /// Records taken so far, and whether a DMA API event was among them.
@@ -64,15 +65,6 @@ fn event_of(rec: &Record) -> Option<(u32, bool, u64, u64)> {
         )),
         _ => None,
     }
-}
-
-/// CPU `cpu`'s slot (CPU numbers are small: the trace's `[NNN]` column).
-fn per_cpu<T: Default>(v: &mut Vec<T>, cpu: u32) -> &mut T {
-    let i = cpu as usize;
-    if v.len() <= i {
-        v.resize_with(i + 1, T::default);
-    }
-    &mut v[i]
 }
 
 fn meets(a: (u64, u64), b: Option<(u64, u64)>) -> bool {
@@ -104,20 +96,21 @@ impl Holdback {
                 self.named = true;
                 let dev = self.group_of.get(&dev).cloned().unwrap_or(dev);
                 if !(range.is_some() && self.name_held(ev.cpu, map, &dev, range)) {
-                    *per_cpu(&mut self.ahead, ev.cpu) = Some(Ahead { map, dev, range });
+                    *self.ahead.get_mut(ev.cpu as usize) = Some(Ahead { map, dev, range });
                 }
             }
             rec => {
                 let mut dev = None;
                 if let Some((cpu, map, a, b)) = event_of(&rec) {
-                    let ahead = per_cpu(&mut self.ahead, cpu);
+                    let ahead = self.ahead.get_mut(cpu as usize);
                     match ahead {
                         Some(h) if h.map == map && meets((a, b), h.range) => {
                             dev = ahead.take().map(|h| h.dev);
                         }
-                        _ => {
-                            per_cpu(&mut self.open, cpu).push_back(self.base + self.q.len() as u64)
-                        }
+                        _ => self
+                            .open
+                            .get_mut(cpu as usize)
+                            .push_back(self.base + self.q.len() as u64),
                     }
                 }
                 self.q.push_back(Held { rec, dev });
@@ -128,9 +121,7 @@ impl Holdback {
     /// Name `dev` for the latest held records of this side on `cpu` that meet `range` (a mapping call's
     /// `iommu:map` lines are consecutive on its CPU). Whether any was.
     fn name_held(&mut self, cpu: u32, map: bool, dev: &str, range: Option<(u64, u64)>) -> bool {
-        let Some(open) = self.open.get_mut(cpu as usize) else {
-            return false;
-        };
+        let open = self.open.get_mut(cpu as usize);
         let mut named = false;
         while let Some(&seq) = open.back() {
             let h = &mut self.q[(seq - self.base) as usize];
@@ -157,10 +148,9 @@ impl Holdback {
         let h = self.q.pop_front()?;
         if waiting {
             if let Some((cpu, ..)) = event_of(&h.rec) {
-                if let Some(o) = self.open.get_mut(cpu as usize) {
-                    if o.front() == Some(&self.base) {
-                        o.pop_front();
-                    }
+                let o = self.open.get_mut(cpu as usize);
+                if o.front() == Some(&self.base) {
+                    o.pop_front();
                 }
             }
         }

@@ -37,7 +37,7 @@ use crate::hw::{self, InvKind, IommuCounters, PAGE_SHIFT};
 use crate::input::InputError;
 use crate::metrics::IovaLocality;
 use crate::scenario::{load, Arch, PolicyName, Source, Vendor};
-use crate::sim::Time;
+use crate::sim::{PerCpu, Time};
 use ftrace::Record;
 use group::{marked, Grouper, Marked, Op, PhaseName};
 use hold::{Held, Holdback};
@@ -607,7 +607,7 @@ pub struct ReplaySession {
     /// The capture noted that each firing is followed by its flush naming the domain.
     timer_domains: bool,
     /// Per CPU, whether a recorded firing waits for the flush that names its domain.
-    firing: Vec<bool>,
+    firing: PerCpu<bool>,
 }
 
 /// Steps read before they are handed to the model together (small enough to stay in a core's cache on
@@ -918,7 +918,7 @@ impl ReplaySession {
             recorded_timer: None,
             timer_drives: None,
             timer_domains: false,
-            firing: Vec::new(),
+            firing: PerCpu::default(),
         })
     }
 
@@ -1022,15 +1022,10 @@ impl ReplaySession {
                 if self.policy != PolicyName::Lazy {
                     return;
                 }
-                self.recorded_timer
-                    .get_or_insert_with(RecordedTimer::default);
+                self.timer_record();
                 if self.timer_domains {
                     // Its flush, next on this CPU, names the domain.
-                    let c = ev.cpu as usize;
-                    if self.firing.len() <= c {
-                        self.firing.resize(c + 1, false);
-                    }
-                    if std::mem::replace(&mut self.firing[c], true) {
+                    if std::mem::replace(self.firing.get_mut(ev.cpu as usize), true) {
                         self.timer_ignored();
                     }
                 } else if let Some(ptr) = *dom {
@@ -1044,11 +1039,7 @@ impl ReplaySession {
             }
             Record::FlushAll { ev, dom } => {
                 // The flush of a recorded firing on this CPU (any other is a full ring's, replayed already).
-                if self
-                    .firing
-                    .get_mut(ev.cpu as usize)
-                    .is_some_and(std::mem::take)
-                {
+                if std::mem::take(self.firing.get_mut(ev.cpu as usize)) {
                     let d = self.timer_domain(*dom);
                     self.timer_fired(ev.ts_ns, ev.cpu, true, d);
                 }
@@ -1153,9 +1144,7 @@ impl ReplaySession {
         match dom {
             Some(dom) if drives => {
                 let known = self.router.domains();
-                self.recorded_timer
-                    .get_or_insert_with(RecordedTimer::default)
-                    .firings += 1;
+                self.timer_record().firings += 1;
                 self.batch.push(Step::At { ts, known });
                 self.batch.push(Step::Timer { ts, cpu, dom });
             }
@@ -1164,9 +1153,13 @@ impl ReplaySession {
     }
 
     fn timer_ignored(&mut self) {
+        self.timer_record().ignored += 1;
+    }
+
+    /// What the trace's record of the flush timer came to so far (it has one).
+    fn timer_record(&mut self) -> &mut RecordedTimer {
         self.recorded_timer
             .get_or_insert_with(RecordedTimer::default)
-            .ignored += 1;
     }
 
     /// Whether recorded firings drive the flush timer, decided once, at the first firing that can decide: when

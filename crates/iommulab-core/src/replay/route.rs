@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Which DMA domain an event belongs to. The kprobe lines of a labelled trace name it (`tb_map` /
 /// `tb_unmap` just before the event on its CPU); the DMA API's events name the device (its IOMMU group, where
-/// the capture noted it), one domain per device or group. An event of a labelled trace without its label (the kernel
-/// skips a kprobe hit now and then) is placed by what a domain cannot do: hand out an IOVA it still has
+/// the capture noted it), one domain per device or group. An event of a labelled trace without its label (the
+/// kernel skips a kprobe hit now and then) is placed by what a domain cannot do: hand out an IOVA it still has
 /// mapped or unmap what it has not mapped; among the domains that can, the one holding exactly this mapping,
 /// a recently freed IOVA (the rcache), the same task, CPU and context's last. A trace without labels is one
 /// domain: inferring several from overlaps alone misplaced enough events to do worse than one (see
