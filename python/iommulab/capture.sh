@@ -132,13 +132,15 @@ if [ "$timerprobe" = 1 ]; then
     timer=1
     # Its domain: fq_domain, 64 bytes past the timer in struct iommu_dma_cookie (Linux 6.1-6.12 without
     # lockdep; replay checks it against the domains the trace names), and the flush it makes, where the
-    # driver's flush_iotlb_all(domain) can be probed: fq_flush_iotlb() calls it on the same CPU.
+    # driver's flush_iotlb_all(domain) can be probed: fq_flush_iotlb() calls it on the same CPU. Every
+    # driver built in is probed (an x86 kernel has VT-d's and AMD's even where virtio-iommu serves the
+    # devices); only the one in use fires.
     for f in intel_flush_iotlb_all arm_smmu_flush_iotlb_all amd_iommu_flush_iotlb_all viommu_flush_iotlb_all; do
       grep -qE " $f([[:space:]]|\$)" /proc/kallsyms 2>/dev/null || continue
-      run "echo 'p:iommulab/tb_flush_all $f dom=\$arg1:x64' >> $T/kprobe_events" \
-        && run "echo 1 > $T/events/iommulab/tb_flush_all/enable" \
-        && added_kprobes="$added_kprobes tb_flush_all" && timer=2
-      break
+      k=tb_flush_all_${f%_flush_iotlb_all}
+      run "echo 'p:iommulab/$k $f dom=\$arg1:x64' >> $T/kprobe_events" \
+        && run "echo 1 > $T/events/iommulab/$k/enable" \
+        && added_kprobes="$added_kprobes $k" && timer=2
     done
   else
     echo "capture: no kprobe on fq_flush_timeout here: the trace will not record the flush queue's timer" >&2

@@ -65,7 +65,7 @@ pub enum Record {
     },
     /// `# iommulab capture: iommu group N: DEV DEV …`: devices sharing an IOMMU group (and so a domain).
     Group { id: u64, devs: Vec<String> },
-    /// A kprobe at the IOMMU driver's `flush_iotlb_all` naming the domain flushed (`tb_flush_all: (…)
+    /// A kprobe at the IOMMU driver's `flush_iotlb_all` naming the domain flushed (`tb_flush_all_intel: (…)
     /// dom=0x…`): right after a [`Record::Timer`] on its CPU, the domain whose timer fired.
     FlushAll { ev: EventHead, dom: u64 },
     /// The capture's note that it records those (`# iommulab capture: flush queue timer's domain recorded`):
@@ -271,13 +271,16 @@ fn parse_general(s: &str, line: u64) -> Record {
             ev: head,
             dom: fields(body, ["fq_domain"])[0].and_then(num),
         },
-        "tb_flush_all" => match fields(body, ["dom"])[0].and_then(num) {
-            Some(dom) => Record::FlushAll { ev: head, dom },
-            None => Record::Bad {
-                line,
-                why: "a flush_iotlb_all kprobe line without dom=",
-            },
-        },
+        // One kprobe per IOMMU driver built in (`tb_flush_all_intel`, …; older captures: one `tb_flush_all`).
+        e if e == "tb_flush_all" || e.starts_with("tb_flush_all_") => {
+            match fields(body, ["dom"])[0].and_then(num) {
+                Some(dom) => Record::FlushAll { ev: head, dom },
+                None => Record::Bad {
+                    line,
+                    why: "a flush_iotlb_all kprobe line without dom=",
+                },
+            }
+        }
         e if e.starts_with("dma_") || e.starts_with("dma:dma_") => {
             parse_dma(head, e.trim_start_matches("dma:"), body)
         }
@@ -630,6 +633,17 @@ mod tests {
                 dom: 0xffff8881004d2e00,
                 ..
             }
+        ));
+        assert!(matches!(
+            parse_line(
+                &format!("{head}tb_flush_all_viommu: (viommu_flush_iotlb_all+0x0/0x30) dom=0x10"),
+                10
+            ),
+            Record::FlushAll { dom: 0x10, .. }
+        ));
+        assert!(matches!(
+            parse_line(&format!("{head}tb_flush_allx: (f+0x0/0x30) dom=0x10"), 11),
+            Record::Other
         ));
     }
 

@@ -1025,10 +1025,22 @@ impl ReplaySession {
                 self.timer_record();
                 if self.timer_domains {
                     // Its flush, next on this CPU, names the domain.
-                    if std::mem::replace(self.firing.get_mut(ev.cpu as usize), true) {
-                        self.timer_ignored();
+                    if !std::mem::replace(self.firing.get_mut(ev.cpu as usize), true) {
+                        return;
                     }
-                } else if let Some(ptr) = *dom {
+                    // The CPU's last firing saw no flush, and fq_flush_timeout() always flushes: the probe
+                    // is on a driver not in use (a capture that probed one driver only). The firings
+                    // waiting are lost; from now on each names its domain by its fq_domain.
+                    self.timer_domains = false;
+                    let waiting = self
+                        .firing
+                        .iter_mut()
+                        .map(std::mem::take)
+                        .filter(|&f| f)
+                        .count();
+                    self.timer_record().ignored += waiting as u64;
+                }
+                if let Some(ptr) = *dom {
                     let d = self.timer_domain(ptr);
                     self.timer_fired(ev.ts_ns, ev.cpu, true, d);
                 } else {
@@ -1039,7 +1051,7 @@ impl ReplaySession {
             }
             Record::FlushAll { ev, dom } => {
                 // The flush of a recorded firing on this CPU (any other is a full ring's, replayed already).
-                if std::mem::take(self.firing.get_mut(ev.cpu as usize)) {
+                if self.timer_domains && std::mem::take(self.firing.get_mut(ev.cpu as usize)) {
                     let d = self.timer_domain(*dom);
                     self.timer_fired(ev.ts_ns, ev.cpu, true, d);
                 }
@@ -1657,6 +1669,32 @@ mod tests {
             1,
             "only 0xbbb0's timer fired"
         );
+        // A capture whose flush probe sits on a driver not in use (an x86 kernel with VT-d built in, serving
+        // its devices through virtio-iommu) records the firings and never their flushes: at a CPU's second
+        // firing without one, the first is lost and the firings' own fq_domain names their domains.
+        let blind = format!(
+            "# iommulab capture: flush queue timer's domain recorded (kprobe tb_flush_all)\n{t}{}{}",
+            line(
+                1_000_150,
+                "fq_flush_timeout: (fq_flush_timeout+0x0/0x160) fq_domain=0xaaa0"
+            ),
+            line(
+                1_000_200,
+                "fq_flush_timeout: (fq_flush_timeout+0x0/0x160) fq_domain=0xbbb0"
+            )
+        );
+        let mut s = ReplaySession::new("t", &lazy).unwrap();
+        s.feed(blind.as_bytes());
+        let r = s.finish().unwrap();
+        assert_eq!(
+            r.recorded_timer,
+            Some(RecordedTimer {
+                firings: 1,
+                ignored: 1,
+                by_domain: true
+            })
+        );
+        assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 1);
         // Or the firing reads the cookie's fq_domain itself; one that names no domain the labels know (read at
         // the wrong offset) leaves every domain its own timer.
         for (dom, firings, dsi) in [("0xaaa0", 1, 1), ("0x1234", 0, 2)] {
