@@ -60,6 +60,15 @@ def test_capture_records_restores_and_replays(tmp_path):
     assert p.returncode == 0 and "kprobe" not in p.stderr
 
 
+def test_a_ring_buffer_not_used_since_boot_gets_its_size_back(tmp_path):
+    # Until first used, buffer_size_kb reads "7 (expanded: 1408)": the size to restore is 1408.
+    t = fake_tracefs(tmp_path)
+    (t / "buffer_size_kb").write_text("7 (expanded: 1408)\n")
+    p = run_capture(t, "-o", str(tmp_path / "t.txt"), "--duration", "1")
+    assert p.returncode == 0 and "syntax error" not in p.stderr, p.stderr
+    assert (t / "buffer_size_kb").read_text().strip() == "1408"
+
+
 def test_without_kprobes_the_dma_apis_events_name_the_devices(tmp_path):
     # A kernel with the DMA API's events (6.12+) and no kprobes: the capture records those instead, says so,
     # and leaves them as it found them.

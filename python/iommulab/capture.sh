@@ -91,6 +91,8 @@ if [ "$dry" = 1 ]; then
   echo "would save: buffer_size_kb=$(cat $T/buffer_size_kb) tracing_on=$(cat $T/tracing_on)"
 fi
 old_buf=$(cat "$T/buffer_size_kb")
+# A ring buffer not used since boot reads "7 (expanded: 1408)": 1408 KiB is its size.
+case "$old_buf" in *"expanded: "*) old_buf=${old_buf##*expanded: }; old_buf=${old_buf%%)*} ;; esac
 old_on=$(cat "$T/tracing_on")
 old_ev=
 for e in $events; do old_ev="$old_ev $e=$(cat "$T/events/$e/enable")"; done
