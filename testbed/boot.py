@@ -25,6 +25,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 
@@ -45,8 +46,10 @@ TRACE = {"intel": ["vtd_inv_desc*"], "virtio": ["virtio_iommu_map", "virtio_iomm
          "smmuv3": ["smmuv3_cmdq_opcode", "smmuv3_cmdq_consume_out", "smmuv3_cmdq_consume_error",
                     "smmuv3_record_event", "smmuv3_unhandled_cmd"],
          "none": []}
-# Kernels: Debian 12's (6.1) and bookworm-backports' (6.12), as prepare.sh unpacked them.
-KERNELS = {"6.1": ("kroot", "initrd.cpio.gz"), "6.12": ("kroot612", "initrd612.cpio.gz")}
+# Kernels: Debian 12's (6.1) and bookworm-backports' (6.12), as prepare.sh unpacked them; trixie-backports' 7.3
+# (x86) where `prepare.sh DIR x86 7.3` added it.
+KERNELS = {"6.1": ("kroot", "initrd.cpio.gz"), "6.12": ("kroot612", "initrd612.cpio.gz"),
+           "7.3": ("kroot73", "initrd73.cpio.gz")}
 
 
 def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
@@ -90,6 +93,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     arm = iommu == "smmuv3"
     name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}",
             "none": "noiommu"}[iommu]
+    name += f"-k{kernel}" if kernel == "7.3" else ""
     name += f"-smp{smp}" if smp != 1 else ""
     name += "-" + phases.replace(",", "-") if phases != "net,blk" else ""
     rd = os.path.join(tb, "runs", name)
@@ -99,7 +103,11 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     with open(out_img, "wb") as f:
         f.truncate(256 << 20)
     kroot, initrd = (os.path.join(tb, "arm64" if arm else "", k) for k in KERNELS[kernel])
-    kern = sorted(glob.glob(os.path.join(kroot, "boot/vmlinuz-*")))[-1]
+    kerns = sorted(glob.glob(os.path.join(kroot, "boot/vmlinuz-*")))
+    if not kerns or not os.path.exists(initrd):
+        sys.exit(f"boot.py: kernel {kernel} is not prepared in {tb}: run testbed/prepare.sh "
+                 f"{tb} {'arm64' if arm else 'x86'}{' 7.3' if kernel == '7.3' else ''}")
+    kern = kerns[-1]
     handler = functools.partial(QuietHandler, directory=os.path.join(tb, "www"))
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     port = srv.server_address[1]
@@ -155,7 +163,8 @@ if __name__ == "__main__":
     ap.add_argument("--cm", choices=["on", "off"], default="off")
     ap.add_argument("--phases", default="net,blk")
     ap.add_argument("--iommu", choices=list(TRACE), default="intel")
-    ap.add_argument("--kernel", choices=list(KERNELS), help="6.1 (intel's default) or 6.12 (virtio's, smmuv3's)")
+    ap.add_argument("--kernel", choices=list(KERNELS), help="6.1 (intel's default), 6.12 (virtio's, smmuv3's) "
+                    "or 7.3 (x86, after `prepare.sh DIR x86 7.3`)")
     ap.add_argument("--smp", type=int, default=1, help="vCPUs")
     ap.add_argument("--probes", default="", metavar="SYM,SYM", help="also trace calls of these kernel functions "
                     "(kprobes, a diagnostic; --timer already records fq_flush_timeout)")

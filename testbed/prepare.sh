@@ -1,13 +1,18 @@
 #!/bin/bash
-# prepare.sh DIR [x86|arm64] -- the testbed's host side, once: Debian packages, two Debian kernels of the
+# prepare.sh DIR [x86|arm64] [7.3] -- the testbed's host side, once: Debian packages, two Debian kernels of the
 # architecture (Debian 12's 6.1 and bookworm-backports' 6.12, downloaded and unpacked, never installed), and an
 # initramfs per kernel of busybox, the modules, the guest init and iommulab's capture script. Needs root.
 #   x86 (default): qemu-system-x86 (VT-d, virtio-iommu), the host's busybox-static; files in DIR.
 #   arm64: qemu-system-arm (-machine virt,iommu=smmuv3), busybox-static:arm64; files in DIR/arm64.
+#   7.3 (x86): also Debian 13 trixie-backports' Linux 7.3, a kernel after the newest the model knows
+#   (`boot.py --kernel 7.3`).
 set -euo pipefail
 HERE=$(dirname "$(readlink -f "$0")")
 TB=$(readlink -f "${1:?usage: prepare.sh DIR [x86|arm64]}")
 ARCH=${2:-x86}
+NEWER=${3:-}
+case $NEWER in ''|7.3) ;; *) echo "prepare.sh: kernel '$NEWER': expected 7.3 (or nothing)" >&2; exit 2 ;; esac
+[ -z "$NEWER" ] || [ "$ARCH" = x86 ] || { echo "prepare.sh: 7.3 is prepared for x86 only" >&2; exit 2; }
 case $ARCH in
   x86) QEMU=qemu-system-x86_64 QPKG=qemu-system-x86 DEB=amd64 K=$TB ;;
   arm64) QEMU=qemu-system-aarch64 QPKG=qemu-system-arm DEB=arm64 K=$TB/arm64 ;;
@@ -19,6 +24,11 @@ command -v $QEMU >/dev/null && command -v busybox >/dev/null && command -v cpio 
   apt-get update -qq
   apt-get install -y -q --no-install-recommends $QPKG busybox-static cpio kmod xz-utils zstd >/dev/null
 }
+# The system's Debian mirrors, if it names any.
+SRC=$({ cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null || true; } \
+  | grep -E '^(URIs:|deb )' || true)
+MIRROR=$(echo "$SRC" | grep -oE 'https?://[^ ]+/debian' | head -1 || true)
+SECMIRROR=$(echo "$SRC" | grep -oE 'https?://[^ ]+/debian-security' | head -1 || true)
 # The kernels are downloaded once; the initramfs is rebuilt every time (a few seconds), so a changed guest init
 # or capture script is what boots.
 if [ -z "$(ls kroot/boot/vmlinuz-* 2>/dev/null)" ] || [ -z "$(ls kroot612/boot/vmlinuz-* 2>/dev/null)" ] \
@@ -27,10 +37,6 @@ if [ -z "$(ls kroot/boot/vmlinuz-* 2>/dev/null)" ] || [ -z "$(ls kroot612/boot/v
 # CONFIG_VIRTIO_IOMMU=m), read through a private apt state under apt/ for the architecture, so the system's apt
 # and dpkg configuration is left alone (no foreign architecture is added).
 mkdir -p apt/lists/partial apt/cache/archives/partial
-SRC=$({ cat /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null || true; } \
-  | grep -E '^(URIs:|deb )' || true)
-MIRROR=$(echo "$SRC" | grep -oE 'https?://[^ ]+/debian' | head -1 || true)
-SECMIRROR=$(echo "$SRC" | grep -oE 'https?://[^ ]+/debian-security' | head -1 || true)
 KR="[arch=$DEB signed-by=/usr/share/keyrings/debian-archive-keyring.gpg]"
 cat > apt/sources.list <<EOL
 deb $KR ${MIRROR:-http://deb.debian.org/debian} bookworm main
@@ -56,6 +62,29 @@ ls debs > packages.txt
 rm -rf debs
 fi
 BB=/bin/busybox; [ $ARCH = arm64 ] && BB=$K/bbroot/bin/busybox
+# Linux 7.3 from trixie-backports, through a private apt state of its own (the 6.1 and 6.12 choices above read
+# bookworm's): linux-binary- holds vmlinuz in /usr/lib/modules/VERSION, linux-modules- the modules, linux-base- the
+# rest of that directory.
+if [ -n "$NEWER" ] && [ -z "$(ls kroot73/boot/vmlinuz-* 2>/dev/null)" ]; then
+  mkdir -p apt73/lists/partial apt73/cache/archives/partial
+  echo "deb [arch=$DEB signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${MIRROR:-http://deb.debian.org/debian} trixie-backports main" \
+    > apt73/sources.list
+  A73=(-o Dir::Etc::SourceList="$K/apt73/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+       -o Dir::State::Lists="$K/apt73/lists" -o Dir::Cache="$K/apt73/cache" -o Dir::State::status=/dev/null
+       -o APT::Architecture=$DEB -o APT::Architectures::=$DEB -o APT::Sandbox::User=root)
+  apt-get "${A73[@]}" update -qq
+  V73=$(apt-cache "${A73[@]}" madison linux-image-$DEB | awk -F'|' '{gsub(/ /,"",$2); print $2}' | grep '^7\.3\.' | head -1)
+  R73=$(apt-cache "${A73[@]}" depends "linux-image-$DEB=$V73" 2>/dev/null | awk '/Depends: linux-image-7/{print $2}' | head -1)
+  R73=${R73#linux-image-}
+  [ -n "$R73" ] || { echo "prepare.sh: no Linux 7.3 in trixie-backports ($K/apt73/sources.list)" >&2; exit 1; }
+  rm -rf kroot73 debs73 && mkdir debs73
+  (cd debs73 && apt-get "${A73[@]}" download "linux-base-$R73" "linux-binary-$R73" "linux-modules-$R73" >/dev/null)
+  for d in debs73/*.deb; do dpkg -x "$d" kroot73; done
+  mkdir -p kroot73/boot && ln -sfn usr/lib kroot73/lib  # merged /usr: the modules are in usr/lib/modules
+  ln -sf "../usr/lib/modules/$R73/vmlinuz" "kroot73/boot/vmlinuz-$R73"
+  ls debs73 >> packages.txt
+  rm -rf debs73
+fi
 
 # initramfs ROOT OUT: busybox, the guest init, iommulab's capture script and the modules, virtio_iommu first so
 # endpoints get their DMA domain before their drivers probe. (arm64: arm-smmu-v3, pci-host-generic and the PL011
@@ -86,6 +115,7 @@ initramfs() {
 }
 initramfs "$K/kroot" "$K/initrd.cpio.gz"
 initramfs "$K/kroot612" "$K/initrd612.cpio.gz"
+[ -z "$NEWER" ] || initramfs "$K/kroot73" "$K/initrd73.cpio.gz"
 [ -s "$TB/data.img" ] || truncate -s 128M "$TB/data.img"
 mkdir -p "$TB/www"; [ -s "$TB/www/blob16" ] || head -c 16M /dev/urandom > "$TB/www/blob16"
-echo "prepared: $K (kernels $(ls kroot/lib/modules | head -1), $(ls kroot612/lib/modules | head -1))"
+echo "prepared: $K (kernels $(ls kroot/lib/modules | head -1), $(ls kroot612/lib/modules | head -1)$([ -z "$NEWER" ] || echo ", $(ls kroot73/lib/modules | head -1)"))"
