@@ -63,7 +63,8 @@ EXPECT = {"x86-vtd-lazy": ("vtd", "lazy"), "x86-vtd-strict": ("vtd", "strict"),
 
 
 # Trees saved inside real guests (testbed/boot.py on 2026-11-25): Debian 6.1 behind QEMU's VT-d, 6.12 behind
-# virtio-iommu, arm64 6.1 / 6.12 behind its SMMUv3, and 6.12 on a q35 machine with no IOMMU. Name: vendor-config.
+# virtio-iommu, arm64 6.1 / 6.12 behind its SMMUv3, and 6.12 on a q35 machine with no IOMMU; and on 2026-11-26
+# Debian's 7.3 behind VT-d. Name: vendor-config, -kVERSION for 7.3.
 SAVED = sorted((DATA / "inspect").glob("*.tar.gz"))
 GROUP_TYPE_MODE = {"DMA": "strict", "DMA-FQ": "lazy", "identity": "passthrough"}
 
@@ -80,6 +81,7 @@ def test_inspect_of_a_tree_a_real_guest_saved_names_the_mode_its_groups_report(t
     res = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
     text = cli("inspect", "--root", str(root), check_rc=0).stdout
     vendor, config = tgz.name.removesuffix(".tar.gz").split("-", 1)
+    config, _, kernel = config.partition("-k")  # a tree of a kernel after the newest modelled: -k7.3
     if vendor == "no":
         assert res["iommus"] == [] and res["devices"] == [] and "No IOMMU is visible" in text
         return
@@ -97,6 +99,8 @@ def test_inspect_of_a_tree_a_real_guest_saved_names_the_mode_its_groups_report(t
     # virtio-pci and nvme drivers, read from the saved links.
     assert {d["driver"] for d in res["devices"]} >= {"virtio-pci"}
     assert not any("kernel log says" in n for n in res["notes"])
+    # Linux 7.3: the newest modelled kernel's rules stand in, and inspect says so.
+    assert any("the newest kernel whose changes the model knows" in n for n in res["notes"]) == bool(kernel)
 
 
 @pytest.mark.parametrize("name", sorted(CAPTURES))

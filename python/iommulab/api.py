@@ -296,3 +296,14 @@ class Progress:
 def stderr_progress(what: str = "runs") -> Progress | None:
     """A :class:`Progress` when stderr is a terminal, else None."""
     return Progress(what) if sys.stderr.isatty() else None
+
+
+def newer_than_modelled(kernel: str) -> bool:
+    """Whether MAJOR.MINOR `kernel` is after the newest kernel whose changes the model knows (replay and the
+    default-domain rules take it with that one's rules; scenarios stop there)."""
+    def v(k: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in k.split(".")[:2])
+    try:
+        return v(kernel) > v(_core.KERNEL_NEWEST)
+    except ValueError:
+        return False

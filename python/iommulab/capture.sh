@@ -9,10 +9,10 @@
 #   -d SECONDS  record for this long (default: until COMMAND ends, or 10 s without one)
 #   -p PHASE    bracket the recording with TB_BEGIN PHASE / TB_END PHASE markers (replay reports per phase)
 #   -b KB       per-CPU ring buffer size while recording (default 65536)
-#   -k          also record each map's and unmap's domain (kprobes on __iommu_map/__iommu_unmap), where the
-#               kernel allows kprobes; replay can then tell devices' domains apart. Without kprobes, the DMA
-#               API's own events (as -D) where the kernel has them
-#   -D          also record the DMA API's events (dma:dma_map_page, dma_unmap_page, dma_map_sg, ..., Linux 6.12
+#   -k          also record each map's and unmap's domain (kprobes on __iommu_map or iommu_map_nosync, and
+#               __iommu_unmap), where the kernel allows kprobes; replay can then tell devices' domains apart.
+#               Without kprobes, the DMA API's own events (as -D) where the kernel has them
+#   -D          also record the DMA API's events (dma:dma_map_page or dma_map_phys, dma_map_sg, ..., Linux 6.12
 #               and later), which name each mapping's device, and the IOMMU groups as comment lines
 #   -t          also record when the flush queue's timer fires (a kprobe on fq_flush_timeout) and whose domain
 #               it flushes (a kprobe on the IOMMU driver's flush_iotlb_all), where the kernel allows it; replay
@@ -64,17 +64,24 @@ events="iommu/map iommu/unmap"
 [ -d "$T/events/iommu/io_page_fault" ] && events="$events iommu/io_page_fault"
 # The DMA API's calls that map or unmap (kernel/dma/mapping.c), each naming its device.
 dma_events=
-for e in dma_map_page dma_unmap_page dma_map_resource dma_unmap_resource dma_map_sg dma_unmap_sg dma_alloc \
-         dma_free dma_alloc_pages dma_free_pages dma_alloc_sgt dma_free_sgt; do
+# (dma_map_phys and dma_unmap_phys replace dma_map_page/dma_unmap_page and the resource pair in newer kernels.)
+for e in dma_map_page dma_unmap_page dma_map_phys dma_unmap_phys dma_map_resource dma_unmap_resource dma_map_sg \
+         dma_unmap_sg dma_alloc dma_free dma_alloc_pages dma_free_pages dma_alloc_sgt dma_free_sgt; do
   [ -d "$T/events/dma/$e" ] && dma_events="$dma_events dma/$e"
 done
-if [ "$kprobes" = 1 ] && { [ ! -w "$T/kprobe_events" ] || ! grep -q ' __iommu_map$' /proc/kallsyms 2>/dev/null; }; then
+# The function every IOMMU map goes through, with the domain, IOVA and size as its 1st, 2nd and 4th arguments:
+# __iommu_map(), renamed iommu_map_nosync() in newer kernels.
+mapfn=
+for f in __iommu_map iommu_map_nosync; do
+  grep -q " $f\$" /proc/kallsyms 2>/dev/null && { mapfn=$f; break; }
+done
+if [ "$kprobes" = 1 ] && { [ ! -w "$T/kprobe_events" ] || [ -z "$mapfn" ]; }; then
   kprobes=0
   if [ -n "$dma_events" ]; then
     dmaev=1
-    echo "capture: no kprobes here (kprobe_events not writable or __iommu_map not in kallsyms): the DMA API's events name each mapping's device instead" >&2
+    echo "capture: no kprobes here (kprobe_events not writable or neither __iommu_map nor iommu_map_nosync in kallsyms): the DMA API's events name each mapping's device instead" >&2
   else
-    echo "capture: no kprobes here (kprobe_events not writable or __iommu_map not in kallsyms) and no DMA API events (Linux 6.12+): the trace will not name domains" >&2
+    echo "capture: no kprobes here (kprobe_events not writable or neither __iommu_map nor iommu_map_nosync in kallsyms) and no DMA API events (Linux 6.12+): the trace will not name domains" >&2
   fi
 fi
 if [ "$dmaev" = 1 ]; then
@@ -119,21 +126,27 @@ run "echo > $T/trace"
 run "echo $bufkb > $T/buffer_size_kb"
 for e in $events; do run "echo 1 > $T/events/$e/enable"; done
 if [ "$kprobes" = 1 ]; then
-  # The testbed's probes: the domain pointer, IOVA and size of every __iommu_map / __iommu_unmap.
-  run "echo 'p:iommulab/tb_map __iommu_map dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg4:u64' >> $T/kprobe_events" \
+  # The testbed's probes: the domain pointer, IOVA and size of every __iommu_map (or iommu_map_nosync) and
+  # __iommu_unmap.
+  run "echo 'p:iommulab/tb_map $mapfn dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg4:u64' >> $T/kprobe_events" \
     && run "echo 1 > $T/events/iommulab/tb_map/enable" && added_kprobes="$added_kprobes tb_map"
   run "echo 'p:iommulab/tb_unmap __iommu_unmap dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg3:u64' >> $T/kprobe_events" \
     && run "echo 1 > $T/events/iommulab/tb_unmap/enable" && added_kprobes="$added_kprobes tb_unmap"
 fi
 if [ "$timerprobe" = 1 ]; then
   # dma-iommu.c's flush-queue timer callback (lazy mode): when the timer really fired.
+  # Its domain: the cookie's fq_domain, past the timer (fq_timer, fq_timer_on) in struct iommu_dma_cookie: 64
+  # bytes on Linux 6.1-6.14 without lockdep (msi_page_list lies between; read right on 6.1 and 6.12), 48 from 6.15 on (commit 6aa63a4ec947,
+  # "iommu: Sort out domain user data", moved it out of the union).
+  fqoff=64
+  kv=$(uname -r 2>/dev/null); kmaj=${kv%%.*}; kmin=${kv#*.}; kmin=${kmin%%[!0-9]*}
+  case "$kmaj$kmin" in *[!0-9]*|'') ;; *) { [ "$kmaj" -gt 6 ] || { [ "$kmaj" -eq 6 ] && [ "${kmin:-0}" -ge 15 ]; }; } && fqoff=48 ;; esac
   if [ -w "$T/kprobe_events" ] && grep -q ' fq_flush_timeout$' /proc/kallsyms 2>/dev/null \
-     && run "echo 'p:iommulab/fq_flush_timeout fq_flush_timeout fq_domain=+64(\$arg1):x64' >> $T/kprobe_events" \
+     && run "echo 'p:iommulab/fq_flush_timeout fq_flush_timeout fq_domain=+$fqoff(\$arg1):x64' >> $T/kprobe_events" \
      && run "echo 1 > $T/events/iommulab/fq_flush_timeout/enable"; then
     added_kprobes="$added_kprobes fq_flush_timeout"
     timer=1
-    # Its domain: fq_domain, 64 bytes past the timer in struct iommu_dma_cookie (Linux 6.1-6.12 without
-    # lockdep; replay checks it against the domains the trace names), and the flush it makes, where the
+    # Replay checks the fq_domain read against the domains the trace names. And the flush it makes, where the
     # driver's flush_iotlb_all(domain) can be probed: fq_flush_iotlb() calls it on the same CPU. Every
     # driver built in is probed (an x86 kernel has VT-d's and AMD's even where virtio-iommu serves the
     # devices); only the one in use fires.

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import _core
-from .api import ScenarioError
+from .api import ScenarioError, newer_than_modelled
 
 # The group types sysfs shows (drivers/iommu/iommu.c iommu_group_show_type) and the DMA mode each means.
 GROUP_MODES = {"DMA": "strict", "DMA-FQ": "lazy", "identity": "passthrough", "blocked": "blocked",
@@ -266,6 +266,9 @@ def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
         res["notes"].append("VT-d caching mode is set: this is a virtual IOMMU (only emulated ones set CAP.CM); "
                             "every map is invalidated too.")
     rules = None
+    if kernel and newer_than_modelled(kernel):
+        res["notes"].append(f"Linux {kernel} is after {_core.KERNEL_NEWEST}, the newest kernel whose changes the model "
+                            f"knows: its rules stand in (checked on Linux 7.3 guests).")
     if vendor and kernel and arch in ("x86_64", "arm64"):
         try:
             rules = json.loads(_core.explain(arch, kernel, cmdline, cm, vendor))
@@ -304,9 +307,14 @@ def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
     modes = [d["mode"] for d in res["devices"] if d.get("mode") in ("strict", "lazy", "passthrough")]
     policy = max(set(modes), key=modes.count) if modes else "passthrough"
     kernel = _kernel(res["kernel"] or "") or "6.12"
+    described = f"this host: Linux {res['kernel']} {res['arch']}, written by iommulab inspect"
+    if newer_than_modelled(kernel):
+        # Scenarios stop at the newest kernel whose changes the model knows; it stands in for a newer one.
+        described += f" (the model's newest kernel, {_core.KERNEL_NEWEST}, stands in for {kernel})"
+        kernel = _core.KERNEL_NEWEST
     sc: dict[str, Any] = {
         "name": "inspected",
-        "description": f"this host: Linux {res['kernel']} {res['arch']}, written by iommulab inspect",
+        "description": described,
         "run": {"duration_ms": 50, "warmup_ms": 10, "seed": 1},
         "platform": {"profile": profile.get(vendor or "", "vtd-server" if res["arch"] == "x86_64" else
                                             "smmuv3-server")},

@@ -14,6 +14,7 @@ from typing import IO, Any, Callable
 
 from . import _core
 from ._core import ScenarioError
+from .api import newer_than_modelled
 
 CHUNK = 1 << 20
 # Chunks read and decompressed ahead of the replay at most.
@@ -116,7 +117,10 @@ def format_replay(res: dict[str, Any]) -> str:
     """The per-phase table the CLI prints."""
     keys = next((list(d["counts"]) for d in res["phases"].values()), COUNT_KEYS)
     cols = [("phase", 10)] + [(k, max(len(k), 8)) for k in keys]
-    lines = [f"iommu {res['iommu']} · kernel {res['kernel']} · HZ {res['hz']} · policy {res['policy']} "
+    kernel = res["kernel"]
+    if newer_than_modelled(kernel):
+        kernel += f" (replayed with {_core.KERNEL_NEWEST}'s rules)"
+    lines = [f"iommu {res['iommu']} · kernel {kernel} · HZ {res['hz']} · policy {res['policy']} "
              f"({res['policy_reason']})",
              f"lines {res['lines']['total']} · events {res['lines']['events']} · unreadable {res['lines']['bad']}"]
     lines += [f"  unreadable line {e}" for e in res["lines"]["bad_examples"]]

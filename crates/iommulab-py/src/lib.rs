@@ -233,7 +233,7 @@ fn explain(
             )))
         }
     };
-    let kernel = scenario::parse_kernel(kernel)
+    let kernel = scenario::rules_kernel(kernel)
         .map_err(|m| ScenarioError::new_err(format!("--kernel: {m}")))?;
     // Each IOMMU driver serves its architectures: VT-d x86, SMMUv3 arm64, s390's zPCI s390; virtio-iommu
     // any guest but s390.
@@ -291,6 +291,8 @@ fn builtin_profiles() -> Vec<(String, String)> {
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", iommulab_core::VERSION)?;
+    let newest = iommulab_core::scenario::KERNEL_NEWEST;
+    m.add("KERNEL_NEWEST", format!("{}.{}", newest.0, newest.1))?;
     m.add("ScenarioError", m.py().get_type::<ScenarioError>())?;
     m.add_class::<Variant>()?;
     m.add_class::<Simulation>()?;

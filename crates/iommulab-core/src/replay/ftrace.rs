@@ -409,10 +409,11 @@ fn parse_group(g: &str) -> Record {
 /// `… dma_addrs={0xA,0xB} sizes={0xN,0xM} …`. Events that neither map nor unmap (the syncs) are other lines.
 fn parse_dma(ev: EventHead, event: &str, body: &str) -> Record {
     let map = match event {
-        "dma_map_page" | "dma_map_resource" | "dma_map_sg" | "dma_alloc" | "dma_alloc_pages"
-        | "dma_alloc_sgt" => true,
-        "dma_unmap_page" | "dma_unmap_resource" | "dma_unmap_sg" | "dma_free"
-        | "dma_free_pages" | "dma_free_sgt" => false,
+        // dma_map_phys / dma_unmap_phys: newer kernels' names for the page and resource pairs, same layout.
+        "dma_map_page" | "dma_map_phys" | "dma_map_resource" | "dma_map_sg" | "dma_alloc"
+        | "dma_alloc_pages" | "dma_alloc_sgt" => true,
+        "dma_unmap_page" | "dma_unmap_phys" | "dma_unmap_resource" | "dma_unmap_sg"
+        | "dma_free" | "dma_free_pages" | "dma_free_sgt" => false,
         _ => return Record::Other,
     };
     let line = ev.line;
@@ -591,6 +592,11 @@ mod tests {
              (true, dev("0000:00:03.0"), Some((0xfffa0000, 0xfffb2000)))),
             ("dma_unmap_sg: 0000:00:03.0 dir=FROM_DEVICE phys_addrs={0x426f5000} attrs=",
              (false, dev("0000:00:03.0"), None)),
+            // Linux 7.3's names for the page pair.
+            ("dma_map_phys: 0000:00:02.0 dir=TO_DEVICE dma_addr=fffe0000 size=1514 phys_addr=3a2b1000 attrs=",
+             (true, dev("0000:00:02.0"), Some((0xfffe0000, 0xfffe05ea)))),
+            ("dma_unmap_phys: 0000:00:02.0 dir=TO_DEVICE dma_addr=fffe0000 size=1514 attrs=",
+             (false, dev("0000:00:02.0"), Some((0xfffe0000, 0xfffe05ea)))),
             ("dma_free: 0000:00:04.0 dir=BIDIRECTIONAL dma_addr=fffff000 size=4096 virt_addr=0000000012345678 attrs=",
              (false, dev("0000:00:04.0"), Some((0xfffff000, 0x1_0000_0000)))),
         ] {

@@ -829,10 +829,13 @@ impl ReplaySession {
             Vendor::Smmuv3 => ("smmuv3-server", "arm64"),
             Vendor::Virtio => ("virtio-guest", "x86_64"),
         };
+        // A kernel after the newest modelled replays with that one's rules (scenario::rules_kernel).
+        let kernel = crate::scenario::rules_kernel(&opts.kernel)
+            .map_err(|m| InputError::new("--kernel", m))?;
         let mut ov: Vec<(String, String)> = vec![
             ("platform.profile".into(), profile.into()),
             ("platform.pcie.ats".into(), opts.ats.to_string()),
-            ("os.kernel".into(), format!("{:?}", opts.kernel)),
+            ("os.kernel".into(), format!("\"{}.{}\"", kernel.0, kernel.1)),
             ("os.arch".into(), arch.into()),
             ("os.hz".into(), opts.hz.to_string()),
             ("workload.nic_rx.page_pool".into(), "false".into()),
@@ -854,7 +857,6 @@ impl ReplaySession {
         } else {
             Arch::X86_64
         };
-        let kernel = crate::scenario::parse_kernel(&opts.kernel).expect("validated by load");
         let (policy, policy_reason) = match opts.mode {
             Some(m) => (m, format!("set by --mode {}", m.as_str())),
             None => {
