@@ -47,7 +47,7 @@ TRACE = {"intel": ["vtd_inv_desc*"], "virtio": ["virtio_iommu_map", "virtio_iomm
                     "smmuv3_record_event", "smmuv3_unhandled_cmd"],
          "none": []}
 # Kernels: Debian 12's (6.1) and bookworm-backports' (6.12), as prepare.sh unpacked them; trixie-backports' 7.3
-# (x86) where `prepare.sh DIR x86 7.3` added it.
+# where `prepare.sh DIR ARCH 7.3` added it.
 KERNELS = {"6.1": ("kroot", "initrd.cpio.gz"), "6.12": ("kroot612", "initrd612.cpio.gz"),
            "7.3": ("kroot73", "initrd73.cpio.gz")}
 
@@ -93,7 +93,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     arm = iommu == "smmuv3"
     name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}",
             "none": "noiommu"}[iommu]
-    name += f"-k{kernel}" if kernel == "7.3" else ""
+    name += f"-k{kernel}" if kernel == "7.3" and not arm else ""
     name += f"-smp{smp}" if smp != 1 else ""
     name += "-" + phases.replace(",", "-") if phases != "net,blk" else ""
     rd = os.path.join(tb, "runs", name)
@@ -164,7 +164,7 @@ if __name__ == "__main__":
     ap.add_argument("--phases", default="net,blk")
     ap.add_argument("--iommu", choices=list(TRACE), default="intel")
     ap.add_argument("--kernel", choices=list(KERNELS), help="6.1 (intel's default), 6.12 (virtio's, smmuv3's) "
-                    "or 7.3 (x86, after `prepare.sh DIR x86 7.3`)")
+                    "or 7.3 (after `prepare.sh DIR ARCH 7.3`)")
     ap.add_argument("--smp", type=int, default=1, help="vCPUs")
     ap.add_argument("--probes", default="", metavar="SYM,SYM", help="also trace calls of these kernel functions "
                     "(kprobes, a diagnostic; --timer already records fq_flush_timeout)")
