@@ -14,7 +14,7 @@ use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
 /// Lines of a real kernel's trace (the testbed's 6.12 VT-d capture, first lines; a capture's notes, labels,
-/// DMA API events and timer lines), as seeds to mutate.
+/// DMA API events and timer lines, with 7.3's names too), as seeds to mutate.
 const REAL: &str = "  kworker/0:1-10      [000] b..1.     3.579441: map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096
   kworker/0:1-10      [000] ..s2.     3.580036: unmap: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 size=4096 unmapped_size=4096
             init-1       [000] .....     4.491812: tracing_mark_write: TB_BEGIN net
@@ -30,6 +30,10 @@ const REAL: &str = "  kworker/0:1-10      [000] b..1.     3.579441: map: IOMMU: 
       dd-212 [001] ..s1. 5.000201: dma_unmap_page: 0000:00:03.0 dir=FROM_DEVICE dma_addr=fffe0000 size=65536 attrs=
  ksoftirqd/1-20      [001] d.s.. 5.010000: fq_flush_timeout: (fq_flush_timeout+0x0/0xd8) fq_domain=0xffff359486672640
  ksoftirqd/1-20      [001] d.s.. 5.010001: tb_flush_all: (intel_flush_iotlb_all+0x0/0x30) dom=0xffff359486672640
+ ksoftirqd/1-20      [001] d.s.. 5.010002: tb_flush_all_viommu: (viommu_flush_iotlb_all+0x0/0x30) dom=0xffff359486672640
+      dd-212 [001] d.... 5.000091: tb_map: (iommu_map_nosync+0x0/0x290) dom=0xffff359486672640 iova=0xfffe0000 size=65536
+      dd-212 [001] d.... 5.000104: dma_map_phys: 0000:00:03.0 dir=FROM_DEVICE dma_addr=fffe0000 size=65536 phys_addr=4000000 attrs=
+      dd-212 [001] ..s1. 5.000202: dma_unmap_phys: 0000:00:03.0 dir=FROM_DEVICE dma_addr=fffe0000 size=65536 attrs=
 ";
 
 /// A trace line: a well-formed event with extreme numbers, a marker, a mutated real line, or bytes.
