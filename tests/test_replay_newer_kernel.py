@@ -3,8 +3,9 @@ QEMU's VT-d, virtio-net and virtio-blk one after the other and then at once, laz
 `iommulab capture` inside the guest (`boot.py --phases net,blk,mix --domains --devices --timer`, with 7.3
 unpacked as the testbed unpacks its kernels). 7.3 renamed what the capture hooks: `__iommu_map` is
 `iommu_map_nosync`, the DMA API's page events are `dma_map_phys` / `dma_unmap_phys`, and the flush queue's
-`fq_domain` sits 48 bytes past its timer (64 before 6.15). tests/data/testbed-newer holds the capture and QEMU's
-counts."""
+`fq_domain` sits 48 bytes past its timer (64 before 6.15). And arm64 7.3 behind QEMU's SMMUv3 with an NVMe drive
+too, whose driver maps through the DMA API's IOVA interface (6.17+): its `dma_iova_unlink()` invalidates at once,
+in a lazy domain too. tests/data/testbed-newer holds the captures and QEMU's counts."""
 
 import json
 import lzma
@@ -17,6 +18,9 @@ from iommulab.replay import format_replay
 from conftest import cli
 
 CAP = pathlib.Path(__file__).parent / "data" / "testbed-newer" / "k7.3-vtd-lazy-smp1-net-blk-mix"
+ARM = CAP.parent / "k7.3-smmuv3-lazy-smp1-net-blk-nvme-mix"
+SMMU = {"tlbi_nh_va": "SMMU_CMD_TLBI_NH_VA", "tlbi_nh_asid": "SMMU_CMD_TLBI_NH_ASID", "cmd_sync": "SMMU_CMD_SYNC",
+        "doorbells": "smmuv3_cmdq_consume_out"}
 KPROBE = re.compile(r" tb_(un)?map: ")
 DMA_API = re.compile(r" dma_[a-z_]+: |^# iommulab capture: iommu group ")
 TIMER = re.compile(r" fq_flush_timeout: | tb_flush_all[a-z_]*: |^# iommulab capture: flush queue timer")
@@ -61,3 +65,22 @@ def test_a_kernel_after_the_newest_checked_is_refused_in_one_line():
     assert p.returncode == 2 and "--kernel" in p.stderr and "7.3" in p.stderr and "\n" not in p.stderr.strip()
     p = cli("run", "--set", "os.kernel=7.3")
     assert p.returncode == 2 and "os.kernel" in p.stderr and "6.18" in p.stderr
+
+
+def test_7_3s_nvme_unlinks_invalidate_at_once_in_a_lazy_domain(tmp_path):
+    # Every phase and command as QEMU counted them: the network's and the disk's unmaps wait for their flush
+    # queues (TLBI_NH_ASID), the NVMe drive's each bring a TLBI_NH_VA and a CMD_SYNC (512 in its phase).
+    res = json.loads((ARM / "results.json").read_text())
+    rep = iommulab.replay(ARM / "trace.txt.xz", iommu="smmuv3", kernel=res["kernel"], cmdline=res["cmdline"])
+    assert rep["domains"]["count"] == 3 and rep["recorded_timer"]["by_domain"]
+    for phase, q in res["phases"].items():
+        for ours, theirs in SMMU.items():
+            have, want = rep["phases"][phase]["counts"][ours], q["qemu"].get(theirs, 0)
+            assert abs(have - want) <= max(0.10 * want, 1), f"{phase} {ours}: model {have}, QEMU {want}"
+    assert rep["phases"]["nvme"]["counts"]["tlbi_nh_va"] == res["phases"]["nvme"]["qemu"]["SMMU_CMD_TLBI_NH_VA"] > 500
+    # Without the capture's dma_iova_unlink() kprobe lines the unlinks are queued like any lazy unmap.
+    lines = lzma.open(ARM / "trace.txt.xz", "rt").read().splitlines(True)
+    trace = tmp_path / "trace.txt"
+    trace.write_text("".join(l for l in lines if " tb_iova_unlink: " not in l))
+    rep = iommulab.replay(trace, iommu="smmuv3", kernel=res["kernel"], cmdline=res["cmdline"])
+    assert rep["phases"]["nvme"]["counts"]["tlbi_nh_va"] == 0

@@ -132,6 +132,12 @@ if [ "$kprobes" = 1 ]; then
     && run "echo 1 > $T/events/iommulab/tb_map/enable" && added_kprobes="$added_kprobes tb_map"
   run "echo 'p:iommulab/tb_unmap __iommu_unmap dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg3:u64' >> $T/kprobe_events" \
     && run "echo 1 > $T/events/iommulab/tb_unmap/enable" && added_kprobes="$added_kprobes tb_unmap"
+  # The DMA API's IOVA interface (6.17+: nvme-pci's data): dma_iova_unlink() syncs the IOTLB at once, in a lazy
+  # domain too; replay takes the unmap that follows on the CPU as such.
+  if grep -qE " dma_iova_unlink([[:space:]]|\$)" /proc/kallsyms 2>/dev/null; then
+    run "echo 'p:iommulab/tb_iova_unlink dma_iova_unlink' >> $T/kprobe_events" \
+      && run "echo 1 > $T/events/iommulab/tb_iova_unlink/enable" && added_kprobes="$added_kprobes tb_iova_unlink"
+  fi
 fi
 if [ "$timerprobe" = 1 ]; then
   # dma-iommu.c's flush-queue timer callback (lazy mode): when the timer really fired.

@@ -71,6 +71,10 @@ pub enum Record {
     /// The capture's note that it records those (`# iommulab capture: flush queue timer's domain recorded`):
     /// a firing's flush names its domain.
     TimerDomains,
+    /// A kprobe at `dma_iova_unlink()` (`tb_iova_unlink:`): the next unmap on this CPU is an IOVA-API unlink,
+    /// which syncs the IOTLB at once even in a lazy domain (dma-iommu.c __iommu_dma_iova_unlink(), free_iova
+    /// false: not queued).
+    IovaUnlink { ev: EventHead },
     /// Another event, a header or comment line, or an empty line.
     Other,
     /// A line that could not be read (cut by a buffer overrun, garbled): its number and why.
@@ -271,6 +275,7 @@ fn parse_general(s: &str, line: u64) -> Record {
             ev: head,
             dom: fields(body, ["fq_domain"])[0].and_then(num),
         },
+        "tb_iova_unlink" => Record::IovaUnlink { ev: head },
         // One kprobe per IOMMU driver built in (`tb_flush_all_intel`, …; older captures: one `tb_flush_all`).
         e if e == "tb_flush_all" || e.starts_with("tb_flush_all_") => {
             match fields(body, ["dom"])[0].and_then(num) {

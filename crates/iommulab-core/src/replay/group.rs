@@ -30,13 +30,14 @@ pub(super) enum Op {
         end: u64,
     },
     /// An unmap event of `bytes` at `iova`; `cleared`: the kernel reported what it unmapped (PTEs set
-    /// before tracing began are reconstructed then).
+    /// before tracing began are reconstructed then); `synced`: an IOVA-API unlink, invalidated at once.
     Unmap {
         ts: Time,
         cpu: u32,
         iova: u64,
         bytes: u64,
         cleared: bool,
+        synced: bool,
     },
 }
 
@@ -300,6 +301,7 @@ impl Grouper {
         iova: u64,
         size: u64,
         unmapped: u64,
+        synced: bool,
         out: &mut impl Extend<Op>,
     ) {
         let bytes = if unmapped > 0 { unmapped } else { size };
@@ -314,6 +316,7 @@ impl Grouper {
             iova,
             bytes,
             cleared: unmapped > 0,
+            synced,
         }]);
     }
 

@@ -468,7 +468,8 @@ impl Replayer {
                 iova,
                 bytes,
                 cleared,
-            } => self.unmap(ts, cpu, iova, bytes, cleared),
+                synced,
+            } => self.unmap(ts, cpu, iova, bytes, cleared, synced),
         }
     }
 
@@ -517,8 +518,8 @@ impl Replayer {
         c.stats.pages_mapped += pages(size);
     }
 
-    /// An unmap event of `bytes` (the syncs it settled came first).
-    fn unmap(&mut self, ts: Time, cpu: u32, iova: u64, bytes: u64, cleared: bool) {
+    /// An unmap event of `bytes` (the syncs it settled came first); `synced`: an IOVA-API unlink.
+    fn unmap(&mut self, ts: Time, cpu: u32, iova: u64, bytes: u64, cleared: bool, synced: bool) {
         self.totals.unmap_events += 1;
         if !self.dma.policy.translated() {
             return;
@@ -541,6 +542,17 @@ impl Replayer {
                 self.untraced_pages += run;
                 p += run;
             }
+        }
+        if synced {
+            // dma_iova_unlink(): __iommu_dma_iova_unlink() with free_iova false syncs the IOTLB at once, in a
+            // lazy domain too; dma_iova_free() then frees the IOVA, nothing queued.
+            let c = &mut self.dma.core;
+            let (g, t, _) = c.unmap_ptes(ts, cpu as usize, first, n);
+            let t = c.iotlb_sync(t, cpu as usize, &g);
+            let t = c.free_iova(t, cpu as usize, first, n);
+            c.release(first, t);
+            self.take_timer();
+            return;
         }
         self.dma.unmap(ts, cpu as usize, first, n);
         if self.dma.policy.name() == PolicyName::Lazy {
@@ -608,6 +620,8 @@ pub struct ReplaySession {
     timer_domains: bool,
     /// Per CPU, whether a recorded firing waits for the flush that names its domain.
     firing: PerCpu<bool>,
+    /// Per CPU, whether the next unmap is an IOVA-API unlink (a `dma_iova_unlink()` kprobe line came first).
+    unlinking: PerCpu<bool>,
 }
 
 /// Steps read before they are handed to the model together (small enough to stay in a core's cache on
@@ -921,6 +935,7 @@ impl ReplaySession {
             timer_drives: None,
             timer_domains: false,
             firing: PerCpu::default(),
+            unlinking: PerCpu::default(),
         })
     }
 
@@ -1063,6 +1078,10 @@ impl ReplaySession {
                 self.timer_domains = true;
                 return;
             }
+            Record::IovaUnlink { ev } => {
+                *self.unlinking.get_mut(ev.cpu as usize) = true;
+                return;
+            }
             Record::Other | Record::Bad { .. } | Record::Device { .. } | Record::Group { .. } => {
                 return
             }
@@ -1119,7 +1138,10 @@ impl ReplaySession {
                 iova,
                 size,
                 unmapped,
-            } => self.groups[dom.expect("routed")].unmap(ev, iova, size, unmapped, &mut ops),
+            } => {
+                let synced = std::mem::take(self.unlinking.get_mut(ev.cpu as usize));
+                self.groups[dom.expect("routed")].unmap(ev, iova, size, unmapped, synced, &mut ops)
+            }
             Record::Marker { text, .. } => {
                 self.groups.iter_mut().for_each(|g| g.marker(&text));
                 self.batch.push(Step::Marker(text));
@@ -1846,6 +1868,31 @@ mod tests {
         .concat();
         let io = run(&t2, &cm).phases.get("io").unwrap().counts.clone();
         assert_eq!(io.map_syncs, 2);
+    }
+
+    #[test]
+    fn an_iova_api_unlink_invalidates_at_once_in_a_lazy_domain() {
+        // dma_iova_unlink() (the capture's kprobe line, then its unmap) syncs the IOTLB at once; a plain lazy
+        // unmap waits for the flush queue's timer.
+        let t = map(10, 0xffff_f000, 0x1000, 4096)
+            + &line(20, "tb_iova_unlink: (dma_iova_unlink+0x0/0x30)")
+            + &unmap(21, 0xffff_f000, 4096)
+            + &map(30, 0xffff_e000, 0x2000, 4096)
+            + &unmap(31, 0xffff_e000, 4096);
+        let lazy = ReplayOptions {
+            mode: Some(PolicyName::Lazy),
+            jiffy_phase_ns: Some(0),
+            ..Default::default()
+        };
+        let c = run(&t, &lazy).phases.get(OUTSIDE).unwrap().counts.clone();
+        assert_eq!((c.iotlb_psi, c.iotlb_dsi), (1, 1));
+        let c = run(&without(&t, "tb_iova_unlink"), &lazy)
+            .phases
+            .get(OUTSIDE)
+            .unwrap()
+            .counts
+            .clone();
+        assert_eq!((c.iotlb_psi, c.iotlb_dsi), (0, 1));
     }
 
     #[test]

@@ -127,8 +127,8 @@ pub const KERNEL_OLDEST: (u32, u32) = (5, 15);
 pub const KERNEL_NEWEST: (u32, u32) = (6, 18);
 /// The newest kernel replay and the default-domain rules were checked on, with KERNEL_NEWEST's rules: Linux 7.3
 /// (Debian trixie-backports 7.3.4) under QEMU, 2026-11-26: VT-d strict, caching mode and lazy with two devices
-/// at once, virtio-iommu lazy, SMMUv3 strict and lazy, as QEMU's counts, but for lazy NVMe, whose requests since
-/// 6.17 each bring a TLBI by address (docs/replay.md; not modelled, at 6.17 and 6.18 either). Scenarios stop at KERNEL_NEWEST: the
+/// at once, virtio-iommu lazy, SMMUv3 strict and lazy with NVMe (whose IOVA-API unlinks, 6.17+, replay takes
+/// from the capture's dma_iova_unlink kprobe), as QEMU's counts (docs/replay.md). Scenarios stop at KERNEL_NEWEST: the
 /// workload models follow 6.x drivers (7.3's virtio-net, for one, unmaps a twelfth as often as 6.12's).
 pub const KERNEL_CHECKED: (u32, u32) = (7, 3);
 
