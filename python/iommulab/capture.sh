@@ -89,6 +89,10 @@ if [ "$dmaev" = 1 ]; then
   events="$events$dma_events"
 fi
 
+ksym() {  # a kernel function in kallsyms, built in or in a loaded module ("NAME\t[module]")
+  grep -qE " $1([[:space:]]|\$)" /proc/kallsyms 2>/dev/null
+}
+
 run() {  # run or, with -n, print a change to tracefs
   if [ "$dry" = 1 ]; then echo "would: $*"; else sh -c "$*"; fi
 }
@@ -134,7 +138,7 @@ if [ "$kprobes" = 1 ]; then
     && run "echo 1 > $T/events/iommulab/tb_unmap/enable" && added_kprobes="$added_kprobes tb_unmap"
   # The DMA API's IOVA interface (6.17+: nvme-pci's data): dma_iova_unlink() syncs the IOTLB at once, in a lazy
   # domain too; replay takes the unmap that follows on the CPU as such.
-  if grep -qE " dma_iova_unlink([[:space:]]|\$)" /proc/kallsyms 2>/dev/null; then
+  if ksym dma_iova_unlink; then
     run "echo 'p:iommulab/tb_iova_unlink dma_iova_unlink' >> $T/kprobe_events" \
       && run "echo 1 > $T/events/iommulab/tb_iova_unlink/enable" && added_kprobes="$added_kprobes tb_iova_unlink"
   fi
@@ -157,7 +161,7 @@ if [ "$timerprobe" = 1 ]; then
     # driver built in is probed (an x86 kernel has VT-d's and AMD's even where virtio-iommu serves the
     # devices); only the one in use fires.
     for f in intel_flush_iotlb_all arm_smmu_flush_iotlb_all amd_iommu_flush_iotlb_all viommu_flush_iotlb_all; do
-      grep -qE " $f([[:space:]]|\$)" /proc/kallsyms 2>/dev/null || continue
+      ksym "$f" || continue
       k=tb_flush_all_${f%_flush_iotlb_all}
       run "echo 'p:iommulab/$k $f dom=\$arg1:x64' >> $T/kprobe_events" \
         && run "echo 1 > $T/events/iommulab/$k/enable" \

@@ -32,7 +32,8 @@ mod route;
 
 use crate::dma::flush_queue::{FlushQueue, FqOptions};
 use crate::dma::locality::ReuseDistance;
-use crate::dma::{default_domain, DmaCore, DmaLayer};
+use crate::dma::strict::Strict;
+use crate::dma::{default_domain, DmaCore, DmaLayer, DmaPolicy};
 use crate::hw::{self, InvKind, IommuCounters, PAGE_SHIFT};
 use crate::input::InputError;
 use crate::metrics::IovaLocality;
@@ -545,13 +546,10 @@ impl Replayer {
         }
         if synced {
             // dma_iova_unlink(): __iommu_dma_iova_unlink() with free_iova false syncs the IOTLB at once, in a
-            // lazy domain too; dma_iova_free() then frees the IOVA, nothing queued.
+            // lazy domain too, and dma_iova_free() frees the IOVA: a strict unmap, nothing queued.
             let c = &mut self.dma.core;
-            let (g, t, _) = c.unmap_ptes(ts, cpu as usize, first, n);
-            let t = c.iotlb_sync(t, cpu as usize, &g);
-            let t = c.free_iova(t, cpu as usize, first, n);
+            let t = Strict.unmap(c, ts, cpu as usize, first, n);
             c.release(first, t);
-            self.take_timer();
             return;
         }
         self.dma.unmap(ts, cpu as usize, first, n);
@@ -1049,13 +1047,7 @@ impl ReplaySession {
                     // is on a driver not in use (a capture that probed one driver only). The firings
                     // waiting are lost; from now on each names its domain by its fq_domain.
                     self.timer_domains = false;
-                    let waiting = self
-                        .firing
-                        .iter_mut()
-                        .map(std::mem::take)
-                        .filter(|&f| f)
-                        .count();
-                    self.timer_record().ignored += waiting as u64;
+                    self.drop_waiting_firings();
                 }
                 if let Some(ptr) = *dom {
                     let d = self.timer_domain(ptr);
@@ -1192,6 +1184,19 @@ impl ReplaySession {
         self.timer_record().ignored += 1;
     }
 
+    /// Firings still waiting for the flush that names their domain are lost: passed over.
+    fn drop_waiting_firings(&mut self) {
+        let waiting = self
+            .firing
+            .iter_mut()
+            .map(std::mem::take)
+            .filter(|&f| f)
+            .count();
+        if waiting > 0 {
+            self.timer_record().ignored += waiting as u64;
+        }
+    }
+
     /// What the trace's record of the flush timer came to so far (it has one).
     fn timer_record(&mut self) -> &mut RecordedTimer {
         self.recorded_timer
@@ -1255,10 +1260,7 @@ impl ReplaySession {
             self.line(&String::from_utf8_lossy(&l));
         }
         self.release(true);
-        let lost = self.firing.iter().filter(|&&f| f).count();
-        for _ in 0..lost {
-            self.timer_ignored();
-        }
+        self.drop_waiting_firings();
         // The candidates still waiting for unmaps, synced as their phases' settled ones were.
         for (dom, g) in self.groups.iter_mut().enumerate() {
             let mut ops = Vec::new();

@@ -91,12 +91,12 @@ pub fn parse_kernel(v: &str) -> Result<(u32, u32), String> {
 /// The rules replay and the default-domain rules follow for kernel `v`: its own, or KERNEL_NEWEST's for a
 /// kernel after it up to KERNEL_CHECKED (what reaches the IOMMU did not change on the paths checked).
 pub fn rules_kernel(v: &str) -> Result<(u32, u32), String> {
-    kernel_in(
-        v,
-        KERNEL_CHECKED,
-        " (kernels after 6.18 follow 6.18's rules, checked on Linux 7.3)",
-    )
-    .map(|k| k.min(KERNEL_NEWEST))
+    let (n, c) = (KERNEL_NEWEST, KERNEL_CHECKED);
+    let why = format!(
+        " (kernels after {}.{} follow {}.{}'s rules, checked on Linux {}.{})",
+        n.0, n.1, n.0, n.1, c.0, c.1
+    );
+    kernel_in(v, KERNEL_CHECKED, &why).map(|k| k.min(KERNEL_NEWEST))
 }
 
 fn kernel_in(v: &str, newest: (u32, u32), why: &str) -> Result<(u32, u32), String> {
