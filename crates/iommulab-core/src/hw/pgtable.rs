@@ -149,12 +149,96 @@ pub struct Unmapped {
     pub leaf_level: u32,
 }
 
+/// Present entries a table holds in place before it gets an array of all its entries: the upper levels of
+/// a domain, and every table of a sparse address space, hold a few (a host-side layout: what a walk reads
+/// is the same).
+const SMALL_TABLE_ENTRIES: usize = 4;
+
 struct Table {
-    e: Box<[u64]>,
+    /// Every entry, once the table has held more than [`SMALL_TABLE_ENTRIES`] present ones.
+    full: Option<Box<[u64]>>,
+    /// Until then its present entries: the first `small` indices, ascending, and their entries.
+    idx: [u32; SMALL_TABLE_ENTRIES],
+    ent: [u64; SMALL_TABLE_ENTRIES],
+    small: u8,
     live: u32,
     /// Unique per allocation (0 once freed), so a walk-cache entry pointing at a freed (or reused) table page
     /// is detected.
     id: u64,
+}
+
+impl Table {
+    fn new(id: u64) -> Self {
+        Table {
+            full: None,
+            idx: [0; SMALL_TABLE_ENTRIES],
+            ent: [0; SMALL_TABLE_ENTRIES],
+            small: 0,
+            live: 0,
+            id,
+        }
+    }
+
+    /// Entry `i` (0: not present).
+    #[inline]
+    fn get(&self, i: usize) -> u64 {
+        match &self.full {
+            Some(e) => e[i],
+            None => {
+                let n = self.small as usize;
+                self.idx[..n]
+                    .iter()
+                    .position(|&x| x == i as u32)
+                    .map_or(0, |k| self.ent[k])
+            }
+        }
+    }
+
+    /// Write entry `i` of a table of `entries` entries.
+    fn set(&mut self, i: usize, v: u64, entries: usize) {
+        if let Some(e) = self.full.as_mut() {
+            e[i] = v;
+            return;
+        }
+        let n = self.small as usize;
+        let k = self.idx[..n].partition_point(|&x| x < i as u32);
+        if k < n && self.idx[k] == i as u32 {
+            if v != 0 {
+                self.ent[k] = v;
+            } else {
+                self.idx.copy_within(k + 1..n, k);
+                self.ent.copy_within(k + 1..n, k);
+                self.small -= 1;
+            }
+            return;
+        }
+        if v == 0 {
+            return;
+        }
+        if n < SMALL_TABLE_ENTRIES {
+            self.idx.copy_within(k..n, k + 1);
+            self.ent.copy_within(k..n, k + 1);
+            self.idx[k] = i as u32;
+            self.ent[k] = v;
+            self.small += 1;
+            return;
+        }
+        let mut e = vec![0; entries].into_boxed_slice();
+        for k in 0..n {
+            e[self.idx[k] as usize] = self.ent[k];
+        }
+        e[i] = v;
+        self.full = Some(e);
+        self.small = 0;
+    }
+
+    /// A small table's first index in [from, last] that holds an entry.
+    #[inline]
+    fn next_small(&self, from: usize, last: usize) -> Option<usize> {
+        let n = self.small as usize;
+        let k = self.idx[..n].partition_point(|&x| (x as usize) < from);
+        (k < n && self.idx[k] as usize <= last).then(|| self.idx[k] as usize)
+    }
 }
 
 /// A table's handle, as walk caches hold it: its allocation id above its slot, so a walk can resume at the
@@ -210,18 +294,15 @@ impl RadixPgtable {
         self.next_id += 1;
         let n = self.fmt.entries(level);
         if let Some(i) = self.free_slots.pop() {
+            // A freed table holds no present entry; a full one keeps its array for a table of its size.
             let t = &mut self.tables[i as usize];
-            if t.e.len() != n {
-                t.e = vec![0; n].into_boxed_slice();
+            if t.full.as_ref().is_some_and(|e| e.len() != n) {
+                t.full = None;
             }
             t.id = id;
             return i;
         }
-        self.tables.push(Table {
-            e: vec![0; n].into_boxed_slice(),
-            live: 0,
-            id,
-        });
+        self.tables.push(Table::new(id));
         (self.tables.len() - 1) as u32
     }
 
@@ -248,24 +329,26 @@ impl RadixPgtable {
             let mut t = self.root;
             for l in (level + 1..=self.fmt.levels).rev() {
                 let idx = self.fmt.index(va, l);
-                let e = self.tables[t as usize].e[idx];
+                let e = self.tables[t as usize].get(idx);
                 t = if e == 0 || e & LEAF != 0 {
                     self.leaves_replaced += (e != 0) as u64;
                     let child = self.alloc_table(l - 1);
+                    let n = self.fmt.entries(l);
                     let tab = &mut self.tables[t as usize];
                     tab.live += (e == 0) as u32;
-                    tab.e[idx] = child as u64 + 1;
+                    tab.set(idx, child as u64 + 1, n);
                     child
                 } else {
                     (e - 1) as u32
                 };
             }
             let idx = self.fmt.index(va, level);
-            let old = self.tables[t as usize].e[idx];
+            let old = self.tables[t as usize].get(idx);
             self.leaves_replaced += (old != 0) as u64;
+            let n = self.fmt.entries(level);
             let tab = &mut self.tables[t as usize];
             tab.live += (old == 0) as u32;
-            tab.e[idx] = LEAF | (phys + k * step + 1);
+            tab.set(idx, LEAF | (phys + k * step + 1), n);
         }
         count
     }
@@ -311,43 +394,70 @@ impl RadixPgtable {
         u: &mut Unmapped,
     ) -> u64 {
         let shift = self.fmt.span_shift(level);
-        let span = 1u64 << shift;
         let first = ((lo - base) >> shift) as usize;
         let last = (((hi - 1 - base) >> shift) as usize).min(self.fmt.entries(level) - 1);
         let mut unmapped = 0;
-        for idx in first..=last {
-            let e = self.tables[t as usize].e[idx];
-            if e == 0 {
-                continue;
+        if first == last || self.tables[t as usize].full.is_some() {
+            for idx in first..=last {
+                unmapped += self.clear_entry(t, level, base, idx, lo, hi, u);
             }
-            let ebase = base + ((idx as u64) << shift);
-            if e & LEAF != 0 {
-                let tab = &mut self.tables[t as usize];
-                tab.e[idx] = 0;
-                tab.live -= 1;
-                unmapped += span;
-                u.first = u.first.min(ebase);
-                u.last = u.last.max(ebase + span - 1);
-                u.leaf_level = u.leaf_level.max(level);
-                u.leaves += 1;
-                continue;
+        } else {
+            let mut from = first;
+            while let Some(idx) = self.tables[t as usize].next_small(from, last) {
+                unmapped += self.clear_entry(t, level, base, idx, lo, hi, u);
+                from = idx + 1;
             }
-            let child = (e - 1) as u32;
-            unmapped += self.clear_level(
-                child,
-                level - 1,
-                ebase,
-                lo.max(ebase),
-                hi.min(ebase + span),
-                u,
-            );
-            if lo <= ebase && ebase + span <= hi && self.tables[child as usize].live == 0 {
-                let tab = &mut self.tables[t as usize];
-                tab.e[idx] = 0;
-                tab.live -= 1;
-                self.free_table(child);
-                u.tables_freed += 1;
-            }
+        }
+        unmapped
+    }
+
+    /// Clear entry `idx` of table `t` (of `level`, spanning from `base`) as far as [lo, hi) covers it: a leaf
+    /// whole, a table's entries below, and the table itself once the range covers its span and it is empty.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn clear_entry(
+        &mut self,
+        t: u32,
+        level: u32,
+        base: u64,
+        idx: usize,
+        lo: u64,
+        hi: u64,
+        u: &mut Unmapped,
+    ) -> u64 {
+        let e = self.tables[t as usize].get(idx);
+        if e == 0 {
+            return 0;
+        }
+        let shift = self.fmt.span_shift(level);
+        let span = 1u64 << shift;
+        let entries = self.fmt.entries(level);
+        let ebase = base + ((idx as u64) << shift);
+        if e & LEAF != 0 {
+            let tab = &mut self.tables[t as usize];
+            tab.set(idx, 0, entries);
+            tab.live -= 1;
+            u.first = u.first.min(ebase);
+            u.last = u.last.max(ebase + span - 1);
+            u.leaf_level = u.leaf_level.max(level);
+            u.leaves += 1;
+            return span;
+        }
+        let child = (e - 1) as u32;
+        let unmapped = self.clear_level(
+            child,
+            level - 1,
+            ebase,
+            lo.max(ebase),
+            hi.min(ebase + span),
+            u,
+        );
+        if lo <= ebase && ebase + span <= hi && self.tables[child as usize].live == 0 {
+            let tab = &mut self.tables[t as usize];
+            tab.set(idx, 0, entries);
+            tab.live -= 1;
+            self.free_table(child);
+            u.tables_freed += 1;
         }
         unmapped
     }
@@ -377,7 +487,7 @@ impl RadixPgtable {
         };
         for level in (1..=top).rev() {
             w.level = level;
-            let e = self.tables[t as usize].e[self.fmt.index(gpfn, level)];
+            let e = self.tables[t as usize].get(self.fmt.index(gpfn, level));
             if e == 0 {
                 return w;
             }
@@ -398,7 +508,7 @@ impl RadixPgtable {
     pub fn lookup(&self, gpfn: u64) -> Option<(u64, u32)> {
         let mut t = self.root;
         for level in (1..=self.fmt.levels).rev() {
-            let e = self.tables[t as usize].e[self.fmt.index(gpfn, level)];
+            let e = self.tables[t as usize].get(self.fmt.index(gpfn, level));
             if e == 0 {
                 return None;
             }
@@ -415,6 +525,64 @@ impl RadixPgtable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A table read, written and searched in place until it holds more than a few entries, then as
+        /// an array, answers as a plain array of its entries would.
+        #[test]
+        fn a_small_table_reads_as_its_array(ops in proptest::collection::vec((0usize..24, 0u64..3), 1..200)) {
+            let mut t = Table::new(1);
+            let mut model = [0u64; 24];
+            for (i, v) in ops {
+                t.set(i, v, 24);
+                model[i] = v;
+                for j in 0..24 {
+                    prop_assert_eq!(t.get(j), model[j]);
+                }
+                let (a, b) = (i / 2, (i + 7).min(23));
+                let present: Vec<usize> = if t.full.is_some() {
+                    (a..=b).filter(|&j| t.get(j) != 0).collect()
+                } else {
+                    std::iter::successors(t.next_small(a, b), |&j| t.next_small(j + 1, b)).collect()
+                };
+                let expected: Vec<usize> = (a..=b).filter(|&j| model[j] != 0).collect();
+                prop_assert_eq!(present, expected);
+            }
+        }
+
+        /// Maps and unmaps of any ranges leave the table translating exactly what a page-by-page model says.
+        #[test]
+        fn maps_and_unmaps_translate_as_a_page_map(ops in proptest::collection::vec((any::<bool>(), 0u64..4096, 1u64..600), 1..60)) {
+            // 4 KiB pages only: an unmap clears a block whole, which a page model does not follow.
+            let mut pt = RadixPgtable::new(PtFormat::vtd(48, false).unwrap());
+            let mut model = std::collections::BTreeMap::new();
+            let mut next_phys = 1u64 << 20;
+            for (map, at, n) in ops {
+                let at = at << 9; // spread over several tables at each level
+                if map {
+                    if (at..at + n).all(|p| !model.contains_key(&p)) {
+                        pt.map(at, next_phys, n);
+                        model.extend((0..n).map(|k| (at + k, next_phys + k)));
+                        next_phys += 1 << 20;
+                    }
+                } else {
+                    pt.unmap(at, n);
+                    let gone: Vec<u64> = model.range(at..at + n).map(|(&p, _)| p).collect();
+                    for p in gone {
+                        model.remove(&p);
+                    }
+                }
+                for (&p, &phys) in model.iter().step_by(7) {
+                    prop_assert_eq!(pt.lookup(p).map(|x| x.0), Some(phys));
+                    prop_assert_eq!(pt.walk(p).phys, Some(phys));
+                }
+            }
+            for p in (0..4096u64 << 9).step_by(4093) {
+                prop_assert_eq!(pt.lookup(p).map(|x| x.0), model.get(&p).copied());
+            }
+        }
+    }
 
     fn vtd4() -> PtFormat {
         PtFormat::vtd(48, true).unwrap()
