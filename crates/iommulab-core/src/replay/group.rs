@@ -204,16 +204,16 @@ impl Grouper {
     /// running when an interrupt unmaps under it), with the mapper of the open ones.
     fn take_overlapping(&mut self, a: u64, b: u64) -> Overlapping {
         let mut hits = Overlapping::new();
-        let first = self
+        // Candidates never overlap one another (a map first settles what it overlaps), so those overlapping
+        // [a, b) are the last ones starting before b, back to the first that ends by a.
+        let mut keys: SmallVec<[u64; 4]> = self
             .pending
-            .range(..=a)
-            .next_back()
-            .filter(|(_, c)| c.end() > a)
-            .map(|(&k, _)| k);
-        let keys: SmallVec<[u64; 4]> = first
-            .into_iter()
-            .chain(self.pending.range(a..b).map(|(&k, _)| k))
+            .range(..b)
+            .rev()
+            .take_while(|(_, c)| c.end() > a)
+            .map(|(&k, _)| k)
             .collect();
+        keys.reverse();
         for k in keys {
             if let Some(c) = self.pending.remove(&k) {
                 hits.push((c, None));
@@ -237,6 +237,11 @@ impl Grouper {
     fn settle(&mut self, a: u64, b: u64, out: &mut impl Extend<Op>) {
         let hits = self.take_overlapping(a, b);
         for (c, who) in hits {
+            if a <= c.start() && c.end() <= b {
+                // Mostly the unmap of exactly one candidate: all of it inside.
+                self.sync_map(&c, out);
+                continue;
+            }
             let (before, inside, after) = split(c, a, b);
             if let Some(p) = inside {
                 self.sync_map(&p, out);
@@ -325,6 +330,66 @@ impl Grouper {
             Marked::Begin(name) => self.phase = Some(name),
             Marked::End => self.phase = None,
             Marked::Unmatched | Marked::Nothing => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::ftrace::Ctx;
+    use proptest::prelude::*;
+
+    fn ev(who: u32, ts: u64) -> EventHead {
+        EventHead {
+            pid: who,
+            cpu: who % 2,
+            ctx: Ctx::Task,
+            ts_ns: ts,
+            line: ts,
+        }
+    }
+
+    /// Every candidate, open or waiting for its unmaps, with its range.
+    fn ranges(g: &Grouper) -> Vec<(u64, u64)> {
+        let mut r: Vec<(u64, u64)> = g
+            .open
+            .iter()
+            .map(|(_, c)| c)
+            .chain(g.pending.values())
+            .map(|c| (c.start(), c.end()))
+            .collect();
+        r.sort_unstable();
+        r
+    }
+
+    proptest! {
+        /// Candidates never overlap one another, whatever the maps and unmaps of several mappers: what
+        /// `take_overlapping` relies on to find an unmap's candidates in one ordered pass.
+        #[test]
+        fn candidates_never_overlap(ops in proptest::collection::vec((any::<bool>(), 0u32..3, 0u64..64, 1u64..6), 1..200)) {
+            let mut g = Grouper::new(true);
+            let mut out: Vec<Op> = Vec::new();
+            let mut syncs = 0;
+            for (k, (map, who, at, n)) in ops.into_iter().enumerate() {
+                let (iova, size) = (at << 12, n << 12);
+                let e = ev(who, k as u64);
+                // Count each candidate's pages before: an unmap's syncs cover exactly the candidates it meets.
+                let before = ranges(&g);
+                if map {
+                    g.map(&e, iova, 0, size, &mut out);
+                } else {
+                    g.unmap(&e, iova, size, size, false, &mut out);
+                    let met = before.iter().filter(|&&(s, t)| s < iova + size && t > iova).count();
+                    let new_syncs = out.iter().filter(|o| matches!(o, Op::Sync { .. })).count() - syncs;
+                    prop_assert_eq!(new_syncs, met, "an unmap settles each candidate it overlaps once");
+                }
+                syncs = out.iter().filter(|o| matches!(o, Op::Sync { .. })).count();
+                let r = ranges(&g);
+                for w in r.windows(2) {
+                    prop_assert!(w[0].1 <= w[1].0, "candidates {:?} and {:?} overlap", w[0], w[1]);
+                }
+            }
         }
     }
 }
