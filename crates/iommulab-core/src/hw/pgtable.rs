@@ -537,8 +537,8 @@ mod tests {
             for (i, v) in ops {
                 t.set(i, v, 24);
                 model[i] = v;
-                for j in 0..24 {
-                    prop_assert_eq!(t.get(j), model[j]);
+                for (j, &m) in model.iter().enumerate() {
+                    prop_assert_eq!(t.get(j), m);
                 }
                 let (a, b) = (i / 2, (i + 7).min(23));
                 let present: Vec<usize> = if t.full.is_some() {
