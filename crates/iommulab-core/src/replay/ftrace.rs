@@ -15,9 +15,16 @@
 use memchr::{memchr, memchr2, memchr_iter, memrchr};
 
 /// Where the two bytes `pat` first occur in `b` (a two-byte needle: cheaper than building a substring finder
-/// per line).
+/// per line). The search runs on the byte other than a space: the task column is padded with spaces, and
+/// stopping at each cost the parser a tenth of its time.
 fn find2(b: &[u8], pat: &[u8; 2]) -> Option<usize> {
-    memchr_iter(pat[0], b).find(|&i| b.get(i + 1) == Some(&pat[1]))
+    if pat[0] == b' ' && pat[1] != b' ' {
+        memchr_iter(pat[1], b)
+            .find(|&i| i > 0 && b[i - 1] == b' ')
+            .map(|i| i - 1)
+    } else {
+        memchr_iter(pat[0], b).find(|&i| b.get(i + 1) == Some(&pat[1]))
+    }
 }
 
 /// CPU numbers a trace can show: the largest NR_CPUS any architecture allows (arch/x86/Kconfig, MAXSMP).
@@ -531,6 +538,15 @@ mod tests {
     }
 
     proptest! {
+        /// The two-byte search finds the first occurrence, whichever byte it runs on.
+        #[test]
+        fn find2_finds_the_first_occurrence(b in "[ \\[:a-z]{0,40}") {
+            for pat in [b" [", b": ", b"  ", b"a["] {
+                let naive = b.as_bytes().windows(2).position(|w| w == pat);
+                prop_assert_eq!(find2(b.as_bytes(), pat), naive);
+            }
+        }
+
         /// A map or unmap line in any of the layouts ftrace prints reads back as written; any other text
         /// (multi-byte characters next to the delimiters included) reads as something, never a panic.
         #[test]
