@@ -125,6 +125,23 @@ fn digits(b: &[u8], radix: u32) -> Option<u64> {
     })
 }
 
+/// Each byte's value as a hex digit, or [`NOT_HEX`].
+const HEX_DIGIT: [u8; 256] = {
+    let mut t = [NOT_HEX; 256];
+    let mut c = 0;
+    while c < 256 {
+        t[c] = match c as u8 {
+            b'0'..=b'9' => c as u8 - b'0',
+            b'a'..=b'f' => c as u8 - b'a' + 10,
+            b'A'..=b'F' => c as u8 - b'A' + 10,
+            _ => NOT_HEX,
+        };
+        c += 1;
+    }
+    t
+};
+const NOT_HEX: u8 = 0xff;
+
 /// A hex number `0x…` up to the next byte that is not a hex digit, in one pass: (value, the rest); None if it
 /// has no digit or does not fit 64 bits.
 fn hex_word(b: &[u8]) -> Option<(u64, &[u8])> {
@@ -132,12 +149,11 @@ fn hex_word(b: &[u8]) -> Option<(u64, &[u8])> {
     let mut v = 0u64;
     let mut n = 0;
     for &c in b {
-        let d = match c {
-            b'0'..=b'9' => c - b'0',
-            b'a'..=b'f' => c - b'a' + 10,
-            b'A'..=b'F' => c - b'A' + 10,
-            _ => break,
-        };
+        // A table, not a match: digits and letters alternate unpredictably in addresses.
+        let d = HEX_DIGIT[c as usize];
+        if d == NOT_HEX {
+            break;
+        }
         if v >> 60 != 0 {
             return None;
         }
