@@ -146,6 +146,23 @@ const NOT_HEX: u8 = 0xff;
 /// has no digit or does not fit 64 bits.
 fn hex_word(b: &[u8]) -> Option<(u64, &[u8])> {
     let b = b.strip_prefix(b"0x")?;
+    // The kernel prints addresses as 0x%016llx: sixteen digits, read without a branch per digit.
+    if let Some((word, after)) = b.split_first_chunk::<16>() {
+        if after
+            .first()
+            .is_none_or(|&c| HEX_DIGIT[c as usize] == NOT_HEX)
+        {
+            let (mut v, mut bad) = (0u64, 0u8);
+            for &c in word {
+                let d = HEX_DIGIT[c as usize];
+                bad |= d;
+                v = v << 4 | (d & 0xf) as u64;
+            }
+            if bad & 0xf0 == 0 {
+                return Some((v, after));
+            }
+        }
+    }
     let mut v = 0u64;
     let mut n = 0;
     for &c in b {
@@ -554,6 +571,31 @@ mod tests {
     }
 
     proptest! {
+        /// A hex word reads as its digits say, whether it has the kernel's sixteen or not (leading zeros,
+        /// upper case, a non-digit anywhere, no digit at all, more than 64 bits).
+        #[test]
+        fn hex_words_read_as_their_digits(digits in "[0-9a-fA-F]{0,24}", tail in "[ g:=xX0-9a-f-]{0,3}", zeros in 0usize..20,
+                                          v in any::<u64>(), cut in 0usize..16, junk in "[ g:=xX-]") {
+            let kernel = format!("0x{v:016x}{tail}");
+            let n = 2 + kernel[2..].bytes().take_while(|c| c.is_ascii_hexdigit()).count();
+            if n == 18 {
+                prop_assert_eq!(hex_word(kernel.as_bytes()), Some((v, &kernel.as_bytes()[18..])));
+            }
+            // A non-digit inside the sixteen: the digits before it.
+            let mut torn = format!("0x{v:016X} ");
+            torn.replace_range(2 + cut..3 + cut, &junk);
+            let want = (cut > 0).then(|| (u64::from_str_radix(&torn[2..2 + cut], 16).unwrap(), &torn.as_bytes()[2 + cut..]));
+            prop_assert_eq!(hex_word(torn.as_bytes()), want);
+            let text = format!("0x{}{digits}{tail}", "0".repeat(zeros));
+            let b = text.as_bytes();
+            let n = b[2..].iter().take_while(|c| c.is_ascii_hexdigit()).count();
+            let want = u128::from_str_radix(&text[2..2 + n], 16)
+                .ok()
+                .filter(|&v| v <= u64::MAX as u128)
+                .map(|v| (v as u64, &b[2 + n..]));
+            prop_assert_eq!(hex_word(b), want, "{}", text);
+        }
+
         /// The two-byte search finds the first occurrence, whichever byte it runs on.
         #[test]
         fn find2_finds_the_first_occurrence(b in "[ \\[:a-z]{0,40}") {
