@@ -91,6 +91,74 @@ fn split(
     )
 }
 
+/// Closed candidates waiting for their unmaps, ordered by start IOVA. The order holds slot numbers and the
+/// candidates stay put in their slots: moving a candidate in and out of the tree's nodes on every insert
+/// cost the reading thread more than the search.
+#[derive(Default)]
+struct Pending {
+    by_start: BTreeMap<u64, u32>,
+    slots: Vec<Option<Candidate>>,
+    free: Vec<u32>,
+}
+
+impl Pending {
+    fn insert(&mut self, c: Candidate) {
+        let k = c.start();
+        let slot = match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(c);
+                i
+            }
+            None => {
+                self.slots.push(Some(c));
+                (self.slots.len() - 1) as u32
+            }
+        };
+        if let Some(old) = self.by_start.insert(k, slot) {
+            // Candidates never overlap, so never share a start; should one, the later replaces it as a map's
+            // entry would.
+            self.slots[old as usize] = None;
+            self.free.push(old);
+        }
+    }
+
+    fn remove(&mut self, k: u64) -> Option<Candidate> {
+        let slot = self.by_start.remove(&k)?;
+        self.free.push(slot);
+        self.slots[slot as usize].take()
+    }
+
+    fn get(&self, slot: u32) -> &Candidate {
+        self.slots[slot as usize]
+            .as_ref()
+            .expect("a slot in the order holds its candidate")
+    }
+
+    /// The candidates starting before `b`, last first.
+    fn before(&self, b: u64) -> impl Iterator<Item = (u64, &Candidate)> {
+        self.by_start
+            .range(..b)
+            .rev()
+            .map(|(&k, &s)| (k, self.get(s)))
+    }
+
+    /// Every candidate, by start.
+    #[cfg(test)]
+    fn values(&self) -> impl Iterator<Item = &Candidate> {
+        self.by_start.values().map(|&s| self.get(s))
+    }
+
+    fn take_all(&mut self) -> Vec<Candidate> {
+        let order = std::mem::take(&mut self.by_start);
+        let all = order
+            .into_values()
+            .filter_map(|s| self.slots[s as usize].take())
+            .collect();
+        *self = Pending::default();
+        all
+    }
+}
+
 /// What a marker line does to the current phase.
 pub(super) enum Marked {
     Begin(Arc<str>),
@@ -122,7 +190,7 @@ pub(super) struct Grouper {
     /// Candidates still being extended, by who is mapping.
     open: Vec<(Mapper, Candidate)>,
     /// Closed candidates waiting for their unmaps, by start IOVA.
-    pending: BTreeMap<u64, Candidate>,
+    pending: Pending,
     /// Phases in which an unmap showed several map events to be one mapping call (a map_sg).
     sg_phases: BTreeSet<PhaseName>,
 }
@@ -134,7 +202,7 @@ impl Grouper {
             translated,
             phase: None,
             open: Vec::new(),
-            pending: BTreeMap::new(),
+            pending: Pending::default(),
             sg_phases: BTreeSet::new(),
         }
     }
@@ -185,7 +253,7 @@ impl Grouper {
             .open
             .drain(..)
             .map(|(_, c)| c)
-            .chain(std::mem::take(&mut self.pending).into_values())
+            .chain(self.pending.take_all())
             .collect();
         for c in left {
             self.sync_unsettled(c, out);
@@ -196,7 +264,7 @@ impl Grouper {
     fn close(&mut self, who: Mapper) {
         if let Some(i) = self.open.iter().position(|(k, _)| *k == who) {
             let (_, c) = self.open.swap_remove(i);
-            self.pending.insert(c.start(), c);
+            self.pending.insert(c);
         }
     }
 
@@ -206,16 +274,15 @@ impl Grouper {
         let mut hits = Overlapping::new();
         // Candidates never overlap one another (a map first settles what it overlaps), so those overlapping
         // [a, b) are the last ones starting before b, back to the first that ends by a.
-        let mut keys: SmallVec<[u64; 4]> = self
-            .pending
-            .range(..b)
-            .rev()
-            .take_while(|(_, c)| c.end() > a)
-            .map(|(&k, _)| k)
-            .collect();
-        keys.reverse();
-        for k in keys {
-            if let Some(c) = self.pending.remove(&k) {
+        let mut keys: SmallVec<[u64; 4]> = SmallVec::new();
+        for (k, c) in self.pending.before(b) {
+            if c.end() <= a {
+                break;
+            }
+            keys.push(k);
+        }
+        for &k in keys.iter().rev() {
+            if let Some(c) = self.pending.remove(k) {
                 hits.push((c, None));
             }
         }
@@ -247,12 +314,12 @@ impl Grouper {
                 self.sync_map(&p, out);
             }
             if let Some(p) = before {
-                self.pending.insert(p.start(), p);
+                self.pending.insert(p);
             }
             match (after, who) {
                 (Some(p), Some(who)) => self.open.push((who, p)),
                 (Some(p), None) => {
-                    self.pending.insert(p.start(), p);
+                    self.pending.insert(p);
                 }
                 (None, _) => {}
             }
