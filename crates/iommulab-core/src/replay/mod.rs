@@ -45,7 +45,6 @@ use hold::{Held, Holdback};
 use route::Router;
 use serde::ser::SerializeMap;
 use serde::Serialize;
-use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::sync::Arc;
@@ -647,6 +646,20 @@ enum Step {
 /// Steps read and grouped, for the model.
 type Batch = Vec<Step>;
 
+/// Where a domain's grouper puts its ops: straight into the batch, as that domain's steps.
+struct ToBatch<'a> {
+    batch: &'a mut Batch,
+    dom: usize,
+}
+
+impl Extend<Op> for ToBatch<'_> {
+    fn extend<I: IntoIterator<Item = Op>>(&mut self, ops: I) {
+        let dom = self.dom;
+        self.batch
+            .extend(ops.into_iter().map(|op| Step::Do { dom, op }));
+    }
+}
+
 /// Per tick phase tried (one unless lazy with the phase left to inference), one replayer per DMA domain the
 /// trace shows: each its own IOVA space, page table, flush queue and timer.
 type Replayers = Vec<(u64, Vec<Replayer>)>;
@@ -1117,7 +1130,10 @@ impl ReplaySession {
             known,
         });
         // Which map events were one call is the trace's to tell (the same for every tick phase tried).
-        let mut ops: SmallVec<[Op; 2]> = SmallVec::new();
+        let mut ops = ToBatch {
+            batch: &mut self.batch,
+            dom: dom.unwrap_or(0),
+        };
         match rec {
             Record::Map {
                 ref ev,
@@ -1140,9 +1156,6 @@ impl ReplaySession {
             }
             _ => {}
         }
-        let dom = dom.unwrap_or(0);
-        self.batch
-            .extend(ops.into_iter().map(|op| Step::Do { dom, op }));
         if self.batch.len() >= REPLAY_BATCH {
             self.replay_batch();
         }
@@ -1263,10 +1276,10 @@ impl ReplaySession {
         self.drop_waiting_firings();
         // The candidates still waiting for unmaps, synced as their phases' settled ones were.
         for (dom, g) in self.groups.iter_mut().enumerate() {
-            let mut ops = Vec::new();
-            g.sync_leftovers(&mut ops);
-            self.batch
-                .extend(ops.into_iter().map(|op| Step::Do { dom, op }));
+            g.sync_leftovers(&mut ToBatch {
+                batch: &mut self.batch,
+                dom,
+            });
         }
         self.replay_batch();
         let lines = self.lines;
