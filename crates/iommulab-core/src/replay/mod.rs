@@ -45,6 +45,7 @@ use hold::{Held, Holdback};
 use route::Router;
 use serde::ser::SerializeMap;
 use serde::Serialize;
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::sync::Arc;
@@ -340,8 +341,8 @@ struct Replayer {
     mark: Totals,
     phase: PhaseName,
     phases: Phases,
-    /// Lazily unmapped IOVA still waiting for a flush: first pfn → end pfn. Every flush frees all of it.
-    queued: BTreeMap<u64, u64>,
+    /// Lazily unmapped IOVA still waiting for a flush. Every flush frees all of it.
+    queued: Queued,
     /// Flush-queue flushes when `queued` was last emptied.
     queued_flushes: u64,
     /// Armed flush-queue timers: (expiry, sequence) → CPU.
@@ -356,6 +357,53 @@ struct Replayer {
     unmatched_markers: u64,
     /// Map events that wrote over a translation still present in their domain.
     maps_over_live: u64,
+}
+
+/// Ranges of pfns unmapped lazily and not yet flushed: first pfn → end pfn.
+#[derive(Default)]
+struct Queued {
+    by_first: BTreeMap<u64, u64>,
+    /// Some ranges overlap (a trace that unmaps what it already unmapped): the ranges a map meets are then
+    /// not one run of the order, and are looked for among all that start before its end.
+    overlapping: bool,
+}
+
+impl Queued {
+    fn clear(&mut self) {
+        self.by_first.clear();
+        self.overlapping = false;
+    }
+
+    fn insert(&mut self, first: u64, end: u64) {
+        let before = self.by_first.range(..=first).next_back();
+        let after = self.by_first.range(first + 1..).next();
+        self.overlapping |=
+            before.is_some_and(|(_, &e)| e > first) || after.is_some_and(|(&a, _)| a < end);
+        self.by_first.insert(first, end);
+    }
+
+    /// Drop the ranges [first, end) meets; how many.
+    fn take_overlapping(&mut self, first: u64, end: u64) -> u64 {
+        let hit: SmallVec<[u64; 4]> = if self.overlapping {
+            self.by_first
+                .range(..end)
+                .filter(|(_, &e)| e > first)
+                .map(|(&a, _)| a)
+                .collect()
+        } else {
+            // Disjoint ranges: those met are the last ones starting before `end`.
+            self.by_first
+                .range(..end)
+                .rev()
+                .take_while(|(_, &e)| e > first)
+                .map(|(&a, _)| a)
+                .collect()
+        };
+        for a in &hit {
+            self.by_first.remove(a);
+        }
+        hit.len() as u64
+    }
 }
 
 fn pfn(bytes: u64) -> u64 {
@@ -491,16 +539,7 @@ impl Replayer {
     /// A map of [first, end) pfns: any of it the model still holds queued for a flush is an early reuse.
     fn check_reuse(&mut self, first: u64, end: u64) {
         self.prune_queued();
-        let hit: Vec<u64> = self
-            .queued
-            .range(..end)
-            .filter(|(_, &e)| e > first)
-            .map(|(&a, _)| a)
-            .collect();
-        self.totals.early_reuses += hit.len() as u64;
-        for a in hit {
-            self.queued.remove(&a);
-        }
+        self.totals.early_reuses += self.queued.take_overlapping(first, end);
     }
 
     /// A map event (the syncs it settled came first).
@@ -825,7 +864,7 @@ impl Maker {
             mark: Totals::default(),
             phase: None,
             phases: Phases::default(),
-            queued: BTreeMap::new(),
+            queued: Queued::default(),
             queued_flushes: 0,
             timers: BTreeMap::new(),
             recorded: false,
@@ -1425,6 +1464,40 @@ pub fn replay<R: BufRead>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A map finds every queued range it meets, once, whether the ranges are disjoint (the run found
+        /// from its end) or a trace has made them overlap (the full search).
+        #[test]
+        fn a_map_finds_the_queued_ranges_it_meets(ops in proptest::collection::vec((0u8..8, 0u64..200, 1u64..20), 1..200)) {
+            let mut q = Queued::default();
+            let mut model: BTreeMap<u64, u64> = BTreeMap::new();
+            for (kind, first, n) in ops {
+                match kind {
+                    0 => {
+                        q.clear();
+                        model.clear();
+                    }
+                    // Mostly unmaps of IOVA not queued, now and then one over a queued range.
+                    1..=4 => {
+                        if kind == 4 || model.iter().all(|(&a, &e)| e <= first || a >= first + n) {
+                            q.insert(first, first + n);
+                            model.insert(first, first + n);
+                        }
+                    }
+                    _ => {
+                        let met: Vec<u64> = model.iter().filter(|(&a, &e)| a < first + n && e > first).map(|(&a, _)| a).collect();
+                        prop_assert_eq!(q.take_overlapping(first, first + n), met.len() as u64);
+                        for a in met {
+                            model.remove(&a);
+                        }
+                    }
+                }
+                prop_assert_eq!(&q.by_first, &model);
+            }
+        }
+    }
 
     fn line(ts_us: u64, body: &str) -> String {
         format!(
