@@ -185,13 +185,14 @@ fn hex_word(b: &[u8]) -> Option<(u64, &[u8])> {
 /// 0x… size=N unmapped_size=N`. Anything else (another event or layout, a tgid column, a torn or odd line) is
 /// None, and the general reader takes it; where this one answers, the general reader answers the same.
 fn fast_event(b: &[u8], line: u64) -> Option<Record> {
+    // Fields a few bytes long are searched by plain loops (memchr's setup costs more than they do).
     // Comments and the ring buffer's own notes are the general reader's.
     let t = b.trim_ascii_start();
     if t.starts_with(b"#") || t.starts_with(b"CPU:") {
         return None;
     }
     let open = find2(b, b" [")?;
-    let close = open + memchr(b']', &b[open..])?;
+    let close = open + b[open..].iter().position(|&c| c == b']')?;
     let cpu_txt = b[open + 2..close].trim_ascii();
     let cpu = u32::try_from(digits(cpu_txt, 10)?)
         .ok()
@@ -200,12 +201,12 @@ fn fast_event(b: &[u8], line: u64) -> Option<Record> {
     if taskpid.ends_with(b")") {
         return None;
     }
-    let dash = memrchr(b'-', taskpid)?;
+    let dash = taskpid.iter().rposition(|&c| c == b'-')?;
     let pid = u32::try_from(digits(&taskpid[dash + 1..], 10)?).ok()?;
     let rest = &b[close + 1..];
     let colon = find2(rest, b": ")?;
     let words = rest[..colon].trim_ascii();
-    let (flags, ts) = match memrchr(b' ', words) {
+    let (flags, ts) = match words.iter().rposition(|&c| c == b' ') {
         Some(sp) => (Some(words[..sp].trim_ascii()), &words[sp + 1..]),
         None => (None, words),
     };
@@ -214,7 +215,7 @@ fn fast_event(b: &[u8], line: u64) -> Option<Record> {
         return None;
     }
     // parse_ts()'s rule on bytes (a str parse here cost the parser 6 %): a dot, at most nine decimals.
-    let dot = memchr(b'.', ts)?;
+    let dot = ts.iter().position(|&c| c == b'.')?;
     let frac = &ts[dot + 1..];
     if frac.is_empty() || frac.len() > 9 {
         return None;
@@ -247,7 +248,7 @@ fn fast_event(b: &[u8], line: u64) -> Option<Record> {
     let (iova, m) = hex_word(m)?;
     let (_, m) = hex_word(m.strip_prefix(b" - ")?)?;
     let m = m.strip_prefix(b" size=")?;
-    let sp = memchr(b' ', m)?;
+    let sp = m.iter().position(|&c| c == b' ')?;
     let size = digits(&m[..sp], 10)?;
     let unmapped = digits(m[sp..].strip_prefix(b" unmapped_size=")?, 10)?;
     Some(Record::Unmap {
