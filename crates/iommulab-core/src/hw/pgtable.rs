@@ -157,10 +157,10 @@ const SMALL_TABLE_ENTRIES: usize = 4;
 struct Table {
     /// Every entry, once the table has held more than [`SMALL_TABLE_ENTRIES`] present ones.
     full: Option<Box<[u64]>>,
-    /// Until then its present entries: the first `small` indices, ascending, and their entries.
+    /// Until then its present entries: the first `live` indices, ascending, and their entries.
     idx: [u32; SMALL_TABLE_ENTRIES],
     ent: [u64; SMALL_TABLE_ENTRIES],
-    small: u8,
+    /// Present entries (kept by [`Table::set`]).
     live: u32,
     /// Unique per allocation (0 once freed), so a walk-cache entry pointing at a freed (or reused) table page
     /// is detected.
@@ -173,7 +173,6 @@ impl Table {
             full: None,
             idx: [0; SMALL_TABLE_ENTRIES],
             ent: [0; SMALL_TABLE_ENTRIES],
-            small: 0,
             live: 0,
             id,
         }
@@ -185,7 +184,7 @@ impl Table {
         match &self.full {
             Some(e) => e[i],
             None => {
-                let n = self.small as usize;
+                let n = self.live as usize;
                 self.idx[..n]
                     .iter()
                     .position(|&x| x == i as u32)
@@ -194,13 +193,14 @@ impl Table {
         }
     }
 
-    /// Write entry `i` of a table of `entries` entries.
+    /// Write entry `i` of a table of `entries` entries (0: clear it), counting present entries.
     fn set(&mut self, i: usize, v: u64, entries: usize) {
         if let Some(e) = self.full.as_mut() {
-            e[i] = v;
+            let old = std::mem::replace(&mut e[i], v);
+            self.live = self.live + (v != 0) as u32 - (old != 0) as u32;
             return;
         }
-        let n = self.small as usize;
+        let n = self.live as usize;
         let k = self.idx[..n].partition_point(|&x| x < i as u32);
         if k < n && self.idx[k] == i as u32 {
             if v != 0 {
@@ -208,7 +208,7 @@ impl Table {
             } else {
                 self.idx.copy_within(k + 1..n, k);
                 self.ent.copy_within(k + 1..n, k);
-                self.small -= 1;
+                self.live -= 1;
             }
             return;
         }
@@ -220,7 +220,7 @@ impl Table {
             self.ent.copy_within(k..n, k + 1);
             self.idx[k] = i as u32;
             self.ent[k] = v;
-            self.small += 1;
+            self.live += 1;
             return;
         }
         let mut e = vec![0; entries].into_boxed_slice();
@@ -229,13 +229,13 @@ impl Table {
         }
         e[i] = v;
         self.full = Some(e);
-        self.small = 0;
+        self.live += 1;
     }
 
     /// A small table's first index in [from, last] that holds an entry.
     #[inline]
     fn next_small(&self, from: usize, last: usize) -> Option<usize> {
-        let n = self.small as usize;
+        let n = self.live as usize;
         let k = self.idx[..n].partition_point(|&x| (x as usize) < from);
         (k < n && self.idx[k] as usize <= last).then(|| self.idx[k] as usize)
     }
@@ -334,9 +334,7 @@ impl RadixPgtable {
                     self.leaves_replaced += (e != 0) as u64;
                     let child = self.alloc_table(l - 1);
                     let n = self.fmt.entries(l);
-                    let tab = &mut self.tables[t as usize];
-                    tab.live += (e == 0) as u32;
-                    tab.set(idx, child as u64 + 1, n);
+                    self.tables[t as usize].set(idx, child as u64 + 1, n);
                     child
                 } else {
                     (e - 1) as u32
@@ -346,9 +344,7 @@ impl RadixPgtable {
             let old = self.tables[t as usize].get(idx);
             self.leaves_replaced += (old != 0) as u64;
             let n = self.fmt.entries(level);
-            let tab = &mut self.tables[t as usize];
-            tab.live += (old == 0) as u32;
-            tab.set(idx, LEAF | (phys + k * step + 1), n);
+            self.tables[t as usize].set(idx, LEAF | (phys + k * step + 1), n);
         }
         count
     }
@@ -434,9 +430,7 @@ impl RadixPgtable {
         let entries = self.fmt.entries(level);
         let ebase = base + ((idx as u64) << shift);
         if e & LEAF != 0 {
-            let tab = &mut self.tables[t as usize];
-            tab.set(idx, 0, entries);
-            tab.live -= 1;
+            self.tables[t as usize].set(idx, 0, entries);
             u.first = u.first.min(ebase);
             u.last = u.last.max(ebase + span - 1);
             u.leaf_level = u.leaf_level.max(level);
@@ -453,9 +447,7 @@ impl RadixPgtable {
             u,
         );
         if lo <= ebase && ebase + span <= hi && self.tables[child as usize].live == 0 {
-            let tab = &mut self.tables[t as usize];
-            tab.set(idx, 0, entries);
-            tab.live -= 1;
+            self.tables[t as usize].set(idx, 0, entries);
             self.free_table(child);
             u.tables_freed += 1;
         }
