@@ -91,6 +91,21 @@ fn split(
     )
 }
 
+/// Of ranges that never overlap one another, the ones meeting [a, b): given (start, end) of those starting
+/// before b, last first, the run back to the first that ends by a; their starts, ascending.
+pub(super) fn meeting(before_b: impl Iterator<Item = (u64, u64)>, a: u64) -> SmallVec<[u64; 4]> {
+    // A loop, not a collect: SmallVec's extend cost the reading thread more than the search.
+    let mut met: SmallVec<[u64; 4]> = SmallVec::new();
+    for (start, end) in before_b {
+        if end <= a {
+            break;
+        }
+        met.push(start);
+    }
+    met.reverse();
+    met
+}
+
 /// Closed candidates waiting for their unmaps, ordered by start IOVA. The order holds slot numbers and the
 /// candidates stay put in their slots: moving a candidate in and out of the tree's nodes on every insert
 /// cost the reading thread more than the search.
@@ -149,13 +164,15 @@ impl Pending {
     }
 
     fn take_all(&mut self) -> Vec<Candidate> {
-        let order = std::mem::take(&mut self.by_start);
-        let all = order
+        let Pending {
+            by_start,
+            mut slots,
+            ..
+        } = std::mem::take(self);
+        by_start
             .into_values()
-            .filter_map(|s| self.slots[s as usize].take())
-            .collect();
-        *self = Pending::default();
-        all
+            .filter_map(|s| slots[s as usize].take())
+            .collect()
     }
 }
 
@@ -272,16 +289,9 @@ impl Grouper {
     /// running when an interrupt unmaps under it), with the mapper of the open ones.
     fn take_overlapping(&mut self, a: u64, b: u64) -> Overlapping {
         let mut hits = Overlapping::new();
-        // Candidates never overlap one another (a map first settles what it overlaps), so those overlapping
-        // [a, b) are the last ones starting before b, back to the first that ends by a.
-        let mut keys: SmallVec<[u64; 4]> = SmallVec::new();
-        for (k, c) in self.pending.before(b) {
-            if c.end() <= a {
-                break;
-            }
-            keys.push(k);
-        }
-        for &k in keys.iter().rev() {
+        // Candidates never overlap one another (a map first settles what it overlaps).
+        let keys = meeting(self.pending.before(b).map(|(k, c)| (k, c.end())), a);
+        for k in keys {
             if let Some(c) = self.pending.remove(k) {
                 hits.push((c, None));
             }
@@ -441,7 +451,7 @@ mod tests {
             for (k, (map, who, at, n)) in ops.into_iter().enumerate() {
                 let (iova, size) = (at << 12, n << 12);
                 let e = ev(who, k as u64);
-                // Count each candidate's pages before: an unmap's syncs cover exactly the candidates it meets.
+                // The candidates before the event: an unmap's syncs cover exactly the ones it meets.
                 let before = ranges(&g);
                 if map {
                     g.map(&e, iova, 0, size, &mut out);

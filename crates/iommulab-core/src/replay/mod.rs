@@ -40,7 +40,7 @@ use crate::metrics::IovaLocality;
 use crate::scenario::{load, Arch, PolicyName, Source, Vendor};
 use crate::sim::{PerCpu, Time};
 use ftrace::Record;
-use group::{marked, Grouper, Marked, Op, PhaseName};
+use group::{marked, meeting, Grouper, Marked, Op, PhaseName};
 use hold::{Held, Holdback};
 use route::Router;
 use serde::ser::SerializeMap;
@@ -375,10 +375,14 @@ impl Queued {
     }
 
     fn insert(&mut self, first: u64, end: u64) {
-        let before = self.by_first.range(..=first).next_back();
-        let after = self.by_first.range(first + 1..).next();
-        self.overlapping |=
-            before.is_some_and(|(_, &e)| e > first) || after.is_some_and(|(&a, _)| a < end);
+        // While the ranges are disjoint, [first, end) meets one exactly when the last starting before its
+        // end ends after its first.
+        self.overlapping = self.overlapping
+            || self
+                .by_first
+                .range(..end)
+                .next_back()
+                .is_some_and(|(_, &e)| e > first);
         self.by_first.insert(first, end);
     }
 
@@ -391,13 +395,10 @@ impl Queued {
                 .map(|(&a, _)| a)
                 .collect()
         } else {
-            // Disjoint ranges: those met are the last ones starting before `end`.
-            self.by_first
-                .range(..end)
-                .rev()
-                .take_while(|(_, &e)| e > first)
-                .map(|(&a, _)| a)
-                .collect()
+            meeting(
+                self.by_first.range(..end).rev().map(|(&a, &e)| (a, e)),
+                first,
+            )
         };
         for a in &hit {
             self.by_first.remove(a);
