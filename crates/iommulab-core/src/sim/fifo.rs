@@ -10,6 +10,7 @@
 //! conserved.
 
 use super::lock::{LockStats, LOOKBEHIND_NS};
+use super::split_deque::partition_from_back;
 use super::Time;
 use std::collections::VecDeque;
 
@@ -41,7 +42,8 @@ impl FifoServer {
         {
             self.reqs.pop_front();
         }
-        let i = self.reqs.partition_point(|r| r.at <= at);
+        let (a, b) = self.reqs.as_slices();
+        let i = partition_from_back(&[a, b], |r| r.at <= at);
         let (start, end) = if i == self.reqs.len() {
             let start = at.max(self.horizon);
             self.horizon = start + work;

@@ -1,8 +1,8 @@
 use super::coherence::{Coherence, NO_CPU};
 use super::hist::Histogram;
 use super::per_cpu::PerCpu;
+use super::split_deque::SplitDeque;
 use super::Time;
-use std::collections::VecDeque;
 
 /// How far behind the latest request an earlier-timed request may still arrive. A CPU's work runs ahead of the
 /// event being processed by at most one work item (a NAPI poll, a read); booked intervals older than this are
@@ -112,7 +112,7 @@ pub const QSPINLOCK_HANDOFF_TRANSFERS: u64 = 3;
 #[derive(Debug, Clone, Default)]
 pub struct SpinLock {
     /// Busy intervals in time order, none overlapping or touching.
-    busy: VecDeque<Booking>,
+    busy: SplitDeque<Booking>,
     latest: Time,
     /// The last holder of everything forgotten.
     owner: u32,
@@ -121,33 +121,6 @@ pub struct SpinLock {
     version: u64,
     seen: PerCpu<u64>,
     pub stats: LockStats,
-}
-
-/// The first index of `busy` at which `pred` (true on a prefix, false after it) is false, as
-/// `partition_point`, but galloping from the back: the bookings asked about are mostly the latest, whose
-/// lines are still in cache, while a binary search from the middle of a long calendar misses on every step.
-fn partition_from_back(busy: &VecDeque<Booking>, pred: impl Fn(&Booking) -> bool) -> usize {
-    let (mut lo, mut hi) = (0, busy.len());
-    let mut step = 1;
-    while hi > 0 {
-        let probe = hi.saturating_sub(step);
-        if pred(&busy[probe]) {
-            lo = probe + 1;
-            break;
-        }
-        hi = probe;
-        step *= 2;
-    }
-    // pred holds before lo and fails from hi on.
-    while lo < hi {
-        let mid = lo + (hi - lo) / 2;
-        if pred(&busy[mid]) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    lo
 }
 
 /// [start, end), held last by `cpu`.
@@ -218,7 +191,7 @@ impl SpinLock {
         }
         self.latest = self.latest.max(at);
         let floor = self.latest.saturating_sub(LOOKBEHIND_NS);
-        while let Some(&f) = self.busy.front() {
+        while let Some(f) = self.busy.front() {
             if f.e > floor {
                 break;
             }
@@ -226,7 +199,7 @@ impl SpinLock {
             self.busy.pop_front();
         }
         // Fast path: at or after everything booked (requests mostly come in time order).
-        match self.busy.back().copied() {
+        match self.busy.back() {
             Some(last) if at < last.e => {}
             last => {
                 let prev = last.map_or(self.owner, |l| l.cpu);
@@ -257,10 +230,10 @@ impl SpinLock {
             }
         }
         // First gap at or after `at` long enough for the transfer from the gap's previous holder and the hold.
-        let mut i = partition_from_back(&self.busy, |b| b.s <= at);
+        let mut i = self.busy.partition_from_back(|b| b.s <= at);
         let (mut start, mut prev) = (at, self.owner);
         if i > 0 {
-            let b = self.busy[i - 1];
+            let b = self.busy.get(i - 1);
             if b.e > at {
                 start = b.e;
             }
@@ -269,7 +242,7 @@ impl SpinLock {
         let moves = |start: Time| if start > at { handoff } else { 1 };
         let mut xfer = self.coh.transfer_ns(prev, cpu) * moves(start);
         while i < self.busy.len() {
-            let b = self.busy[i];
+            let b = self.busy.get(i);
             if b.s >= start + (xfer + hold).max(1) {
                 break;
             }
@@ -299,11 +272,11 @@ impl SpinLock {
             return;
         }
         // Bookings touching or overlapping [s, e]: those ending at or after s and starting at or before e.
-        let lo = partition_from_back(&self.busy, |b| b.e < s);
-        let hi = partition_from_back(&self.busy, |b| b.s <= e);
-        let mut m = Booking { s, e, cpu: NO_CPU };
+        let lo = self.busy.partition_from_back(|b| b.e < s);
+        let hi = self.busy.partition_from_back(|b| b.s <= e);
         let mut owner_end = 0;
-        for b in self.busy.drain(lo..hi.max(lo)) {
+        let m = Booking { s, e, cpu: NO_CPU };
+        self.busy.merge(lo, hi.max(lo), m, |mut m, b| {
             // The holder who extends is the one whose booking ends last among those merged.
             if b.e >= owner_end {
                 owner_end = b.e;
@@ -311,29 +284,29 @@ impl SpinLock {
             }
             m.s = m.s.min(b.s);
             m.e = m.e.max(b.e);
-        }
-        self.busy.insert(lo, m);
+            m
+        });
         self.latest = self.latest.max(s);
     }
 
     /// Insert [s, e) held last by `cpu` before booking `i` (which starts at or after e), merging with
     /// neighbours that touch it.
     fn book(&mut self, i: usize, s: Time, e: Time, cpu: u32) {
-        let joins_prev = i > 0 && self.busy[i - 1].e == s;
-        let joins_next = i < self.busy.len() && self.busy[i].s == e;
+        let joins_prev = i > 0 && self.busy.get(i - 1).e == s;
+        let joins_next = i < self.busy.len() && self.busy.get(i).s == e;
         match (joins_prev, joins_next) {
             (true, true) => {
-                let next = self.busy.remove(i).expect("exists");
-                let p = &mut self.busy[i - 1];
+                let next = self.busy.remove(i);
+                let p = self.busy.get_mut(i - 1);
                 p.e = next.e;
                 p.cpu = next.cpu;
             }
             (true, false) => {
-                let p = &mut self.busy[i - 1];
+                let p = self.busy.get_mut(i - 1);
                 p.e = e;
                 p.cpu = cpu;
             }
-            (false, true) => self.busy[i].s = s,
+            (false, true) => self.busy.get_mut(i).s = s,
             (false, false) => self.busy.insert(i, Booking { s, e, cpu }),
         }
     }
@@ -342,20 +315,7 @@ impl SpinLock {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
 
-    proptest! {
-        #[test]
-        fn galloping_from_the_back_finds_what_partition_point_finds(
-            starts in proptest::collection::btree_set(0u64..10_000, 0..300), at in 0u64..10_100,
-        ) {
-            let busy: VecDeque<Booking> = starts.iter().map(|&s| Booking { s, e: s + 1, cpu: 0 }).collect();
-            prop_assert_eq!(
-                partition_from_back(&busy, |b| b.s <= at),
-                busy.partition_point(|b| b.s <= at)
-            );
-        }
-    }
     #[test]
     fn second_acquirer_waits_for_first() {
         let mut l = SpinLock::default();
@@ -394,7 +354,7 @@ mod tests {
         assert_eq!(l.busy.len(), 1);
         assert_eq!(
             l.busy.back(),
-            Some(&Booking {
+            Some(Booking {
                 s: 0,
                 e: 10_000,
                 cpu: NO_CPU

@@ -14,6 +14,7 @@ mod lock;
 mod per_cpu;
 mod rng;
 mod sched;
+mod split_deque;
 
 pub use coherence::{Coherence, NO_CPU};
 pub use cpu::Cpu;
