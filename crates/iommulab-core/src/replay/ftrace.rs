@@ -142,6 +142,28 @@ const HEX_DIGIT: [u8; 256] = {
 };
 const NOT_HEX: u8 = 0xff;
 
+/// Eight ASCII hex digits, the first in the top byte, as their value (None if any is not a hex digit): every
+/// byte at once, as bit operations on the word (SWAR), instead of a dependent shift per digit.
+#[inline]
+fn hex8(x: u64) -> Option<u64> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // Per byte, the high bit set where the byte is at least k (bytes below 0x80: no carry between them).
+    let at_least = |x: u64, k: u64| (x + (0x80 - k) * ONES) & HIGH;
+    let folded = x | (0x20 * ONES); // 'A'..'F' to 'a'..'f'
+    let digit = at_least(x, 0x30) & !at_least(x, 0x3a);
+    let letter = at_least(folded, 0x61) & !at_least(folded, 0x67);
+    if x & HIGH != 0 || (digit | letter) != HIGH {
+        return None;
+    }
+    // A letter's value is its low nibble + 9.
+    let v = (x & (0x0f * ONES)) + (letter >> 7) * 9;
+    // Nibbles into bytes, bytes into 16-bit halves, halves into the word.
+    let v = (v | v >> 4) & 0x00ff_00ff_00ff_00ff;
+    let v = (v | v >> 8) & 0x0000_ffff_0000_ffff;
+    Some((v | v >> 16) & 0xffff_ffff)
+}
+
 /// A hex number `0x…` up to the next byte that is not a hex digit, in one pass: (value, the rest); None if it
 /// has no digit or does not fit 64 bits.
 fn hex_word(b: &[u8]) -> Option<(u64, &[u8])> {
@@ -152,14 +174,10 @@ fn hex_word(b: &[u8]) -> Option<(u64, &[u8])> {
             .first()
             .is_none_or(|&c| HEX_DIGIT[c as usize] == NOT_HEX)
         {
-            let (mut v, mut bad) = (0u64, 0u8);
-            for &c in word {
-                let d = HEX_DIGIT[c as usize];
-                bad |= d;
-                v = v << 4 | (d & 0xf) as u64;
-            }
-            if bad & 0xf0 == 0 {
-                return Some((v, after));
+            let (hi, lo) = word.split_at(8);
+            let hex = |h: &[u8]| hex8(u64::from_be_bytes(h.try_into().expect("eight bytes")));
+            if let (Some(hi), Some(lo)) = (hex(hi), hex(lo)) {
+                return Some((hi << 32 | lo, after));
             }
         }
     }
@@ -595,6 +613,24 @@ mod tests {
                 .filter(|&v| v <= u64::MAX as u128)
                 .map(|v| (v as u64, &b[2 + n..]));
             prop_assert_eq!(hex_word(b), want, "{}", text);
+        }
+
+        /// Eight bytes read as hex digits all at once agree with reading them one by one, at the edges of the
+        /// digit and letter ranges and with bytes above 0x7f.
+        #[test]
+        fn eight_hex_digits_read_at_once_as_one_by_one(
+            digits in "[0-9a-fA-F]{8}", at in 0usize..8, odd in any::<Option<u8>>(),
+            edge in proptest::sample::select(vec![b'/', b'0', b'9', b':', b'@', b'A', b'F', b'G', b'`', b'a', b'f',
+                                                  b'g', 0x7f, 0x80, 0xb0, 0xc1, 0xe6, 0xff]),
+        ) {
+            // Hex digits, one of them maybe swapped for a byte at the edge of a range or any byte.
+            let mut bytes = digits.into_bytes();
+            bytes[at] = odd.unwrap_or(edge);
+            let one_by_one = bytes.iter().try_fold(0u64, |v, &c| {
+                (c as char).to_digit(16).map(|d| v << 4 | d as u64)
+            });
+            let word = u64::from_be_bytes(bytes.clone().try_into().unwrap());
+            prop_assert_eq!(hex8(word), one_by_one, "{:?}", bytes);
         }
 
         /// The two-byte search finds the first occurrence, whichever byte it runs on.
