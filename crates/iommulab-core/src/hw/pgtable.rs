@@ -5,6 +5,8 @@
 //! Map chooses page sizes as iommu.c iommu_pgsize() does; unmap frees a table page only when the range
 //! covers its whole span, as intel/iommu.c dma_pte_clear_level() and io-pgtable-arm __arm_lpae_unmap() do.
 
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
 /// Bytes per page-table entry (both formats use 64-bit descriptors).
 const PTE_SHIFT: u32 = 3;
 /// io-pgtable-arm.c ARM_LPAE_S2_MAX_CONCAT_PAGES: stage-2 start tables concatenated up to 16 pages.
@@ -256,8 +258,16 @@ pub struct Walk {
     pub ptr: [u64; 8],
 }
 
+/// Leaf tables remembered by the span they cover, so maps, unmaps and lookups near recent ones go straight
+/// to their leaf table (direct-mapped by span; a host-side shortcut: what a walk reads and what a map or
+/// unmap changes are the same).
+const LEAF_HINTS: usize = 64;
+
 pub struct RadixPgtable {
     fmt: PtFormat,
+    /// Per hint: the span (granule pfn >> bits, plus one; 0: none) and the handle of its leaf table. Atomics
+    /// only because lookups take `&self`; one thread uses a table at a time.
+    hints: Box<[(AtomicU64, AtomicU64)]>,
     tables: Vec<Table>,
     free_slots: Vec<u32>,
     root: u32,
@@ -272,6 +282,9 @@ impl RadixPgtable {
     pub fn new(fmt: PtFormat) -> Self {
         let mut pt = RadixPgtable {
             fmt,
+            hints: (0..LEAF_HINTS)
+                .map(|_| (AtomicU64::new(0), AtomicU64::new(0)))
+                .collect(),
             tables: Vec::new(),
             free_slots: Vec::new(),
             root: 0,
@@ -319,6 +332,36 @@ impl RadixPgtable {
         self.tables[t as usize].id << SLOT_BITS | t as u64
     }
 
+    /// The leaf table (level 1) covering `gpfn`, if a hint remembers it and it is still in the tree.
+    #[inline]
+    fn hinted(&self, gpfn: u64) -> Option<u32> {
+        let span = gpfn >> self.fmt.bits;
+        let (k, h) = &self.hints[span as usize % LEAF_HINTS];
+        if k.load(Relaxed) != span + 1 {
+            return None;
+        }
+        let h = h.load(Relaxed);
+        let t = (h & SLOT_MASK) as u32;
+        // Freed (id 0) or its slot reused (another id): stale.
+        (self.tables[t as usize].id == h >> SLOT_BITS).then_some(t)
+    }
+
+    /// Remember that leaf table `t` covers `gpfn`.
+    #[inline]
+    fn hint(&self, gpfn: u64, t: u32) {
+        let span = gpfn >> self.fmt.bits;
+        let (k, h) = &self.hints[span as usize % LEAF_HINTS];
+        k.store(span + 1, Relaxed);
+        h.store(self.handle(t), Relaxed);
+    }
+
+    /// Forget every hint (a table left the tree without being freed).
+    fn forget_hints(&self) {
+        for (k, _) in self.hints.iter() {
+            k.store(0, Relaxed);
+        }
+    }
+
     /// Map `count` pages of the size of `level` at granule pfns `iova`/`phys` (both aligned to it).
     /// Returns leaf entries written; a present entry in the way is replaced (its table, if any, leaks as
     /// the kernel would refuse it: callers map only unmapped ranges).
@@ -326,8 +369,10 @@ impl RadixPgtable {
         let step = 1u64 << self.fmt.span_shift(level);
         for k in 0..count {
             let va = iova + k * step;
-            let mut t = self.root;
-            for l in (level + 1..=self.fmt.levels).rev() {
+            let hinted = if level == 1 { self.hinted(va) } else { None };
+            let mut t = hinted.unwrap_or(self.root);
+            let upper = if hinted.is_some() { 1 } else { self.fmt.levels };
+            for l in (level + 1..=upper).rev() {
                 let idx = self.fmt.index(va, l);
                 let e = self.tables[t as usize].get(idx);
                 t = if e == 0 || e & LEAF != 0 {
@@ -340,9 +385,16 @@ impl RadixPgtable {
                     (e - 1) as u32
                 };
             }
+            if level == 1 && hinted.is_none() && self.fmt.levels > 1 {
+                self.hint(va, t);
+            }
             let idx = self.fmt.index(va, level);
             let old = self.tables[t as usize].get(idx);
             self.leaves_replaced += (old != 0) as u64;
+            if level > 1 && old != 0 && old & LEAF == 0 {
+                // A block over a table: the table (and those below it) leaves the tree unfreed.
+                self.forget_hints();
+            }
             let n = self.fmt.entries(level);
             self.tables[t as usize].set(idx, LEAF | (phys + k * step + 1), n);
         }
@@ -376,7 +428,14 @@ impl RadixPgtable {
             last: 0,
             leaf_level: 0,
         };
-        u.granules = self.clear_level(self.root, self.fmt.levels, 0, gpfn, gpfn + n, &mut u);
+        // Inside one leaf table's span without covering it: only that table changes (no table is freed).
+        let span = 1u64 << self.fmt.bits;
+        let base = gpfn & !(span - 1);
+        let inside = self.fmt.levels > 1 && n > 0 && gpfn + n <= base + span && n < span;
+        u.granules = match self.hinted(gpfn).filter(|_| inside) {
+            Some(t) => self.clear_level(t, 1, base, gpfn, gpfn + n, &mut u),
+            None => self.clear_level(self.root, self.fmt.levels, 0, gpfn, gpfn + n, &mut u),
+        };
         u
     }
 
@@ -498,6 +557,10 @@ impl RadixPgtable {
     /// it runs on every cache hit to detect stale entries).
     #[inline]
     pub fn lookup(&self, gpfn: u64) -> Option<(u64, u32)> {
+        if let Some(t) = self.hinted(gpfn) {
+            let e = self.tables[t as usize].get(self.fmt.index(gpfn, 1));
+            return (e != 0).then(|| ((e & !LEAF) - 1, 1));
+        }
         let mut t = self.root;
         for level in (1..=self.fmt.levels).rev() {
             let e = self.tables[t as usize].get(self.fmt.index(gpfn, level));
@@ -540,6 +603,43 @@ mod tests {
                 };
                 let expected: Vec<usize> = (a..=b).filter(|&j| model[j] != 0).collect();
                 prop_assert_eq!(present, expected);
+            }
+        }
+
+        /// Leaf-table hints change nothing: a table that forgets them before every call maps, unmaps, looks
+        /// up and walks alike, over spans whose hints collide, superpages laid over tables and tables
+        /// freed and reused.
+        #[test]
+        fn hints_change_nothing(ops in proptest::collection::vec(
+            (0u8..4, 0u64..200, 0u64..512, 1u64..700, any::<bool>()), 1..80,
+        )) {
+            let fmt = PtFormat::vtd(48, true).unwrap();
+            let (mut hinted, mut plain) = (RadixPgtable::new(fmt), RadixPgtable::new(fmt));
+            let mut next_phys = 1u64 << 30;
+            for (kind, span, off, n, block) in ops {
+                // Spans k and k + 64 share a hint.
+                let at = span << 9 | off;
+                plain.forget_hints();
+                // A whole leaf table's span (a 2 MiB block to map) when asked for, else any range.
+                let (at, n) = if block { (at & !511, 512) } else { (at, n) };
+                match kind {
+                    0 | 1 => {
+                        prop_assert_eq!(hinted.map(at, next_phys, n), plain.map(at, next_phys, n));
+                        next_phys += 1 << 20;
+                    }
+                    2 => prop_assert_eq!(hinted.unmap(at, n), plain.unmap(at, n)),
+                    _ => {
+                        for p in (at..at + n).step_by(37) {
+                            prop_assert_eq!(hinted.lookup(p), plain.lookup(p));
+                            let (a, b) = (hinted.walk(p), plain.walk(p));
+                            prop_assert_eq!((a.phys, a.level, a.ptr), (b.phys, b.level, b.ptr));
+                        }
+                    }
+                }
+                prop_assert_eq!(
+                    (hinted.tables_allocated, hinted.tables_freed, hinted.leaves_replaced),
+                    (plain.tables_allocated, plain.tables_freed, plain.leaves_replaced)
+                );
             }
         }
 
