@@ -271,6 +271,17 @@ impl SpinLock {
         if e <= s {
             return;
         }
+        self.latest = self.latest.max(s);
+        // Mostly a holder extending the latest booking, its own: the only one [s, e] can touch.
+        if let Some(last) = self.busy.back_mut().filter(|l| l.s <= s && s <= l.e) {
+            last.e = last.e.max(e);
+            return;
+        }
+        self.extend_merging(s, e);
+    }
+
+    /// [`SpinLock::extend`] over the bookings [s, e] touches, wherever they are.
+    fn extend_merging(&mut self, s: Time, e: Time) {
         // Bookings touching or overlapping [s, e]: those ending at or after s and starting at or before e.
         let lo = self.busy.partition_from_back(|b| b.e < s);
         let hi = self.busy.partition_from_back(|b| b.s <= e);
@@ -286,7 +297,6 @@ impl SpinLock {
             m.e = m.e.max(b.e);
             m
         });
-        self.latest = self.latest.max(s);
     }
 
     /// Insert [s, e) held last by `cpu` before booking `i` (which starts at or after e), merging with
@@ -315,6 +325,33 @@ impl SpinLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Extending the latest booking in place leaves the calendar as merging through it would, among
+        /// takes from any CPU at any time and extensions anywhere.
+        #[test]
+        fn extending_in_place_is_merging(ops in proptest::collection::vec(
+            (any::<bool>(), 0u64..2_000, 0u64..300, 0u32..3), 1..120,
+        )) {
+            let mut fast = SpinLock::new(Coherence { cluster_cores: 1, socket_cores: 2, cluster_ns: 7, socket_ns: 7, remote_ns: 20 });
+            let mut slow = fast.clone();
+            for (take, at, len, cpu) in ops {
+                if take {
+                    prop_assert_eq!(fast.lock_on(at, cpu, len), slow.lock_on(at, cpu, len));
+                } else {
+                    fast.extend(at, at + len);
+                    if at + len > at {
+                        slow.latest = slow.latest.max(at);
+                        slow.extend_merging(at, at + len);
+                    }
+                }
+                let calendar = |l: &SpinLock| (0..l.busy.len()).map(|i| l.busy.get(i)).collect::<Vec<_>>();
+                prop_assert_eq!(calendar(&fast), calendar(&slow));
+                prop_assert_eq!(fast.latest, slow.latest);
+            }
+        }
+    }
 
     #[test]
     fn second_acquirer_waits_for_first() {
