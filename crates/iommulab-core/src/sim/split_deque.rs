@@ -89,7 +89,11 @@ impl<T: Copy> SplitDeque<T> {
     }
 
     pub fn pop_front(&mut self) -> Option<T> {
-        self.head.pop_front().or_else(|| self.tail.pop_front())
+        if self.head.is_empty() {
+            // Popped up to the split: the tail is the whole sequence, and one buffer is enough for it.
+            self.head = std::mem::take(&mut self.tail);
+        }
+        self.head.pop_front()
     }
 
     pub fn push_back(&mut self, x: T) {
