@@ -148,12 +148,17 @@ const NOT_HEX: u8 = 0xff;
 fn hex8(x: u64) -> Option<u64> {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    // Per byte, the high bit set where the byte is at least k (bytes below 0x80: no carry between them).
+    // A byte of 0x80 or above is no digit; with every byte below it, the sums below carry neither between
+    // bytes nor out of the word.
+    if x & HIGH != 0 {
+        return None;
+    }
+    // Per byte, the high bit set where the byte is at least k.
     let at_least = |x: u64, k: u64| (x + (0x80 - k) * ONES) & HIGH;
     let folded = x | (0x20 * ONES); // 'A'..'F' to 'a'..'f'
     let digit = at_least(x, 0x30) & !at_least(x, 0x3a);
     let letter = at_least(folded, 0x61) & !at_least(folded, 0x67);
-    if x & HIGH != 0 || (digit | letter) != HIGH {
+    if (digit | letter) != HIGH {
         return None;
     }
     // A letter's value is its low nibble + 9.
