@@ -8,6 +8,8 @@ import os
 import pathlib
 import shutil
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -44,10 +46,11 @@ def test_capture_records_restores_and_replays(tmp_path):
     assert (t / "tracing_on").read_text().strip() == "1"
     assert (t / "events/iommu/map/enable").read_text().strip() == "0"
     assert "TB_END net" in (t / "trace_marker").read_text()
-    # Overruns are reported, in its output and in the trace.
-    assert "3 events were lost" in p.stderr
+    # Overruns, and events left in the ring buffer when the reader stopped (this stand-in's reader ends at the
+    # end of its file with 10 still counted), are reported, in its output and in the trace.
+    assert "3 events were lost" in p.stderr and "10 events were recorded but not read" in p.stderr
     text = gzip.open(out, "rt").read()
-    assert "# iommulab capture: 3 events lost" in text
+    assert "# iommulab capture: 3 events lost" in text and "# iommulab capture: 10 events lost" in text
     res = iommulab.replay(out, kernel="6.12", cmdline="iommu.strict=1")
     counts = res["phases"]["_outside"]["counts"]
     assert counts["map_events"] + counts["unmap_events"] == 2000
@@ -58,6 +61,42 @@ def test_capture_records_restores_and_replays(tmp_path):
     assert p.returncode == 0 and "no kprobes here" not in p.stderr and "fq_flush_timeout" in p.stderr
     p = run_capture(t, "-o", str(tmp_path / "again2.txt"), "--duration", "1", "--no-domains", "--no-timer")
     assert p.returncode == 0 and "kprobe" not in p.stderr
+
+
+def test_a_reader_lagging_behind_the_recording_drains_the_ring_buffer_before_it_stops(tmp_path):
+    # A slow reader (a guest formatting events slowly) has read half of what was recorded when recording stops:
+    # the capture waits until the ring buffer holds nothing unread, and keeps the rest.
+    t = fake_tracefs(tmp_path)
+    events = (t / "trace_pipe").read_text().splitlines(True)
+    (t / "trace_pipe").unlink()
+    os.mkfifo(t / "trace_pipe")
+    stats = t / "per_cpu/cpu0/stats"
+    stats.write_text(f"entries: {len(events)}\noverrun: 0\n")
+
+    def wait_for(on: str):
+        while (t / "tracing_on").read_text().strip() != on:
+            time.sleep(0.05)
+
+    def ring_buffer():
+        with open(t / "trace_pipe", "w") as pipe:  # blocks until the reader opens it
+            wait_for("1")
+            pipe.writelines(events[:1000])
+            pipe.flush()
+            stats.write_text(f"entries: {len(events) - 1000}\noverrun: 0\n")
+            wait_for("0")
+            time.sleep(2.5)  # longer than the reader was given before
+            pipe.writelines(events[1000:])
+            pipe.flush()
+            stats.write_text("entries: 0\noverrun: 0\n")
+            time.sleep(3)  # the pipe stays open, as trace_pipe does: the reader is stopped, not ended
+
+    writer = threading.Thread(target=ring_buffer)
+    writer.start()
+    out = tmp_path / "t.txt"
+    p = run_capture(t, "-o", str(out), "--duration", "1", "--no-timer", "--no-domains")
+    writer.join()
+    assert p.returncode == 0 and "no events lost" in p.stderr, p.stderr
+    assert sum(1 for l in out.read_text().splitlines() if "IOMMU:" in l) == len(events) == 2000
 
 
 def test_a_ring_buffer_not_used_since_boot_gets_its_size_back(tmp_path):

@@ -20,8 +20,9 @@
 #   -n          dry run: print what would be done, change nothing
 #
 # It saves the tracing state it touches (buffer size, the events it enables, kprobe events it adds, tracing_on)
-# and restores it on exit, Ctrl-C included; the events read so far are kept. Events the ring buffer dropped
-# (overruns) are counted from per_cpu/*/stats and reported, and written as a comment line into the trace.
+# and restores it on exit, Ctrl-C included; the events read so far are kept. When recording stops, it waits
+# (up to a minute) for its reader to drain the ring buffer. Events the ring buffer dropped (overruns) and events
+# left unread are counted from per_cpu/*/stats and reported, and written as comment lines into the trace.
 set -u
 
 out= dur= phase= bufkb=65536 kprobes=0 dmaev=0 timerprobe=0 dry=0 timer=0
@@ -204,15 +205,29 @@ else
 fi
 [ -n "$phase" ] && echo "TB_END $phase" > "$T/trace_marker"
 echo 0 > "$T/tracing_on"
+# A per-CPU stats field summed over CPUs: overrun (events overwritten before they were read), entries (events
+# still in the ring buffer, not yet read).
+stat_sum() {
+  stat_total=0
+  for s in "$T"/per_cpu/cpu*/stats; do
+    n=$(sed -n "s/^$1: *//p" "$s" 2>/dev/null)
+    stat_total=$((stat_total + ${n:-0}))
+  done
+  echo "$stat_total"
+}
+# The reader lags behind a busy recording (a slow guest formats events slowly): let it drain the ring buffer
+# before stopping it, up to a minute, then a second more to write out its last read.
+left=60
+while [ "$(stat_sum entries)" -gt 0 ] && [ "$left" -gt 0 ] && [ "$stopped" = 0 ] && kill -0 "$reader" 2>/dev/null; do
+  sleep 1; left=$((left - 1))
+done
 sleep 1
 kill "$reader" 2>/dev/null
 wait "$reader" 2>/dev/null
-lost=0
-for s in "$T"/per_cpu/cpu*/stats; do
-  n=$(sed -n 's/^overrun: *//p' "$s" 2>/dev/null)
-  lost=$((lost + ${n:-0}))
-done
+lost=$(stat_sum overrun)
+unread=$(stat_sum entries)
 [ "$lost" -gt 0 ] && echo "# iommulab capture: $lost events lost to ring-buffer overruns (raise -b)" >> "$tmp"
+[ "$unread" -gt 0 ] && echo "# iommulab capture: $unread events lost: recorded, not read before the reader stopped" >> "$tmp"
 restore
 case "$out" in
   *.xz) xz -c "$tmp" > "$out" && rm -f "$tmp" ;;
@@ -221,8 +236,10 @@ case "$out" in
 esac
 if [ "$lost" -gt 0 ]; then
   echo "capture: wrote $out; $lost events were lost to ring-buffer overruns (raise -b)" >&2
-else
-  echo "capture: wrote $out; no events lost" >&2
 fi
+if [ "$unread" -gt 0 ]; then
+  echo "capture: wrote $out; $unread events were recorded but not read before the reader stopped" >&2
+fi
+[ "$lost" -gt 0 ] || [ "$unread" -gt 0 ] || echo "capture: wrote $out; no events lost" >&2
 [ "$stopped" = 1 ] && echo "capture: interrupted; the events read so far are kept" >&2
 exit "$status"
