@@ -89,8 +89,9 @@ impl<T: Copy> SplitDeque<T> {
     }
 
     pub fn pop_front(&mut self) -> Option<T> {
-        if self.head.is_empty() {
-            // Popped up to the split: the tail is the whole sequence, and one buffer is enough for it.
+        if self.head.is_empty() && !self.tail.is_empty() {
+            // Popped up to the split: the tail is the whole sequence, and one buffer is enough for it (an empty
+            // deque keeps the buffer it has).
             self.head = std::mem::take(&mut self.tail);
         }
         self.head.pop_front()
