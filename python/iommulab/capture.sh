@@ -234,12 +234,9 @@ case "$out" in
   *.gz) gzip -c "$tmp" > "$out" && rm -f "$tmp" ;;
   *) mv "$tmp" "$out" ;;
 esac
-if [ "$lost" -gt 0 ]; then
-  echo "capture: wrote $out; $lost events were lost to ring-buffer overruns (raise -b)" >&2
-fi
-if [ "$unread" -gt 0 ]; then
-  echo "capture: wrote $out; $unread events were recorded but not read before the reader stopped" >&2
-fi
-[ "$lost" -gt 0 ] || [ "$unread" -gt 0 ] || echo "capture: wrote $out; no events lost" >&2
+lostmsg=
+[ "$lost" -gt 0 ] && lostmsg="; $lost events were lost to ring-buffer overruns (raise -b)"
+[ "$unread" -gt 0 ] && lostmsg="$lostmsg; $unread events were recorded but not read before the reader stopped"
+echo "capture: wrote $out${lostmsg:-; no events lost}" >&2
 [ "$stopped" = 1 ] && echo "capture: interrupted; the events read so far are kept" >&2
 exit "$status"
