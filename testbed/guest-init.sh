@@ -22,10 +22,11 @@ K=; [ "$(arg domains 0)" = 1 ] && K=-k
 [ "$(arg timer 0)" = 1 ] && K="$K -t"
 say() { echo "TB: $*" > /dev/console; }
 # tb.probes=SYM,SYM: a kprobe on each kernel function, recorded with the capture (a diagnostic; tb.timer
-# already records fq_flush_timeout).
+# already records fq_flush_timeout): enabled in the capture's own tracing instance by each captured command.
+DIAG=
 for s in $(arg probes "" | tr ',' ' '); do
-  echo "p:tbdiag/$s $s" >> /sys/kernel/tracing/kprobe_events && echo 1 > /sys/kernel/tracing/events/tbdiag/$s/enable \
-    || say "no kprobe on $s"
+  echo "p:tbdiag/$s $s" >> /sys/kernel/tracing/kprobe_events || { say "no kprobe on $s"; continue; }
+  DIAG="$DIAG echo 1 > \$IOMMULAB_TRACE_INSTANCE/events/tbdiag/$s/enable;"
 done
 for m in $(cat /modules.list); do insmod /lib/modules/$m 2>/dev/null || say "insmod $m failed"; done
 sleep 1
@@ -46,8 +47,9 @@ O=/tmp/out; mkdir -p $O
 # A 4 KiB read of the results disk (no IOMMU) that QEMU traces: the phase edges on QEMU's clock.
 declare_mark() { echo "mark() { dd if=$OUTDEV of=/dev/null bs=4096 count=1 skip=\$1 iflag=direct 2>/dev/null; };"; }
 # The trace's phase markers sit right after QEMU's start mark and right before its end mark, so the two views
-# cover the same window (a stray packet's RX refill at a phase's edge otherwise falls in one view only).
-TM=/sys/kernel/tracing/trace_marker
+# cover the same window (a stray packet's RX refill at a phase's edge otherwise falls in one view only). They go
+# to the capture's own instance: the captured command finds its trace_marker in $IOMMULAB_TRACE_MARKER.
+TM='$IOMMULAB_TRACE_MARKER'
 # The marker reads run inside each captured command: QEMU's window lies within the trace's phase.
 i=-1
 for p in $(echo "$PHASES" | tr ',' ' '); do
@@ -64,7 +66,7 @@ for p in $(echo "$PHASES" | tr ',' ' '); do
     *) continue ;;
   esac
   # Each phase ends 1 s after its traffic, so lazy mode's flush timers fire inside it, in both views.
-  sh /capture.sh -o $O/trace-$p.txt $K -- sh -c "$(declare_mark) mark $((40000 + 2 * i)); echo 'TB_BEGIN $p' > $TM; $work; sleep 1; echo 'TB_END $p' > $TM; mark $((40001 + 2 * i))"
+  sh /capture.sh -o $O/trace-$p.txt $K -- sh -c "$DIAG $(declare_mark) mark $((40000 + 2 * i)); echo 'TB_BEGIN $p' > $TM; $work; sleep 1; echo 'TB_END $p' > $TM; mark $((40001 + 2 * i))"
   say "phase $p done rc=$?"
 done
 for p in $(echo "$PHASES" | tr ',' ' '); do cat $O/trace-$p.txt; done > $O/trace.txt 2>/dev/null

@@ -19,10 +19,15 @@
 #               then runs each domain's lazy flush timer as it ran
 #   -n          dry run: print what would be done, change nothing
 #
-# It saves the tracing state it touches (buffer size, the events it enables, kprobe events it adds, tracing_on)
-# and restores it on exit, Ctrl-C included; the events read so far are kept. When recording stops, it waits
+# It records into a tracing instance of its own (instances/iommulab: its own ring buffer, events and
+# tracing_on), so the host's own tracing (its buffer, its events, its settings) is neither read nor changed. The
+# only global changes are that instance and the kprobe events it adds, and both are removed on every exit: the
+# end of the recording, an error, or SIGINT, SIGTERM or SIGHUP (the events read so far are kept). COMMAND runs
+# with IOMMULAB_TRACE_MARKER set to the instance's trace_marker: write markers there (TB_BEGIN NAME / TB_END
+# NAME split the trace into phases); the top-level trace_marker is not recorded. When recording stops, it waits
 # (up to a minute) for its reader to drain the ring buffer. Events the ring buffer dropped (overruns) and events
 # left unread are counted from per_cpu/*/stats and reported, and written as comment lines into the trace.
+# A capture killed with SIGKILL cannot clean up: the next one names what was left and how to remove it.
 set -u
 
 out= dur= phase= bufkb=65536 kprobes=0 dmaev=0 timerprobe=0 dry=0 timer=0
@@ -40,26 +45,36 @@ while [ $# -gt 0 ]; do
     *) echo "capture: unknown option $1 (see the header of this script)" >&2; exit 2 ;;
   esac
 done
-[ -n "$out" ] || { echo "capture: -o TRACE is required" >&2; exit 2; }
-case "$bufkb" in ''|*[!0-9]*) echo "capture: -b $bufkb: expected a size in KiB" >&2; exit 2 ;; esac
-case "$dur" in ''|*[!0-9.]*) [ -z "$dur" ] || { echo "capture: -d $dur: expected seconds" >&2; exit 2; } ;; esac
-case "$phase" in *[!A-Za-z0-9_.-]*) echo "capture: -p $phase: expected one word" >&2; exit 2 ;; esac
+fail() { echo "capture: $*" >&2; exit 2; }
+[ -n "$out" ] || fail "-o TRACE is required"
+case "$bufkb" in ''|*[!0-9]*|0) fail "-b $bufkb: expected a size in KiB" ;; esac
+case "$dur" in ''|*[!0-9.]*) [ -z "$dur" ] || fail "-d $dur: expected seconds" ;; esac
+case "$phase" in *[!A-Za-z0-9_.-]*) fail "-p $phase: expected one word" ;; esac
 
 T=${IOMMULAB_TRACEFS-}  # another tracefs (tests)
+KALLSYMS=${IOMMULAB_KALLSYMS-/proc/kallsyms}  # another kallsyms (tests)
 [ -n "$T" ] || for d in /sys/kernel/tracing /sys/kernel/debug/tracing; do
   [ -e "$d/trace_marker" ] && { T=$d; break; }
 done
-[ -n "$T" ] && [ -e "$T/trace_marker" ] || {
-  echo "capture: no tracefs (mount -t tracefs nodev /sys/kernel/tracing)" >&2; exit 2; }
-[ -d "$T/events/iommu/map" ] || { echo "capture: this kernel has no iommu:map tracepoint" >&2; exit 2; }
-if [ "$dry" = 0 ] && [ ! -w "$T/trace_marker" ]; then
-  echo "capture: needs root (writing $T)" >&2; exit 2
-fi
+[ -n "$T" ] && [ -e "$T/trace_marker" ] || fail "no tracefs (mount -t tracefs nodev /sys/kernel/tracing)"
+[ -d "$T/events/iommu/map" ] || fail "this kernel has no iommu:map tracepoint"
+[ "$dry" = 1 ] || [ -w "$T/trace_marker" ] || fail "needs root (writing $T)"
+[ -d "$T/instances" ] || fail "$T has no instances/ (tracing instances, Linux 3.10+)"
 case "$out" in
-  *.xz) command -v xz >/dev/null 2>&1 || { echo "capture: -o $out: no xz here; use .gz or plain" >&2; exit 2; } ;;
-  *.gz) command -v gzip >/dev/null 2>&1 || { echo "capture: -o $out: no gzip here; use plain" >&2; exit 2; } ;;
+  *.xz) command -v xz >/dev/null 2>&1 || fail "-o $out: no xz here; use .gz or plain" ;;
+  *.gz) command -v gzip >/dev/null 2>&1 || fail "-o $out: no gzip here; use plain" ;;
 esac
-[ -e "$out" ] && { echo "capture: -o $out: exists (nothing is overwritten)" >&2; exit 2; }
+# The output, checked before anything is changed: nothing is overwritten (a dangling link neither).
+tmp=${out%.xz}
+tmp=${tmp%.gz}.part
+{ [ -e "$out" ] || [ -L "$out" ]; } && fail "-o $out: exists (nothing is overwritten)"
+{ [ -e "$tmp" ] || [ -L "$tmp" ]; } && fail "-o $out: $tmp exists (an earlier capture's?); move it away first"
+case "$out" in */*) outdir=${out%/*} ;; *) outdir=. ;; esac
+[ -d "${outdir:-/}" ] || fail "-o $out: no such directory ${outdir:-/}"
+[ -w "${outdir:-/}" ] || fail "-o $out: cannot write in ${outdir:-/}"
+I=$T/instances/iommulab
+[ -e "$I" ] && fail "$I exists: another capture is running, or one was killed (if none runs: rmdir '$I')"
+[ -e "$T/events/iommulab" ] && fail "kprobe events iommulab/* are registered: another capture is running, or one was killed (if none runs, remove each: echo -:iommulab/NAME >> '$T/kprobe_events')"
 
 events="iommu/map iommu/unmap"
 [ -d "$T/events/iommu/io_page_fault" ] && events="$events iommu/io_page_fault"
@@ -70,11 +85,14 @@ for e in dma_map_page dma_unmap_page dma_map_phys dma_unmap_phys dma_map_resourc
          dma_unmap_sg dma_alloc dma_free dma_alloc_pages dma_free_pages dma_alloc_sgt dma_free_sgt; do
   [ -d "$T/events/dma/$e" ] && dma_events="$dma_events dma/$e"
 done
+ksym() {  # a kernel function in kallsyms, built in or in a loaded module ("NAME\t[module]")
+  grep -qE " $1([[:space:]]|\$)" "$KALLSYMS" 2>/dev/null
+}
 # The function every IOMMU map goes through, with the domain, IOVA and size as its 1st, 2nd and 4th arguments:
 # __iommu_map(), renamed iommu_map_nosync() in newer kernels.
 mapfn=
 for f in __iommu_map iommu_map_nosync; do
-  grep -q " $f\$" /proc/kallsyms 2>/dev/null && { mapfn=$f; break; }
+  ksym "$f" && { mapfn=$f; break; }
 done
 if [ "$kprobes" = 1 ] && { [ ! -w "$T/kprobe_events" ] || [ -z "$mapfn" ]; }; then
   kprobes=0
@@ -90,60 +108,93 @@ if [ "$dmaev" = 1 ]; then
   events="$events$dma_events"
 fi
 
-ksym() {  # a kernel function in kallsyms, built in or in a loaded module ("NAME\t[module]")
-  grep -qE " $1([[:space:]]|\$)" /proc/kallsyms 2>/dev/null
+# Every change to tracefs goes through put (write) or add (append): with -n they only print what they would do.
+# A write tracefs refuses (EINVAL, EBUSY) fails the call; its message is the caller's to give.
+put() {  # VALUE FILE
+  if [ "$dry" = 1 ]; then echo "would: echo $1 > $2"; return 0; fi
+  ( printf '%s\n' "$1" > "$2" ) 2>/dev/null
+}
+add() {  # LINE FILE
+  if [ "$dry" = 1 ]; then echo "would: echo '$1' >> $2"; return 0; fi
+  ( printf '%s\n' "$1" >> "$2" ) 2>/dev/null
+}
+nap() {  # SECONDS: a sleep that SIGINT, SIGTERM and SIGHUP cut short
+  sleep "$1" & sleeper=$!
+  wait "$sleeper"
+  kill "$sleeper" 2>/dev/null
+  sleeper=
 }
 
-run() {  # run or, with -n, print a change to tracefs
-  if [ "$dry" = 1 ]; then echo "would: $*"; else sh -c "$*"; fi
+made=0 added_kprobes= reader= child= sleeper= stopped=0 cleaned=0 recording=0
+stop_reader() {  # it holds the instance's trace_pipe open, and an instance in use cannot be removed
+  [ -n "$reader" ] || return 0
+  kill "$reader" 2>/dev/null
+  while kill -0 "$reader" 2>/dev/null; do wait "$reader"; done  # a signal may cut a wait short
+  reader=
+}
+# Undo every change, once, on any exit: the reader stops, the instance goes (its events with it), then the kprobe
+# events (a kprobe enabled in any instance cannot be removed).
+cleanup() {
+  [ "$cleaned" = 1 ] && return 0
+  cleaned=1
+  for p in $child $sleeper; do kill "$p" 2>/dev/null; done
+  stop_reader
+  if [ "$made" = 1 ]; then
+    for k in $added_kprobes; do put 0 "$I/events/iommulab/$k/enable"; done
+    if [ "$dry" = 1 ]; then echo "would: rmdir $I"
+    else rmdir "$I" 2>/dev/null || echo "capture: could not remove $I: remove it with: rmdir '$I'" >&2; fi
+  fi
+  for k in $added_kprobes; do
+    add "-:iommulab/$k" "$T/kprobe_events" \
+      || echo "capture: could not remove kprobe iommulab/$k: echo -:iommulab/$k >> '$T/kprobe_events'" >&2
+  done
+  [ "$recording" = 1 ] || [ "$dry" = 1 ] || rm -f "$tmp"
+}
+trap cleanup EXIT
+trap 'stopped=1' INT TERM HUP
+interrupted() {  # before recording started: nothing is kept
+  [ "$stopped" = 1 ] || return 0
+  echo "capture: interrupted before recording; every change undone" >&2
+  exit 130
 }
 
+# kprobe NAME FUNCTION 'ARGS': a kprobe event on FUNCTION, enabled in the instance. One that cannot be
+# registered or enabled is left out (and removed) with a note; the capture goes on without it.
+kprobe() {
+  if ! add "p:iommulab/$1 $2${3:+ $3}" "$T/kprobe_events"; then
+    echo "capture: kprobe on $2 refused by the kernel: recording without it" >&2
+    return 1
+  fi
+  added_kprobes="$added_kprobes $1"
+  put 1 "$I/events/iommulab/$1/enable" && return 0
+  echo "capture: kprobe on $2 registered but could not be enabled: removed, recording without it" >&2
+  add "-:iommulab/$1" "$T/kprobe_events" && added_kprobes=${added_kprobes% $1}
+  return 1
+}
+
+# The output file first: a capture that cannot write its trace changes nothing.
 if [ "$dry" = 1 ]; then
   echo "tracefs: $T"
-  echo "would save: buffer_size_kb=$(cat $T/buffer_size_kb) tracing_on=$(cat $T/tracing_on)"
+  echo "would: mkdir $I"
+  made=1
+else
+  ( : > "$tmp" ) 2>/dev/null || fail "-o $out: cannot write $tmp"
+  mkdir "$I" 2>/dev/null || { rm -f "$tmp"; fail "cannot make a tracing instance ($I)"; }
+  made=1
 fi
-old_buf=$(cat "$T/buffer_size_kb")
-# A ring buffer not used since boot reads "7 (expanded: 1408)": 1408 KiB is its size.
-case "$old_buf" in *"expanded: "*) old_buf=${old_buf##*expanded: }; old_buf=${old_buf%%)*} ;; esac
-old_on=$(cat "$T/tracing_on")
-old_ev=
-for e in $events; do old_ev="$old_ev $e=$(cat "$T/events/$e/enable")"; done
-added_kprobes=
-
-restore() {
-  run "echo 0 > $T/tracing_on"
-  for pair in $old_ev; do run "echo ${pair#*=} > $T/events/${pair%%=*}/enable"; done
-  for k in $added_kprobes; do
-    run "echo 0 > $T/events/iommulab/$k/enable"
-    run "echo -:iommulab/$k >> $T/kprobe_events"
-  done
-  run "echo $old_buf > $T/buffer_size_kb"
-  run "echo $old_on > $T/tracing_on"
-}
-
-tmp=${out%.xz}
-tmp=${tmp%.gz}.part
-stopped=0
-trap 'stopped=1' INT TERM
-
-run "echo 0 > $T/tracing_on"
-run "echo > $T/trace"
-run "echo $bufkb > $T/buffer_size_kb"
-for e in $events; do run "echo 1 > $T/events/$e/enable"; done
+put 0 "$I/tracing_on" || fail "cannot turn tracing off in $I"
+put "$bufkb" "$I/buffer_size_kb" || fail "-b $bufkb: the kernel refused this buffer size"
+for e in $events; do put 1 "$I/events/$e/enable" || fail "cannot enable $e"; done
+interrupted
 if [ "$kprobes" = 1 ]; then
-  # The testbed's probes: the domain pointer, IOVA and size of every __iommu_map (or iommu_map_nosync) and
-  # __iommu_unmap.
-  run "echo 'p:iommulab/tb_map $mapfn dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg4:u64' >> $T/kprobe_events" \
-    && run "echo 1 > $T/events/iommulab/tb_map/enable" && added_kprobes="$added_kprobes tb_map"
-  run "echo 'p:iommulab/tb_unmap __iommu_unmap dom=\$arg1:x64 iova=\$arg2:x64 size=\$arg3:u64' >> $T/kprobe_events" \
-    && run "echo 1 > $T/events/iommulab/tb_unmap/enable" && added_kprobes="$added_kprobes tb_unmap"
+  # The domain pointer, IOVA and size of every __iommu_map (or iommu_map_nosync) and __iommu_unmap.
+  kprobe tb_map "$mapfn" 'dom=$arg1:x64 iova=$arg2:x64 size=$arg4:u64'
+  kprobe tb_unmap __iommu_unmap 'dom=$arg1:x64 iova=$arg2:x64 size=$arg3:u64'
   # The DMA API's IOVA interface (6.17+: nvme-pci's data): dma_iova_unlink() syncs the IOTLB at once, in a lazy
   # domain too; replay takes the unmap that follows on the CPU as such.
-  if ksym dma_iova_unlink; then
-    run "echo 'p:iommulab/tb_iova_unlink dma_iova_unlink' >> $T/kprobe_events" \
-      && run "echo 1 > $T/events/iommulab/tb_iova_unlink/enable" && added_kprobes="$added_kprobes tb_iova_unlink"
-  fi
+  ksym dma_iova_unlink && kprobe tb_iova_unlink dma_iova_unlink ''
 fi
+flushers=
 if [ "$timerprobe" = 1 ]; then
   # dma-iommu.c's flush-queue timer callback (lazy mode): when the timer really fired.
   # Its domain: the cookie's fq_domain, past the timer (fq_timer, fq_timer_on) in struct iommu_dma_cookie: 64
@@ -152,10 +203,8 @@ if [ "$timerprobe" = 1 ]; then
   fqoff=64
   kv=$(uname -r 2>/dev/null); kmaj=${kv%%.*}; kmin=${kv#*.}; kmin=${kmin%%[!0-9]*}
   case "$kmaj$kmin" in *[!0-9]*|'') ;; *) { [ "$kmaj" -gt 6 ] || { [ "$kmaj" -eq 6 ] && [ "${kmin:-0}" -ge 15 ]; }; } && fqoff=48 ;; esac
-  if [ -w "$T/kprobe_events" ] && grep -q ' fq_flush_timeout$' /proc/kallsyms 2>/dev/null \
-     && run "echo 'p:iommulab/fq_flush_timeout fq_flush_timeout fq_domain=+$fqoff(\$arg1):x64' >> $T/kprobe_events" \
-     && run "echo 1 > $T/events/iommulab/fq_flush_timeout/enable"; then
-    added_kprobes="$added_kprobes fq_flush_timeout"
+  if [ -w "$T/kprobe_events" ] && ksym fq_flush_timeout \
+     && kprobe fq_flush_timeout fq_flush_timeout "fq_domain=+$fqoff(\$arg1):x64"; then
     timer=1
     # Replay checks the fq_domain read against the domains the trace names. And the flush it makes, where the
     # driver's flush_iotlb_all(domain) can be probed: fq_flush_iotlb() calls it on the same CPU. Every
@@ -164,54 +213,57 @@ if [ "$timerprobe" = 1 ]; then
     for f in intel_flush_iotlb_all arm_smmu_flush_iotlb_all amd_iommu_flush_iotlb_all viommu_flush_iotlb_all; do
       ksym "$f" || continue
       k=tb_flush_all_${f%_flush_iotlb_all}
-      run "echo 'p:iommulab/$k $f dom=\$arg1:x64' >> $T/kprobe_events" \
-        && run "echo 1 > $T/events/iommulab/$k/enable" \
-        && added_kprobes="$added_kprobes $k" && timer=2
+      kprobe "$k" "$f" 'dom=$arg1:x64' && flushers="$flushers $k" && timer=2
     done
   else
     echo "capture: no kprobe on fq_flush_timeout here: the trace will not record the flush queue's timer" >&2
   fi
 fi
+interrupted
 
 if [ "$dry" = 1 ]; then
   echo "would record to $out${phase:+ with markers TB_BEGIN/TB_END $phase}${dur:+ for $dur s}${1:+ while running: $*}"
-  restore
   exit 0
 fi
 
-: > "$tmp" || { echo "capture: cannot write $tmp" >&2; restore; exit 2; }
-[ "$timer" != 0 ] && echo "# iommulab capture: flush queue timer recorded (kprobe fq_flush_timeout)" > "$tmp"
-[ "$timer" = 2 ] && echo "# iommulab capture: flush queue timer's domain recorded (kprobe tb_flush_all)" >> "$tmp"
-# With the DMA API's events, which devices share a domain: their IOMMU group.
-if [ "$dmaev" = 1 ] && [ -n "$dma_events" ]; then
-  for g in /sys/kernel/iommu_groups/*; do
-    [ -d "$g/devices" ] && echo "# iommulab capture: iommu group ${g##*/}: $(ls "$g/devices" | tr '\n' ' ')" >> "$tmp"
-  done
-fi
-cat "$T/trace_pipe" >> "$tmp" &
+# What the trace records, in its first lines (replay reads them).
+{
+  [ "$timer" != 0 ] && echo "# iommulab capture: flush queue timer recorded (kprobe fq_flush_timeout)"
+  [ "$timer" = 2 ] && echo "# iommulab capture: flush queue timer's domain recorded (kprobes$flushers)"
+  # With the DMA API's events, which devices share a domain: their IOMMU group.
+  if [ "$dmaev" = 1 ] && [ -n "$dma_events" ]; then
+    for g in /sys/kernel/iommu_groups/*; do
+      [ -d "$g/devices" ] && echo "# iommulab capture: iommu group ${g##*/}: $(ls "$g/devices" | tr '\n' ' ')"
+    done
+  fi
+} >> "$tmp"
+recording=1
+cat "$I/trace_pipe" >> "$tmp" &
 reader=$!
-echo 1 > "$T/tracing_on"
-[ -n "$phase" ] && echo "TB_BEGIN $phase" > "$T/trace_marker"
+put 1 "$I/tracing_on" || fail "cannot turn tracing on in $I"
+[ -n "$phase" ] && add "TB_BEGIN $phase" "$I/trace_marker"
 status=0
 if [ $# -gt 0 ]; then
-  "$@" & child=$!
-  while kill -0 "$child" 2>/dev/null && [ "$stopped" = 0 ]; do sleep 1; done
-  [ "$stopped" = 1 ] && kill "$child" 2>/dev/null
-  wait "$child" 2>/dev/null; status=$?
+  IOMMULAB_TRACE_MARKER=$I/trace_marker IOMMULAB_TRACE_INSTANCE=$I "$@" & child=$!
+  wait "$child"; status=$?
+  if [ "$stopped" = 1 ]; then
+    kill "$child" 2>/dev/null
+    wait "$child" 2>/dev/null
+  fi
+  child=
 else
-  left=${dur:-10}
-  left=${left%.*}
-  while [ "${left:-0}" -gt 0 ] && [ "$stopped" = 0 ]; do sleep 1; left=$((left - 1)); done
+  nap "${dur:-10}"
 fi
-[ -n "$phase" ] && echo "TB_END $phase" > "$T/trace_marker"
-echo 0 > "$T/tracing_on"
+[ -n "$phase" ] && add "TB_END $phase" "$I/trace_marker"
+put 0 "$I/tracing_on"
 # A per-CPU stats field summed over CPUs: overrun (events overwritten before they were read), entries (events
 # still in the ring buffer, not yet read).
 stat_sum() {
   stat_total=0
-  for s in "$T"/per_cpu/cpu*/stats; do
+  for s in "$I"/per_cpu/cpu*/stats; do
     n=$(sed -n "s/^$1: *//p" "$s" 2>/dev/null)
-    stat_total=$((stat_total + ${n:-0}))
+    case "$n" in ''|*[!0-9]*) n=0 ;; esac
+    stat_total=$((stat_total + n))
   done
   echo "$stat_total"
 }
@@ -219,24 +271,26 @@ stat_sum() {
 # before stopping it, up to a minute, then a second more to write out its last read.
 left=60
 while [ "$(stat_sum entries)" -gt 0 ] && [ "$left" -gt 0 ] && [ "$stopped" = 0 ] && kill -0 "$reader" 2>/dev/null; do
-  sleep 1; left=$((left - 1))
+  nap 1; left=$((left - 1))
 done
-sleep 1
-kill "$reader" 2>/dev/null
-wait "$reader" 2>/dev/null
+[ "$stopped" = 1 ] || nap 1
+stop_reader
 lost=$(stat_sum overrun)
 unread=$(stat_sum entries)
 [ "$lost" -gt 0 ] && echo "# iommulab capture: $lost events lost to ring-buffer overruns (raise -b)" >> "$tmp"
 [ "$unread" -gt 0 ] && echo "# iommulab capture: $unread events lost: recorded, not read before the reader stopped" >> "$tmp"
-restore
+cleanup
 case "$out" in
-  *.xz) xz -c "$tmp" > "$out" && rm -f "$tmp" ;;
-  *.gz) gzip -c "$tmp" > "$out" && rm -f "$tmp" ;;
+  *.xz) xz -c "$tmp" > "$out" ;;
+  *.gz) gzip -c "$tmp" > "$out" ;;
   *) mv "$tmp" "$out" ;;
-esac
+esac && rm -f "$tmp" || { rm -f "$out"; echo "capture: could not write $out; the trace is in $tmp" >&2; exit 2; }
 lostmsg=
 [ "$lost" -gt 0 ] && lostmsg="; $lost events were lost to ring-buffer overruns (raise -b)"
 [ "$unread" -gt 0 ] && lostmsg="$lostmsg; $unread events were recorded but not read before the reader stopped"
 echo "capture: wrote $out${lostmsg:-; no events lost}" >&2
-[ "$stopped" = 1 ] && echo "capture: interrupted; the events read so far are kept" >&2
+if [ "$stopped" = 1 ]; then
+  echo "capture: interrupted; the events read so far are kept" >&2
+  exit 130
+fi
 exit "$status"

@@ -174,8 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("capture", help="record the kernel's iommu:map/unmap tracepoints into a trace replay reads",
                         description="Record iommu:map / iommu:unmap (and iommu:io_page_fault) through tracefs, with "
                         "TB_BEGIN/TB_END phase markers, into a file `iommulab replay` reads as it is. Needs root; "
-                        "saves and restores the tracing state it touches; Ctrl-C keeps what was read. The work is "
-                        "done by a POSIX shell script (--print-script) that also runs where Python does not.")
+                        "records into a tracing instance of its own, so the host's tracing is left as it was, and "
+                        "removes it and its kprobes on every exit (Ctrl-C, SIGTERM and SIGHUP keep what was read). "
+                        "COMMAND may write markers to $IOMMULAB_TRACE_MARKER. The work is done by a POSIX shell "
+                        "script (--print-script) that also runs where Python does not.")
     cp.add_argument("-o", dest="out", metavar="TRACE", help="output: TRACE.xz (xz), TRACE.gz (gzip) or plain")
     cp.add_argument("--duration", type=float, metavar="S", help="record S seconds (default: while COMMAND runs, "
                     "or 10 s)")
@@ -493,7 +495,6 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def _cmd_capture(a: argparse.Namespace) -> int:
-    import subprocess
     from importlib.resources import files
 
     script = files("iommulab").joinpath("capture.sh").read_text()
@@ -519,7 +520,29 @@ def _cmd_capture(a: argparse.Namespace) -> int:
     if cmd:
         args += ["--", *cmd]
     # The script's own one-line errors and exit code are the command's.
-    return subprocess.run(["sh", "-c", script, "capture", *args]).returncode
+    return _run_to_the_end(["sh", "-c", script, "capture", *args])
+
+
+def _run_to_the_end(argv: list[str]) -> int:
+    """Run a host tool that undoes its changes when signalled: SIGINT, SIGTERM and SIGHUP reach it (forwarded,
+    where they were sent to this process alone), and it is waited for however long its cleanup takes, never
+    killed (subprocess.run would kill it a quarter second after Ctrl-C, before it restored anything)."""
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen(argv)
+
+    def forward(signum, _frame):
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    old = {s: signal.signal(s, forward) for s in sigs}
+    try:
+        return proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None) -> int:
