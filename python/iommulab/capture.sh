@@ -162,12 +162,12 @@ interrupted() {  # before recording started: nothing is kept
 # registered or enabled is left out (and removed) with a note; the capture goes on without it.
 kprobe() {
   if ! add "p:iommulab/$1 $2${3:+ $3}" "$T/kprobe_events"; then
-    echo "capture: kprobe on $2 refused by the kernel: recording without it" >&2
+    echo "capture: kprobe iommulab/$1 on $2 refused by the kernel: recording without it" >&2
     return 1
   fi
   added_kprobes="$added_kprobes $1"
   put 1 "$I/events/iommulab/$1/enable" && return 0
-  echo "capture: kprobe on $2 registered but could not be enabled: removed, recording without it" >&2
+  echo "capture: kprobe iommulab/$1 on $2 registered but could not be enabled: removed, recording without it" >&2
   add "-:iommulab/$1" "$T/kprobe_events" && added_kprobes=${added_kprobes% $1}
   return 1
 }
@@ -209,7 +209,9 @@ if [ "$timerprobe" = 1 ]; then
     # Replay checks the fq_domain read against the domains the trace names. And the flush it makes, where the
     # driver's flush_iotlb_all(domain) can be probed: fq_flush_iotlb() calls it on the same CPU. Every
     # driver built in is probed (an x86 kernel has VT-d's and AMD's even where virtio-iommu serves the
-    # devices); only the one in use fires.
+    # devices); only the one in use fires. (arm64 kernels build arm-smmu and arm-smmu-v3 in, each with a static
+    # arm_smmu_flush_iotlb_all: the kernel refuses a probe on a name two functions share, and $arg1 on a probe
+    # by address; the fq_domain read names the domain there.)
     for f in intel_flush_iotlb_all arm_smmu_flush_iotlb_all amd_iommu_flush_iotlb_all viommu_flush_iotlb_all; do
       ksym "$f" || continue
       k=tb_flush_all_${f%_flush_iotlb_all}
