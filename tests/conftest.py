@@ -4,6 +4,12 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests (test_fuzz_api.py, test_sweep.py) run the ci profile; HYPOTHESIS_PROFILE=long runs a long campaign.
+settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("long", max_examples=50_000, deadline=None, suppress_health_check=list(HealthCheck))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Short runs keep the suite fast; the mechanisms are the same as in the full default run.
 SHORT = ["--set", "run.duration_ms=10", "--set", "run.warmup_ms=5"]

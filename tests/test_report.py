@@ -1,20 +1,24 @@
-"""The HTML report in a real browser: headless Chromium opens it offline, runs its scripts, and draws every plot.
+"""The HTML report: what its plots plot (the figures it embeds), and, in a real browser, that headless Chromium
+opens it offline, runs its scripts, and draws every plot.
 
-Runs where Chromium is installed (Debian's `chromium`); with IOMMULAB_BROWSER=1 (.ci/run sets it and installs
-the package) a missing browser fails the test instead of skipping it."""
+The browser tests run where Chromium is installed (Debian's `chromium`); with IOMMULAB_BROWSER=1 (.ci/run sets
+it and installs the package) a missing browser fails them instead of skipping them."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 
 import pytest
 
+import iommulab
 from conftest import cli
+from iommulab import plots
 
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-pytestmark = pytest.mark.skipif(BROWSER is None and os.environ.get("IOMMULAB_BROWSER") != "1",
-                                reason="no Chromium here (apt-get install chromium)")
+browser = pytest.mark.skipif(BROWSER is None and os.environ.get("IOMMULAB_BROWSER") != "1",
+                             reason="no Chromium here (apt-get install chromium)")
 # Policy colours the plots must show (plots.COLOURS): strict, lazy, passthrough.
 COLOURS = {"strict": (0x1f, 0x77, 0xb4), "lazy": (0xff, 0x7f, 0x0e), "passthrough": (0xd6, 0x27, 0x28)}
 
@@ -39,6 +43,7 @@ def report(tmp_path_factory):
     return d / "report.html"
 
 
+@browser
 def test_the_report_draws_every_plot_without_errors(report):
     p = _chromium("--dump-dom", report.as_uri())
     dom = p.stdout
@@ -53,6 +58,7 @@ def test_the_report_draws_every_plot_without_errors(report):
     assert "Uncaught" not in p.stderr, p.stderr[-2000:]
 
 
+@browser
 def test_a_screenshot_shows_the_plots(report, tmp_path):
     from PIL import Image
 
@@ -69,6 +75,7 @@ def test_a_screenshot_shows_the_plots(report, tmp_path):
         assert rgb in colours, f"no {pol} pixels in the screenshot"
 
 
+@browser
 def test_compare_and_validate_write_their_plots_through_the_report(tmp_path):
     plot = tmp_path / "cmp.html"
     cli("compare", "--set", "run.duration_ms=2", "--set", "run.warmup_ms=1", "--policies", "strict,lazy,passthrough",
@@ -81,3 +88,47 @@ def test_compare_and_validate_write_their_plots_through_the_report(tmp_path):
     dom = _chromium("--dump-dom", val.as_uri()).stdout
     assert dom.count('class="plot-container plotly"') == 1 and "C2.strict_inv_per_page" in dom
     assert 'data-errors="1"' not in dom
+
+
+def _figures(page: str) -> list[tuple[list[dict], dict]]:
+    """(traces, layout) of each plotly figure the page embeds, in order."""
+    dec = json.JSONDecoder()
+    figs = []
+    for m in re.finditer(r"Plotly\.newPlot\(\s*", page):
+        args, pos = [], m.end()
+        for _ in range(3):  # the div's id, the traces, the layout
+            v, pos = dec.raw_decode(page, pos)
+            args.append(v)
+            pos = re.compile(r"[\s,]*").match(page, pos).end()
+        figs.append((args[1], args[2]))
+    return figs
+
+
+def _title(axis: dict) -> str:
+    t = axis.get("title", "")
+    return t.get("text", "") if isinstance(t, dict) else t
+
+
+def test_the_plots_plot_goodput_against_exposure_and_each_metric_against_the_axis(report):
+    # Drawn plots are not enough: with x and y swapped the browser tests above pass (issue 18).
+    (trade, trade_layout), (queues, queues_layout) = _figures(report.read_text())
+    points = iommulab.load(report.parent / "o", aggregate=True).to_dicts()
+    # Goodput (y) against the p99 exposure window (x), one trace per policy.
+    assert "exposure" in _title(trade_layout["xaxis"]) and "goodput" in _title(trade_layout["yaxis"])
+    assert sorted(t["name"] for t in trade) == ["lazy", "passthrough", "strict"]
+    for t in trade:
+        want = {(plots._exposure(r), r["throughput_gbps"]) for r in points if r["os.policy"] == t["name"]}
+        assert set(zip(t["x"], t["y"])) == want, t["name"]
+    # Every metric of the menu (y) against the queues (x), one line per policy in the queues' order.
+    assert _title(queues_layout["xaxis"]) == "workload.nic_rx.queues"
+    assert _title(queues_layout["yaxis"]) == "throughput_gbps"
+    buttons = queues_layout["updatemenus"][0]["buttons"]
+    assert buttons[0]["label"] == "throughput_gbps" and len(buttons) > 5
+    for b in buttons:
+        shown = [t for t, on in zip(queues, b["args"][0]["visible"]) if on]
+        assert sorted(t["name"] for t in shown) == ["policy=lazy", "policy=passthrough", "policy=strict"]
+        for t in shown:
+            rows = sorted((r for r in points if f"policy={r['os.policy']}" == t["name"]),
+                          key=lambda r: r["workload.nic_rx.queues"])
+            assert t["x"] == [1, 2, 4]
+            assert t["y"] == pytest.approx([r[b["label"]] for r in rows], nan_ok=True), (b["label"], t["name"])

@@ -20,7 +20,7 @@ import os
 from typing import Any, Mapping
 
 from ._core import ScenarioError, __version__  # first: the modules below read the version
-from . import api, sweeps  # noqa: E402
+from . import api, dataset  # noqa: E402
 from .api import ResultSet, RunResult, run
 from .replay import replay
 from .sweeps import sweep
@@ -32,7 +32,7 @@ def load(source: str | os.PathLike | Mapping[str, Any] | None = None, overrides:
     seeds averaged); anything else is a scenario, loaded and expanded into its variants (see
     :func:`iommulab.api.load`)."""
     if isinstance(source, (str, os.PathLike)) and (os.path.isdir(source) or os.fspath(source).endswith(".parquet")):
-        return sweeps.load(source, aggregate)
+        return dataset.load(source, aggregate)
     return api.load(source, overrides, raw_strings=raw_strings)
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
 
@@ -169,6 +170,8 @@ def check_jobs(jobs: int | None) -> int:
 
 # Each run advances in this many steps: progress is reported, and an interrupted batch stops, between them.
 RUN_STEPS = 100
+# How often run_each calls its tick while runs are in flight (a sweep's writer flushes rows then).
+TICK_SECONDS = 0.25
 
 
 def run_one(v: _core.Variant, on_step: Callable[[float], None] | None = None,
@@ -187,12 +190,16 @@ def run_one(v: _core.Variant, on_step: Callable[[float], None] | None = None,
     return RunResult(json.loads(sim.result_json()), time.perf_counter() - t0)
 
 
-def run_each(variants: list[_core.Variant], done: Callable[[int, RunResult], None],
-             progress: ProgressFn | None = None, jobs: int | None = None) -> None:
+def run_each(variants: Iterable[_core.Variant], done: Callable[[int, RunResult], None],
+             progress: ProgressFn | None = None, jobs: int | None = None, *, total: int | None = None,
+             tick: Callable[[], None] | None = None) -> None:
     """Run each variant to the end on up to `jobs` threads (default: every CPU; the core releases the GIL),
-    calling done(index, result) in the calling thread as runs finish. `progress` is called (under a lock) as
+    calling done(index, result) in the calling thread as runs finish, and tick() there at least every
+    TICK_SECONDS. `variants` may be an iterator (`total`: how many it yields): it is drawn from as threads free
+    up, two per thread ahead, so a long sweep is never all in memory. `progress` is called (under a lock) as
     each run advances by 1%. A failed run or Ctrl-C stops the others at their next step."""
-    jobs = min(check_jobs(jobs), max(1, len(variants)))
+    total = len(variants) if total is None else total  # type: ignore[arg-type]
+    jobs = min(check_jobs(jobs), max(1, total))
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -200,21 +207,26 @@ def run_each(variants: list[_core.Variant], done: Callable[[int, RunResult], Non
         def step(frac: float) -> None:
             if progress:
                 with lock:
-                    progress(i, len(variants), v.label, frac)
+                    progress(i, total, v.label, frac)
         return run_one(v, step, stop)
 
-    if jobs == 1:
-        for i, v in enumerate(variants):
-            done(i, one(i, v))
-        return
+    queue = enumerate(variants)
+    futures: dict[Any, int] = {}
     ex = ThreadPoolExecutor(jobs, thread_name_prefix="iommulab-run")
-    futures = {ex.submit(one, i, v): i for i, v in enumerate(variants)}
+
+    def submit(n: int) -> None:
+        for i, v in itertools.islice(queue, n):
+            futures[ex.submit(one, i, v)] = i
+
     try:
-        pending = set(futures)
-        while pending:
-            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+        submit(2 * jobs)
+        while futures:
+            finished, _ = wait(futures, timeout=TICK_SECONDS, return_when=FIRST_COMPLETED)
             for f in sorted(finished, key=futures.__getitem__):
-                done(futures[f], f.result())
+                done(futures.pop(f), f.result())
+            submit(len(finished))
+            if tick:
+                tick()
     except BaseException:
         stop.set()
         raise
@@ -245,6 +257,10 @@ def as_result(results: list[RunResult]) -> RunResult | ResultSet:
     return results[0] if len(results) == 1 else ResultSet(results)
 
 
+# How often a progress bar is redrawn at most.
+REFRESH_SECONDS = 0.1
+
+
 class Progress:
     """A progress bar on stderr (tqdm) counting runs, with elapsed time and ETA; shown once the runs have taken
     over a second (``IOMMULAB_PROGRESS_DELAY`` seconds), never when stderr is not a terminal. Call it as a
@@ -257,7 +273,9 @@ class Progress:
             self.delay = 1.0
         self.what = what
         self.bar = None
-        self.done: dict[int, float] = {}
+        self.done: dict[int, float] = {}  # the runs in flight
+        self.finished = 0
+        self.shown = 0.0
 
     def __call__(self, i: int, n: int, label: str, frac: float) -> None:
         from tqdm import tqdm
@@ -267,10 +285,17 @@ class Progress:
                             delay=self.delay, file=sys.stderr, leave=False, dynamic_ncols=True,
                             bar_format="{l_bar}{bar}| {n:.1f}/{total_fmt} " + self.what
                             + " [{elapsed}<{remaining}]{postfix}")
-        self.done[i] = frac
-        self.bar.n = sum(self.done.values())
-        self.bar.set_postfix_str(label[:40], refresh=False)
-        self.bar.refresh()
+        if frac >= 1.0:
+            self.done.pop(i, None)
+            self.finished += 1
+        else:
+            self.done[i] = frac
+        now = time.monotonic()
+        if now - self.shown >= REFRESH_SECONDS:  # a resumed sweep passes its runs already done in a burst
+            self.shown = now
+            self.bar.n = self.finished + sum(self.done.values())
+            self.bar.set_postfix_str(label[:40], refresh=False)
+            self.bar.refresh()
 
     def bytes(self, done: int, total: int) -> None:
         """Progress through a file: `done` of `total` bytes."""

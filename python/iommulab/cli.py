@@ -332,9 +332,35 @@ def _write(path: str, text: str, what: str) -> None:
         raise ScenarioError(f"{what} {path}: cannot write: {e.strerror or e}") from None
 
 
+def _writable(path: str | None, what: str) -> None:
+    """Refuse, before anything is written, an output file that cannot be written (a missing directory, a
+    file where a directory should be, a directory where the file should be, no permission)."""
+    if not path:
+        return
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise ScenarioError(f"{what} {path}: cannot write: {e.strerror or e}") from None
+    if not existed:
+        os.remove(path)
+
+
+def _json_safe(v):
+    """`v` with every NaN and infinity as None (JSON has neither; a derived column can hold them)."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _json_safe(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_safe(x) for x in v]
+    return v
+
+
 def _write_parquet(path: str, results: list) -> None:
     """Runs as a Parquet file, one row each, in the form a sweep writes (so `report` reads it)."""
-    from .sweeps import frame
+    from .dataset import frame
 
     rows = [{"run": i, "iommulab_version": __version__, "result": r.to_dict()} for i, r in enumerate(results)]
     try:
@@ -390,13 +416,15 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
     sw = sweep_mod.read(a.sweep)
     out = a.out or "sweep-" + os.path.splitext(os.path.basename(a.sweep))[0]
     _fresh(a.report, False, "--report")
+    _writable(a.report, "--report")
     log = None if a.json else (lambda m: sys.stderr.write(f"iommulab sweep: {m} · results in {out}\n"))
     with _progress(a) as progress:
         df = sweep_mod.sweep(sw, out, jobs=a.jobs, ray=a.ray, progress=progress, log=log)
     if a.report:
         _write(a.report, _report_html(out, df), "--report")
     if a.json:
-        json.dump({"out": out, "runs": df.to_dicts()}, sys.stdout, indent=2, default=str)
+        json.dump(_json_safe({"out": out, "runs": df.to_dicts()}), sys.stdout, indent=2, default=str,
+                  allow_nan=False)
         sys.stdout.write("\n")
         return 0
     sys.stdout.write(sweep_mod.format_summary(df, sw))
@@ -406,27 +434,30 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
 
 def _report_html(path: str, df) -> str:
     """The report of the results `df` read from `path` (seeds averaged when a point has several)."""
-    from . import sweeps as sweep_mod
+    from . import dataset
     from .plots import results_page
 
-    spec = sweep_mod.spec_of(path) if os.path.isdir(path) else {}
-    axes = sweep_mod.axes_of(df, spec)
+    spec = dataset.spec_of(path) if os.path.isdir(path) else {}
+    axes = dataset.axes_of(df, spec)
     if "seed" in df.columns:
-        agg = sweep_mod.aggregate_seeds(df, axes)
+        agg = dataset.aggregate_seeds(df, axes)
         df = agg if agg.height < df.height else df
     title = f"iommulab report · {os.path.basename(os.path.normpath(path))}"
     return results_page(df.to_dicts(), title, axes, spec or None)
 
 
 def _cmd_report(a: argparse.Namespace) -> int:
-    from . import sweeps as sweep_mod
+    from . import dataset
 
     out = a.out or os.path.join(a.results if os.path.isdir(a.results) else os.path.dirname(a.results) or ".",
                                 "report.html")
     _fresh(out, a.force, "-o")
     _fresh(a.csv, a.force, "--csv")
-    df = sweep_mod.load(a.results)
-    _write(out, _report_html(a.results, df), "-o")
+    df = dataset.load(a.results)
+    page = _report_html(a.results, df)
+    _writable(out, "-o")
+    _writable(a.csv, "--csv")
+    _write(out, page, "-o")
     if a.csv:
         try:
             df.write_csv(a.csv)

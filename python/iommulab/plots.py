@@ -33,6 +33,10 @@ def _exposure(row: dict[str, Any]) -> float:
     return w if w and w > 0 else NONE_US
 
 
+def _or(v: Any, default: Any) -> Any:
+    return default if v is None else v
+
+
 def _policy(row: dict[str, Any]) -> str:
     return str(row.get("policy") or row.get("os.policy") or "")
 
@@ -44,16 +48,17 @@ def _name(row: dict[str, Any], keys: list[str]) -> str:
 
 
 def tradeoff_figure(rows: list[dict[str, Any]], title: str, name_keys: list[str] | None = None):
-    """Goodput against the p99 exposure window, one marker per run, coloured by policy."""
+    """Goodput against the p99 exposure window, one marker per run with a goodput, coloured by policy."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        by_policy.setdefault(_policy(r), []).append(r)
+        if r.get("throughput_gbps") is not None:
+            by_policy.setdefault(_policy(r), []).append(r)
     for pol, rs in by_policy.items():
-        err = [(r.get("throughput_gbps.max", r["throughput_gbps"]) - r["throughput_gbps"],
-                r["throughput_gbps"] - r.get("throughput_gbps.min", r["throughput_gbps"])) for r in rs]
+        err = [(_or(r.get("throughput_gbps.max"), r["throughput_gbps"]) - r["throughput_gbps"],
+                r["throughput_gbps"] - _or(r.get("throughput_gbps.min"), r["throughput_gbps"])) for r in rs]
         fig.add_trace(go.Scatter(
             x=[_exposure(r) for r in rs], y=[r["throughput_gbps"] for r in rs], mode="markers", name=pol or "run",
             marker={"size": 11, "color": COLOURS.get(pol)},
@@ -229,7 +234,7 @@ def results_page(rows: list[dict[str, Any]], title: str, axes: list[str] | None 
     """The report of a set of runs (a sweep's points, a comparison's policies), one row per run or point."""
     axes = axes or []
     page = Page(title, subtitle or (spec or {}).get("description", ""))
-    if rows and all("throughput_gbps" in r for r in rows):
+    if any(r.get("throughput_gbps") is not None for r in rows):
         page.heading("Throughput against exposure",
                      "Each marker is one run (the mean over seeds, with their min-max, when a sweep has several): "
                      "goodput against the p99 time a freed page stayed reachable by the device.")

@@ -13,10 +13,10 @@ A sweep file names a base scenario and axes::
     [derived]                                  # optional: columns computed from others (SQL expressions)
     gbps_per_cpu = "throughput_gbps / cpu_busy"
 
-Each run is one row of the dataset: the axes as columns (named by their keys), every scalar result flattened
-(``safety.window.p99_us``), the run's seed, ``scenario_hash`` (of the fully resolved scenario) and
-``iommulab_version``. Rows are written as the runs finish, in part files renamed into place, so a killed sweep
-loses only the runs in flight; run again, it skips every run whose scenario hash is already in the dataset.
+Each run is one row of the dataset (dataset.py): the axes as columns (named by their keys), every scalar result
+flattened (``safety.window.p99_us``), the run's seed, ``scenario_hash`` (of the fully resolved scenario) and
+``iommulab_version``. Runs are loaded one at a time as workers free up, so memory does not grow with the
+sweep; run again, a sweep skips every run whose scenario hash is already in the dataset.
 """
 
 from __future__ import annotations
@@ -26,24 +26,20 @@ import itertools
 import json
 import math
 import os
-import time
 import tomllib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from . import __version__, _core
 from ._core import ScenarioError
-from .api import ProgressFn, check_jobs, flatten, override_pairs, run_each, run_one, scenario_source
+from .api import TICK_SECONDS, ProgressFn, check_jobs, override_pairs, run_each, run_one, scenario_source
 from .api import load as load_scenario
+from .dataset import (META, SPEC_FILE, Numbering, Writer, aggregate_seeds, axes_of, canon, derive, derived_expr,
+                      done_keys, first_line, frame, grids_of, is_dataset, load, locked, parts, printable,
+                      spec_of)
 
-SPEC_FILE = "sweep.json"
-PART_GLOB = "part-*.parquet"
 # Most points a sweep file may describe (a typo in a range should not start a million runs).
 MAX_POINTS = 1_000_000
-# Columns every row has besides the axes and the results.
-META = ("run", "point", "scenario_hash", "iommulab_version", "overrides")
-# Rows are flushed to a new part file once this many are pending or this many seconds have passed.
-FLUSH_ROWS, FLUSH_SECONDS = 64, 5.0
 
 
 @dataclass
@@ -63,97 +59,123 @@ class Sweep:
         return {"scenario": self.scenario, "description": self.description, "seeds": self.seeds, "set": self.sets,
                 "axes": self.axes, "derived": self.derived, "iommulab_version": __version__}
 
+    def points(self) -> int:
+        return math.prod(len(v) for v in self.axes.values())
+
+
+def _short(v: Any) -> str:
+    """A value for an error line, cut short."""
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_number(x: Any) -> bool:
+    """A finite float, or a whole number in TOML's 64-bit range."""
+    return isinstance(x, int) and not isinstance(x, bool) and -2**63 <= x < 2**63 \
+        or isinstance(x, float) and math.isfinite(x)
+
 
 def _axis(where: str, key: str, v: Any) -> list[Any]:
     """An axis' values: a list of scalars, or a range table {from, to, step} / {from, to, times}."""
-    w = f"{where}: axes.{key}"
-    if isinstance(v, dict):
-        unknown = set(v) - {"from", "to", "step", "times"}
-        if unknown or "from" not in v or "to" not in v or ("step" in v) == ("times" in v):
-            raise ScenarioError(f"{w}: expected a list, or {{ from = A, to = B, step = S }} or "
-                                f"{{ from = A, to = B, times = F }}, got {v!r}")
-        nums = {k: x for k, x in v.items()}
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in nums.values()):
-            raise ScenarioError(f"{w}: from, to, step and times must be numbers, got {v!r}")
-        a, b = v["from"], v["to"]
-        integer = all(isinstance(x, int) for x in nums.values())
-        out: list[Any] = []
-        if "step" in v:
-            s = v["step"]
-            if s <= 0 or a > b:
-                raise ScenarioError(f"{w}: expected from <= to and step > 0, got {v!r}")
-            n = math.floor((b - a) / s + 1e-9) + 1
-            if n > MAX_POINTS:
-                raise ScenarioError(f"{w}: {n} values; expected at most {MAX_POINTS}")
-            out = [a + i * s if integer else round(a + i * s, 12) for i in range(n)]
-        else:
-            f = v["times"]
-            if f <= 1 or a <= 0 or a > b:
-                raise ScenarioError(f"{w}: expected 0 < from <= to and times > 1, got {v!r}")
-            x = a
-            while x <= b * (1 + 1e-12):
-                out.append(x if integer else round(x, 12))
-                x = x * f
-                if len(out) > MAX_POINTS:
-                    raise ScenarioError(f"{w}: more than {MAX_POINTS} values")
-        return out
+    w = f"{where}: axes.{printable(key)}"
+    if isinstance(v, Mapping):
+        return _range(w, v)
     if not isinstance(v, list) or not v:
-        raise ScenarioError(f"{w}: expected a non-empty list of values or a range table, got {v!r}")
-    for x in v:
-        if isinstance(x, (dict, list)):
-            raise ScenarioError(f"{w}: expected scalar values (numbers, strings, booleans), got {x!r}")
+        raise ScenarioError(f"{w}: expected a non-empty list of values or a range table, got {_short(v)}")
     seen = set()
     for x in v:
-        k = json.dumps(x)
-        if k in seen:
-            raise ScenarioError(f"{w}: {x!r} appears twice")
-        seen.add(k)
+        if not isinstance(x, (str, int, float)):
+            raise ScenarioError(f"{w}: expected scalar values (numbers, strings, booleans), got {_short(x)}")
+        if canon(x) in seen:
+            raise ScenarioError(f"{w}: {_short(x)} appears twice")
+        seen.add(canon(x))
+    if len(v) > MAX_POINTS:
+        raise ScenarioError(f"{w}: {len(v)} values; expected at most {MAX_POINTS}")
     return list(v)
+
+
+def _range(w: str, v: Mapping[str, Any]) -> list[Any]:
+    """A range table's values, counted before any is made (a float step can make a range astronomically long)."""
+    if set(v) - {"from", "to", "step", "times"} or "from" not in v or "to" not in v or ("step" in v) == ("times" in v):
+        raise ScenarioError(f"{w}: expected a list, or {{ from = A, to = B, step = S }} or "
+                            f"{{ from = A, to = B, times = F }}, got {_short(v)}")
+    if not all(_is_number(x) for x in v.values()):
+        raise ScenarioError(f"{w}: from, to, step and times must be finite numbers (whole ones within 64 bits), "
+                            f"got {_short(v)}")
+    a, b = v["from"], v["to"]
+    integer = all(isinstance(x, int) for x in v.values())
+    if "step" in v:
+        s = v["step"]
+        if s <= 0 or a > b:
+            raise ScenarioError(f"{w}: expected from <= to and step > 0, got {_short(v)}")
+        n = (b - a) // s if integer else (b - a) / s  # float: inf when it overflows
+        _at_most(w, n)
+        return [a + i * s if integer else round(a + i * s, 12) for i in range(math.floor(n + 1e-9) + 1)]
+    f = v["times"]
+    if f <= 1 or a <= 0 or a > b:
+        raise ScenarioError(f"{w}: expected 0 < from <= to and times > 1, got {_short(v)}")
+    _at_most(w, (math.log(b) - math.log(a)) / math.log(f))
+    out, x = [], a
+    while x <= b or not integer and x <= b * (1 + 1e-12):
+        out.append(x if integer else round(x, 12))
+        x = x * f
+    return out
+
+
+def _at_most(w: str, steps: float) -> None:
+    if not steps < MAX_POINTS:
+        raise ScenarioError(f"{w}: more than {MAX_POINTS} values; expected at most {MAX_POINTS}")
 
 
 def parse(doc: Mapping[str, Any], where: str = "sweep", base_dir: str | None = None) -> Sweep:
     """A sweep from its TOML document (a dict); `base_dir` resolves a relative scenario path."""
     unknown = set(doc) - {"scenario", "description", "seeds", "set", "axes", "derived"}
     if unknown:
-        raise ScenarioError(f"{where}: unknown key {sorted(unknown)[0]!r} (expected scenario, description, seeds, "
-                            "set, axes, derived)")
+        raise ScenarioError(f"{where}: unknown key {sorted(map(str, unknown))[0]!r} (expected scenario, "
+                            "description, seeds, set, axes, derived)")
     if "scenario" not in doc:
         raise ScenarioError(f'{where}: missing key "scenario" (a built-in name or a scenario file)')
-    sc = doc["scenario"]
-    if isinstance(sc, str):
-        builtin = {n for n, _ in _core.builtin_scenarios()}
-        if sc not in builtin or (base_dir and os.path.exists(os.path.join(base_dir, sc))):
-            path = os.path.join(base_dir, sc) if base_dir and not os.path.isabs(sc) else sc
-            if not os.path.exists(path):
-                raise ScenarioError(f"{where}: scenario {sc!r}: no such file, and no built-in scenario of that "
-                                    f"name (built-ins: {', '.join(sorted(builtin))})")
-            sc = os.path.abspath(path)
-    elif not isinstance(sc, Mapping):
-        raise ScenarioError(f"{where}: scenario: expected a built-in name or a file path, got {sc!r}")
+    sc = _scenario(where, doc["scenario"], base_dir)
     seeds = doc.get("seeds", 1)
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ScenarioError(f"{where}: seeds: expected a whole number of at least 1, got {seeds!r}")
+        raise ScenarioError(f"{where}: seeds: expected a whole number of at least 1, got {_short(seeds)}")
     sets = doc.get("set", {})
     axes_doc = doc.get("axes", {})
     derived = doc.get("derived", {})
     for name, t in (("set", sets), ("axes", axes_doc), ("derived", derived)):
         if not isinstance(t, Mapping):
-            raise ScenarioError(f"{where}: {name}: expected a table, got {t!r}")
+            raise ScenarioError(f"{where}: {name}: expected a table, got {_short(t)}")
     axes = {k: _axis(where, k, v) for k, v in axes_doc.items()}
     if "run.seed" in axes and seeds > 1:
         raise ScenarioError(f"{where}: seeds = {seeds} and an axis run.seed: give the seeds one way")
     both = set(axes) & set(sets)
     if both:
-        raise ScenarioError(f"{where}: {sorted(both)[0]!r} is both an axis and in [set]")
+        raise ScenarioError(f"{where}: {sorted(map(str, both))[0]!r} is both an axis and in [set]")
     n = math.prod(len(v) for v in axes.values()) * seeds
     if n > MAX_POINTS:
         raise ScenarioError(f"{where}: {n} runs; expected at most {MAX_POINTS}")
     for k, e in derived.items():
         if not isinstance(e, str):
-            raise ScenarioError(f"{where}: derived.{k}: expected an SQL expression string, got {e!r}")
-        _derived_expr(where, k, e)
+            raise ScenarioError(f"{where}: derived.{printable(k)}: expected an SQL expression string, got {_short(e)}")
+        derived_expr(where, k, e)
     return Sweep(scenario=sc, axes=axes, sets=dict(sets), seeds=seeds, derived=dict(derived),
                  description=str(doc.get("description", "")), where=where)
+
+
+def _scenario(where: str, sc: Any, base_dir: str | None) -> Any:
+    """The base scenario: a built-in name, an absolute path (a relative one is from `base_dir`), or a dict."""
+    if isinstance(sc, Mapping):
+        return sc
+    if not isinstance(sc, str):
+        raise ScenarioError(f"{where}: scenario: expected a built-in name or a file path, got {_short(sc)}")
+    builtin = {n for n, _ in _core.builtin_scenarios()}
+    path = os.path.join(base_dir, sc) if base_dir and not os.path.isabs(sc) else sc
+    if sc in builtin and not (base_dir and os.path.exists(path)):
+        return sc
+    if not os.path.exists(path):
+        raise ScenarioError(f"{where}: scenario {_short(sc)}: no such file, and no built-in scenario of that name "
+                            f"(built-ins: {', '.join(sorted(builtin))})")
+    return os.path.abspath(path)
 
 
 def read(path: str | os.PathLike) -> Sweep:
@@ -164,24 +186,19 @@ def read(path: str | os.PathLike) -> Sweep:
             doc = tomllib.load(f)
     except OSError as e:
         raise ScenarioError(f"{path}: cannot open: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        line = e.object[:e.start].count(b"\n") + 1
+        raise ScenarioError(f"{path}:{line}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"{path}: {e}") from None
     return parse(doc, path, os.path.dirname(os.path.abspath(path)))
 
 
-def _derived_expr(where: str, name: str, text: str):
-    import polars as pl
-
-    try:
-        return pl.sql_expr(text).alias(name)
-    except Exception as e:  # polars raises several kinds for a bad expression
-        raise ScenarioError(f"{where}: derived.{name}: {str(e).splitlines()[0]}") from None
-
-
 @dataclass
 class Run:
-    """One simulation of a sweep: point `point` with the scenario keys `keys` (its seed among them), compared
-    variant `variant` of what they load."""
+    """One simulation of a sweep: number `index` (dataset.Numbering) at point number `point`, with the scenario
+    keys `keys` (its seed among them), compared variant `variant` of what they load; `pos` is its place in the
+    sweep's order."""
 
     index: int
     point: int
@@ -191,32 +208,35 @@ class Run:
     label: str
     scenario_hash: str
     handle: Any = None  # the core's Variant (local runs)
+    pos: int = 0
 
 
-def runs(sw: Sweep) -> list[Run]:
-    """Every run of the sweep, in sweep order: points (first axis outermost), then seeds, then the base
-    scenario's own [compare] variants (whose keys become axes too)."""
+def runs(sw: Sweep, numbering: Numbering) -> Iterator[Run]:
+    """Every run of the sweep, loaded one at a time, in sweep order: points (first axis outermost), then seeds,
+    then the base scenario's own [compare] variants (whose keys become axes too)."""
     names = list(sw.axes)
-    out: list[Run] = []
-    base_seed: dict[str, int] = {}
-    for p, combo in enumerate(itertools.product(*sw.axes.values())):
+    pos = 0
+    for combo in itertools.product(*sw.axes.values()):
         axes = dict(zip(names, combo))
         keys = {**sw.sets, **axes}
+        base_seed = None
         for i in range(sw.seeds):
-            k = dict(keys)
-            if i:
-                bk = json.dumps(sorted(keys.items()), default=str)
-                if bk not in base_seed:
-                    base_seed[bk] = _seed_of(_load(sw, keys)[0])
-                k["run.seed"] = base_seed[bk] + i
-            for j, v in enumerate(_load(sw, k)):
-                sc = v.scenario_json()
-                h = hashlib.sha256(sc.encode()).hexdigest()[:16]
-                ax = dict(axes)
-                for key, val in v.overrides:
-                    ax[key] = tomllib.loads(f"v = {val}")["v"]
-                out.append(Run(len(out), p, k, ax, j, v.label, h, v))
-    return out
+            k = dict(keys) if not i else {**keys, "run.seed": base_seed + i}
+            variants = _load(sw, k)
+            if len(variants) != numbering.variants:
+                raise ScenarioError(f"{sw.where}: {_short(k)} loads {len(variants)} variants, the first point "
+                                    f"{numbering.variants}: every point must compare the same keys")
+            base_seed = _seed_of(variants[0]) if base_seed is None else base_seed
+            for j, v in enumerate(variants):
+                h = hashlib.sha256(v.scenario_json().encode()).hexdigest()[:16]
+                run, point = numbering.number(axes, i, j)
+                yield Run(run, point, k, _variant_axes(axes, v), j, v.label, h, v, pos)
+                pos += 1
+
+
+def _variant_axes(axes: dict[str, Any], v: Any) -> dict[str, Any]:
+    """A run's axis columns: the point's axes and the keys its [compare] variant set."""
+    return {**axes, **{key: tomllib.loads(f"v = {val}")["v"] for key, val in v.overrides}}
 
 
 def _seed_of(v: Any) -> int:
@@ -230,157 +250,115 @@ def _load(sw: Sweep, keys: dict[str, Any]) -> list[Any]:
         raise ScenarioError(f"{sw.where}: {e}") from None
 
 
+# --- before the first run ----------------------------------------------------------------------------------
+
+def _checked_points(sw: Sweep) -> list[dict[str, Any]]:
+    """The points a sweep loads before its first run: each value of an axis of names and the least and
+    greatest of an axis of numbers, at the other axes' first values (a value the scenario rejects is found
+    there, not hours in; a combination it rejects, when its point comes)."""
+    first = {k: v[0] for k, v in sw.axes.items()}
+    points = {canon(first): first}
+    for k, vals in sw.axes.items():
+        numbers = all(_is_number(x) for x in vals)
+        for x in (min(vals), max(vals)) if numbers else vals:
+            p = {**first, k: x}
+            points.setdefault(canon(p), p)
+    return list(points.values())
+
+
+def check(sw: Sweep) -> int:
+    """Load the checked points (each simulation built, not run) and check the derived columns against the
+    columns their runs will have: the result's (every part a result can hold), the axes and META. Returns the
+    variants per point."""
+    rows, variants = [], None
+    for axes in _checked_points(sw):
+        vs = _load(sw, {**sw.sets, **axes})
+        variants = len(vs) if variants is None else variants
+        if len(vs) != variants:
+            raise ScenarioError(f"{sw.where}: {_short(axes)} loads {len(vs)} variants, the first point {variants}: "
+                                "every point must compare the same keys")
+        for v in vs:
+            try:
+                result = json.loads(v.simulate().every_part_json())
+            except ScenarioError as e:
+                raise ScenarioError(f"{sw.where}: {e}") from None
+            rows.append(_row(Run(0, 0, {}, _variant_axes(axes, v), 0, v.label, ""), result))
+    _check_derived(sw, frame(rows))
+    return variants
+
+
+def _check_derived(sw: Sweep, schema) -> None:
+    """Each derived column: a new name, naming only columns that exist, and computable on `schema`'s rows."""
+    known = set(schema.columns)
+    for name, text in sw.derived.items():
+        w = f"{sw.where}: derived.{printable(name)}"
+        if name in known:
+            raise ScenarioError(f"{w}: the name of a column every run has (a result, an axis or one of "
+                                f"{', '.join(META)}); give the derived column another name")
+        expr = derived_expr(sw.where, name, text)
+        try:
+            unknown = [c for c in expr.meta.root_names() if c not in known]
+        except Exception as e:
+            raise ScenarioError(f"{w}: {first_line(e)}") from None
+        if unknown:
+            raise ScenarioError(f"{w}: no column {unknown[0]!r} (a result, an axis, one of {', '.join(META)} or a "
+                                "derived column above; quote dotted names)")
+        known.add(name)
+    derive(schema, sw.derived, sw.where)
+
+
 # --- the dataset -------------------------------------------------------------------------------------------
 
-def _parts(out: str) -> list[str]:
-    import glob
-
-    return sorted(glob.glob(os.path.join(glob.escape(out), PART_GLOB)))
-
-
-def spec_of(path: str) -> dict[str, Any]:
-    """The sweep.json of a dataset directory ({} for a lone Parquet file or a dataset without one)."""
+def _make(out: str) -> None:
+    """Make the dataset directory `out`, refusing a file, or a directory that is not a dataset."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ScenarioError(f"--out {out}: exists and is not a directory")
+    if os.path.isdir(out) and not is_dataset(out):
+        raise ScenarioError(f"--out {out}: exists and is not a sweep dataset; give a new or empty directory")
     try:
-        with open(os.path.join(path, SPEC_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise ScenarioError(f"--out {out}: cannot create: {e.strerror or e}") from None
 
 
-def done_keys(out: str) -> set[tuple[str, str]]:
-    """(scenario hash, overrides) of the runs already in the dataset at `out` (refusing one written by another
-    iommulab version)."""
-    import polars as pl
-
-    keys: set[tuple[str, str]] = set()
-    for f in _parts(out):
-        try:
-            df = pl.read_parquet(f, columns=["scenario_hash", "overrides", "iommulab_version"])
-        except Exception as e:
-            raise ScenarioError(f"{f}: not a readable part of a sweep dataset: {str(e).splitlines()[0]}") from None
-        other = set(df["iommulab_version"].unique()) - {__version__}
-        if other:
-            raise ScenarioError(f"{out}: holds runs of iommulab {sorted(other)[0]} (this is {__version__}); "
-                                "give another --out, or move it aside")
-        keys.update(zip(df["scenario_hash"].to_list(), df["overrides"].to_list()))
-    return keys
+def _take(sw: Sweep, out: str, variants: int) -> tuple[set[tuple[str, str]], Numbering]:
+    """With the dataset locked: the runs already there and the numbering, refusing a dataset of another
+    sweep; sweep.json then records this one."""
+    for f in os.listdir(out):
+        if f.endswith(".tmp") and (f.startswith("part-") or f == SPEC_FILE + ".tmp"):
+            os.remove(os.path.join(out, f))  # a file a killed sweep did not finish writing
+    have = done_keys(out)
+    spec = spec_of(out)
+    if parts(out) and not spec:
+        raise ScenarioError(f"--out {out}: holds runs but no {SPEC_FILE}; give another --out")
+    grids = _same_sweep(sw, spec, variants, out) if spec else []
+    numbering = Numbering.extended(grids, sw.axes, sw.seeds, variants)
+    _write_spec(out, {**sw.spec(), "variants": variants, "grids": numbering.grids})
+    return have, numbering
 
 
-class Writer:
-    """Rows to part files of the dataset, each written whole under a temporary name and renamed into place."""
-
-    def __init__(self, out: str):
-        self.out = out
-        self.pending: list[dict[str, Any]] = []
-        self.last = time.monotonic()
-        self.stamp = time.strftime("%Y%m%dT%H%M%S")
-        self.seq = len(_parts(out))
-        self.written = 0
-
-    def add(self, row: dict[str, Any]) -> None:
-        self.pending.append(row)
-        if len(self.pending) >= FLUSH_ROWS or time.monotonic() - self.last >= FLUSH_SECONDS:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        df = frame(self.pending)
-        while True:
-            path = os.path.join(self.out, f"part-{self.stamp}-{self.seq:05d}.parquet")
-            self.seq += 1
-            if not os.path.exists(path):
-                break
-        tmp = path + ".tmp"
-        df.write_parquet(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        self.written += len(self.pending)
-        self.pending = []
-        self.last = time.monotonic()
+def _same_sweep(sw: Sweep, spec: dict[str, Any], variants: int, out: str) -> list[dict[str, Any]]:
+    """The grids of the dataset's sweep, refusing a dataset of another sweep: another base scenario, other
+    [set] keys or values, other axis keys or another count of variants. Axis values, seeds, derived columns
+    and the description may change."""
+    theirs = {"scenario": spec.get("scenario"), "set": spec.get("set"), "axes": sorted(spec.get("axes", {})),
+              "variants": spec.get("variants", variants)}
+    mine = {"scenario": sw.scenario, "set": sw.sets, "axes": sorted(sw.axes), "variants": variants}
+    differ = [k for k in mine if canon(mine[k]) != canon(theirs[k])]
+    if differ:
+        raise ScenarioError(f"--out {out}: holds another sweep (not the same {differ[0]} as {sw.where}); give "
+                            "another --out, or move it aside")
+    return grids_of(spec, os.path.join(out, SPEC_FILE))
 
 
-def frame(rows: list[dict[str, Any]]):
-    """Rows ({meta, axes, "result": {...}}) as a DataFrame: results flattened, list-valued outputs as JSON text
-    (the per-CPU, per-level and per-lock details; the scalars are the columns)."""
-    import polars as pl
-
-    res = flatten([r["result"] for r in rows])
-    meta = pl.DataFrame([{k: v for k, v in r.items() if k != "result"} for r in rows], infer_schema_length=None)
-    clash = set(meta.columns) & set(res.columns)
-    if clash:
-        raise ScenarioError(f"sweep: axis {sorted(clash)[0]!r} has the name of a result column")
-    nested = [c for c, t in res.schema.items() if isinstance(t, (pl.List, pl.Struct, pl.Array, pl.Object))]
-    if nested:
-        res = res.with_columns(pl.Series(c, [json.dumps(x) if x is not None else None
-                                             for x in res[c].to_list()], dtype=pl.String) for c in nested)
-    return pl.concat([meta, res], how="horizontal")
-
-
-def load(path: str | os.PathLike, aggregate: bool = False):
-    """A sweep's results (a directory written by ``sweep``, or one Parquet file) as a polars DataFrame in run
-    order, with the sweep's derived columns. `aggregate`: one row per point, its seeds' mean (with
-    ``COLUMN.min`` / ``COLUMN.max`` beside each number and ``seeds``, the count)."""
-    import polars as pl
-
-    path = os.fspath(path)
-    spec: dict[str, Any] = {}
-    if os.path.isdir(path):
-        files = _parts(path)
-        if not files:
-            raise ScenarioError(f"{path}: no sweep results (no {PART_GLOB} files)")
-        spec = spec_of(path)
-    elif os.path.isfile(path):
-        files = [path]
-    else:
-        raise ScenarioError(f"{path}: no such file or directory")
-    frames = []
-    for f in files:
-        try:
-            frames.append(pl.read_parquet(f))
-        except Exception as e:
-            raise ScenarioError(f"{f}: not a Parquet file of sweep results: {str(e).splitlines()[0]}") from None
-    df = pl.concat(frames, how="diagonal_relaxed")
-    if "run" in df.columns:
-        df = df.sort("run")
-    for name, text in spec.get("derived", {}).items():
-        try:
-            df = df.with_columns(_derived_expr(path, name, text))
-        except ScenarioError:
-            raise
-        except Exception as e:
-            raise ScenarioError(f"{path}: derived.{name}: {str(e).splitlines()[0]}") from None
-    if aggregate:
-        df = aggregate_seeds(df, axes_of(df, spec))
-    return df
-
-
-def axes_of(df, spec: Mapping[str, Any] | None = None) -> list[str]:
-    """The axis columns of a results frame: the sweep's axes, and any other scenario key columns (the base
-    scenario's compared keys)."""
-    scenario_tables = ("run.", "platform.", "os.", "workload.", "hypervisor.")
-    axes = list((spec or {}).get("axes", {}))
-    axes += [c for c in df.columns if c.startswith(scenario_tables) and c not in axes]
-    return [a for a in axes if a in df.columns]
-
-
-def aggregate_seeds(df, axes: list[str]):
-    """One row per point (axes and label, seed aside): numbers as their mean with min and max beside."""
-    import polars as pl
-
-    keys = [a for a in axes if a != "run.seed"] + [c for c in ("label",) if c in df.columns]
-    skip = set(keys) | set(META) | {"seed", "run.seed", "sim_seconds"}
-    nums = [c for c, t in df.schema.items() if c not in skip and t.is_numeric()]
-    if not keys:
-        df = df.with_columns(pl.lit(0).alias("_all"))
-        keys = ["_all"]
-    aggs = [pl.len().alias("seeds")]
-    for c in nums:
-        aggs += [pl.col(c).mean().alias(c), pl.col(c).min().alias(f"{c}.min"), pl.col(c).max().alias(f"{c}.max")]
-    first = [pl.col(c).first() for c in df.columns if c not in set(keys) | set(nums) | {"seed", "run.seed"}]
-    out = df.group_by(keys, maintain_order=True).agg(aggs + first)
-    return out.drop("_all") if "_all" in out.columns else out
+def _write_spec(out: str, spec: dict[str, Any]) -> None:
+    tmp = os.path.join(out, SPEC_FILE + ".tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(spec, f, indent=2, default=str)
+        os.replace(tmp, os.path.join(out, SPEC_FILE))
+    except OSError as e:
+        raise ScenarioError(f"{tmp}: cannot write: {e.strerror or e}") from None
 
 
 # --- running -----------------------------------------------------------------------------------------------
@@ -391,7 +369,7 @@ def _row(r: Run, result: dict[str, Any]) -> dict[str, Any]:
 
 
 def _overrides(r: Run) -> str:
-    return json.dumps(r.keys, sort_keys=True)
+    return json.dumps(r.keys, sort_keys=True, default=str)
 
 
 def _task(kind: str, source: str, pairs: list[tuple[str, str]], name: str, variant: int) -> dict[str, Any]:
@@ -399,26 +377,40 @@ def _task(kind: str, source: str, pairs: list[tuple[str, str]], name: str, varia
     return run_one(_core.load(kind, source, pairs, name)[variant]).to_dict()
 
 
-def _ray(sw: Sweep, todo: list[Run], address: str | None, jobs: int | None,
-         done: Callable[[Run, dict[str, Any]], None]) -> None:
+def _ray_module():
     try:
         import ray
     except ImportError:
         raise ScenarioError("--ray needs Ray: pip install 'iommulab[ray]'") from None
+    return ray
+
+
+def _ray(sw: Sweep, todo: Iterator[Run], address: str | None, jobs: int | None,
+         done: Callable[[Run, dict[str, Any]], None], tick: Callable[[], None]) -> None:
+    """Run `todo` as Ray tasks, two per cluster CPU in flight, calling done(run, result) as each finishes."""
+    ray = _ray_module()
     if not ray.is_initialized():
         kw: dict[str, Any] = {"address": address} if address else {"num_cpus": jobs} if jobs else {}
         ray.init(log_to_driver=False, include_dashboard=False, configure_logging=False, **kw)
     kind, source, name = scenario_source(sw.scenario)
     task = ray.remote(num_cpus=1)(_task)
-    refs = {task.remote(kind, source, override_pairs(r.keys, False), name, r.variant): r for r in todo}
-    pending = list(refs)
+    window = 2 * max(1, int(ray.cluster_resources().get("CPU", 1)))
+    refs: dict[Any, Run] = {}
+
+    def submit(n: int) -> None:
+        for r in itertools.islice(todo, n):
+            refs[task.remote(kind, source, override_pairs(r.keys, False), name, r.variant)] = r
+
     try:
-        while pending:
-            finished, pending = ray.wait(pending, num_returns=1)
+        submit(window)
+        while refs:
+            finished, _ = ray.wait(list(refs), num_returns=1, timeout=TICK_SECONDS)
             for ref in finished:
-                done(refs[ref], ray.get(ref))
+                done(refs.pop(ref), ray.get(ref))
+            submit(len(finished))
+            tick()
     except BaseException:
-        for ref in pending:
+        for ref in refs:
             ray.cancel(ref, force=True)
         raise
 
@@ -427,70 +419,82 @@ def sweep(sw: Sweep | str | os.PathLike | Mapping[str, Any], out: str | os.PathL
           jobs: int | None = None, ray: bool | str = False, progress: ProgressFn | None = None,
           log: Callable[[str], None] | None = None):
     """Run every point of a sweep (a :class:`Sweep`, a sweep file, or a sweep document as a dict) and return
-    the results as a polars DataFrame (see :func:`load`). With `out`, rows go to a Parquet dataset there as runs
-    finish, and runs already in it are not run again. `ray`: True for a local Ray cluster, or its address."""
+    the results as a polars DataFrame (see :func:`dataset.load`). With `out`, rows go to a Parquet dataset
+    there as runs finish, and runs already in it are not run again. `ray`: True for a local Ray cluster, or
+    its address. Everything is checked (the file, the derived columns, Ray, `out`) before the first run."""
     if not isinstance(sw, Sweep):
         sw = parse(sw) if isinstance(sw, Mapping) else read(sw)
     if jobs is not None:
         check_jobs(jobs)
-    all_runs = runs(sw)
-    have: set[tuple[str, str]] = set()
-    writer = None
-    if out is not None:
-        out = os.fspath(out)
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise ScenarioError(f"--out {out}: exists and is not a directory")
-        if os.path.isdir(out) and os.listdir(out) and not (_parts(out) or spec_of(out).get("iommulab_version")):
-            # Never write into (or over the files of) a directory that is not a sweep's dataset.
-            raise ScenarioError(f"--out {out}: exists and is not a sweep dataset; give a new or empty directory")
-        os.makedirs(out, exist_ok=True)
-        for f in os.listdir(out):
-            if f.startswith("part-") and f.endswith(".parquet.tmp"):
-                os.remove(os.path.join(out, f))  # a part a killed sweep did not finish writing
-        have = done_keys(out)
-        tmp = os.path.join(out, SPEC_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(sw.spec(), f, indent=2, default=str)
-        os.replace(tmp, os.path.join(out, SPEC_FILE))
-        writer = Writer(out)
-    # A run is known by its resolved scenario and the keys the sweep set (two points may resolve to the same
-    # scenario, e.g. through a key the scenario ignores: each keeps its row).
-    todo = [r for r in all_runs if (r.scenario_hash, _overrides(r)) not in have]
-    if log:
-        skipped = len(all_runs) - len(todo)
-        log(f"{len(all_runs)} runs" + (f", {skipped} already in {out}" if skipped else "")
-            + (f", {len(todo)} to run" if skipped else ""))
+    if ray:
+        _ray_module()
+    variants = check(sw)
+    total = sw.points() * sw.seeds * variants
+    if out is None:
+        return _sweep(sw, Numbering.extended([], sw.axes, sw.seeds, variants), set(), None, total, jobs, ray,
+                      progress, log)
+    out = os.fspath(out)
+    _make(out)
+    with locked(out):
+        have, numbering = _take(sw, out, variants)
+        if log:
+            log(f"{total} runs" + (f", skipping those of the {len(have)} already in {out}" if have else ""))
+        _sweep(sw, numbering, have, Writer(out), total, jobs, ray, progress, log)
+    return load(out)
+
+
+def _sweep(sw: Sweep, numbering: Numbering, have: set[tuple[str, str]], writer: Writer | None, total: int,
+           jobs: int | None, ray: bool | str, progress: ProgressFn | None, log: Callable[[str], None] | None):
+    """Run the sweep's runs not in `have`, into `writer` (else returned as a DataFrame)."""
     rows: list[dict[str, Any]] = []
+    queued: dict[int, Run] = {}
+    skipped = 0
+
+    def todo() -> Iterator[Run]:
+        nonlocal skipped
+        for r in runs(sw, numbering):
+            if (r.scenario_hash, _overrides(r)) in have:
+                skipped += 1
+                if progress:
+                    progress(r.pos, total, r.label, 1.0)
+                continue
+            yield r
 
     def done(r: Run, result: dict[str, Any]) -> None:
-        row = _row(r, result)
         if writer:
-            writer.add(row)
+            writer.add(_row(r, result))
         else:
-            rows.append(row)
+            rows.append(_row(r, result))
+        if progress and ray:  # Ray tasks report only their end
+            progress(r.pos, total, r.label, 1.0)
 
-    def ray_done(r: Run, result: dict[str, Any]) -> None:
-        done(r, result)
-        if progress:  # Ray tasks report only their end
-            progress(todo_pos[r.index], len(todo), r.label, 1.0)
+    def handles() -> Iterator[Any]:
+        for k, r in enumerate(todo()):
+            queued[k] = r
+            yield r.handle
 
-    todo_pos = {r.index: i for i, r in enumerate(todo)}
+    def step(k: int, _n: int, label: str, frac: float) -> None:
+        if progress:
+            progress(queued[k].pos, total, label, frac)
+
+    tick = writer.tick if writer else lambda: None
     try:
         if ray:
-            _ray(sw, todo, None if ray is True else str(ray), jobs, ray_done)
-        elif todo:
-            run_each([r.handle for r in todo], lambda i, res: done(todo[i], res.to_dict()), progress, jobs)
+            _ray(sw, todo(), None if ray is True else str(ray), jobs, done, tick)
+        else:
+            run_each(handles(), lambda k, res: done(queued.pop(k), res.to_dict()), step, jobs, total=total,
+                     tick=tick)
     finally:
         if writer:
             writer.flush()
-    if out is not None:
-        return load(out)
+    if log and skipped:
+        log(f"{skipped} were already there, {total - skipped} ran")
+    if writer:
+        return None
     import polars as pl
 
     df = frame(sorted(rows, key=lambda r: r["run"])) if rows else pl.DataFrame()
-    for name, text in sw.derived.items():
-        df = df.with_columns(_derived_expr(sw.where, name, text))
-    return df
+    return derive(df, sw.derived, sw.where) if rows else df
 
 
 # The summary `sweep` prints: (column, header, format).

@@ -796,6 +796,27 @@ mod tests {
         assert!(lazy.inv_per_page < strict.inv_per_page);
     }
 
+    #[test]
+    fn a_result_with_every_part_holds_every_key_some_runs_report() {
+        // Strict on the default scenario reports none of them: no latency, attack, guest, driver cache or
+        // exposed page.
+        let r = run_variant(
+            &builtin_with(
+                "default",
+                &[("os.policy", "strict"), ("run.duration_ms", "0.2")],
+            )[0],
+        );
+        let keys = |r: &RunResult| serde_json::to_value(r).expect("serialises");
+        let before = keys(&r);
+        let after = keys(&r.clone().with_every_part());
+        for k in ["latency", "attack", "vm_exits", "rx_cache_reuse_slack"] {
+            assert!(before.get(k).is_none() && after[k].is_object(), "{k}");
+        }
+        assert!(
+            before["safety"].get("window").is_none() && after["safety"]["window"]["p99_us"] == 0.0
+        );
+    }
+
     fn c2(policy: &str, duration_ms: &str) -> RunResult {
         // Past the RX page cache's warm-up churn.
         let ov = [

@@ -91,6 +91,11 @@ impl Simulation {
     fn result_json(&self) -> String {
         serde_json::to_string(&self.inner.result()).expect("result serialises")
     }
+    /// The result so far with every part only some runs report present (zero where absent): every key a
+    /// result of this run can hold.
+    fn every_part_json(&self) -> String {
+        serde_json::to_string(&self.inner.result().with_every_part()).expect("result serialises")
+    }
 }
 
 /// Load a scenario: kind is "builtin" (source = name), "file" (source = path) or "text" (source = TOML, name

@@ -42,7 +42,7 @@ pub struct Snapshot {
 }
 
 /// What an emulated IOMMU cost a guest: its exits to the hypervisor.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct VmExits {
     pub total: u64,
     pub per_sec: f64,
@@ -146,7 +146,7 @@ pub struct Caches {
 }
 
 /// What a malicious device replaying every IOVA it saw reached (dma::attack), in the window.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Attack {
     pub probes: u64,
     pub reached_mapped: u64,
@@ -226,7 +226,7 @@ pub struct DmaLocality {
 /// How long before each rx_cache_reuse the stack had let go of the cache's head page, in µs: the margin by
 /// which a later release (a reader delayed that much) would have made the refill rx_cache_busy and
 /// mapped a fresh page. Quantiles to the histogram's resolution (about 3 %).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct ReuseSlack {
     pub reuses: u64,
     pub min_us: f64,
@@ -430,6 +430,19 @@ pub struct RunInfo<'a> {
 }
 
 impl RunResult {
+    /// This result with every part only some runs report (`latency`, `attack`, `vm_exits`,
+    /// `rx_cache_reuse_slack`, `safety.window`) present, zero where absent: every key a result can hold, so a
+    /// sweep can check the columns its derived expressions name before it runs anything.
+    pub fn with_every_part(mut self) -> Self {
+        self.latency.get_or_insert_with(Default::default);
+        self.attack.get_or_insert_with(Default::default);
+        self.vm_exits.get_or_insert_with(Default::default);
+        self.rx_cache_reuse_slack
+            .get_or_insert_with(Default::default);
+        self.safety.window.get_or_insert_with(Default::default);
+        self
+    }
+
     pub fn from_snapshots(info: &RunInfo<'_>, a: &Snapshot, b: &Snapshot) -> Self {
         let dt = (b.time - a.time).max(1);
         let secs = dt as f64 / 1e9;

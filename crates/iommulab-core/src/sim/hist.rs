@@ -33,7 +33,7 @@ fn bounds(i: usize) -> (u64, u64) {
 }
 
 /// Percentiles of a window, in µs.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Latency {
     pub count: u64,
     pub p50_us: f64,
