@@ -1,17 +1,11 @@
 """Property-based fuzzing of the Python API and CLI arguments (hypothesis): whatever a user passes, the
 answer is a result or a one-line ScenarioError, never another exception. HYPOTHESIS_PROFILE=long runs a longer
-campaign."""
+campaign (the profiles are in conftest.py)."""
 
-import os
-
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 import iommulab
 from iommulab.api import run_variants
-
-settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-settings.register_profile("long", max_examples=50_000, deadline=None, suppress_health_check=list(HealthCheck))
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 KEYS = ["os.policy", "os.kernel", "os.arch", "os.cmdline", "os.hz", "run.seed", "workload.nic_rx.queues",
         "workload.nic_rx.flows", "workload.nic_rx.mtu", "workload.nic_rx.ring_size", "workload.nic_rx.page_pool",

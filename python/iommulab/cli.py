@@ -12,6 +12,7 @@ import tomllib
 from . import __version__, _core
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
 from .compare import POLICIES, compare, format_compare
+from .inputs import shown, utf8
 from .invlog import inv_log
 from .replay import format_replay, replay
 from .report import format_table
@@ -317,9 +318,21 @@ def _policy_list(text: str) -> list[str]:
 
 
 def _fresh(path: str | None, force: bool, what: str) -> None:
-    """Refuse to overwrite a file the user has unless --force."""
-    if path and os.path.exists(path) and not force:
-        raise ScenarioError(f"{what} {path}: exists; pass --force to overwrite it, or pick another name")
+    """Refuse, before anything is written, to overwrite a file the user has or to write through a link to a
+    file not there (unless --force), and a path no file can be written at."""
+    if not path:
+        return
+    if os.path.lexists(path) and not force:
+        if not os.path.exists(path):
+            raise ScenarioError(f"{what} {shown(path)}: a link to {shown(os.readlink(path))}, which does not exist; "
+                                "pass --force to write through it, or pick another name")
+        raise ScenarioError(f"{what} {shown(path)}: exists; pass --force to overwrite it, or pick another name")
+    if os.path.isdir(path):
+        raise ScenarioError(f"{what} {shown(path)}: a directory; expected a file name")
+    where = os.path.dirname(path) or "."
+    if not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK):
+        raise ScenarioError(f"{what} {shown(path)}: cannot write in {shown(where)}: "
+                            + ("no such directory" if not os.path.isdir(where) else "permission denied"))
 
 
 def _write(path: str, text: str, what: str) -> None:
@@ -327,7 +340,7 @@ def _write(path: str, text: str, what: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:
-        raise ScenarioError(f"{what} {path}: cannot write: {e.strerror or e}") from None
+        raise ScenarioError(f"{what} {shown(path)}: cannot write: {e.strerror or e}") from None
 
 
 def _write_parquet(path: str, results: list) -> None:
@@ -449,6 +462,8 @@ def _cmd_replay(a: argparse.Namespace) -> int:
 
 def _cmd_explain(a: argparse.Namespace) -> int:
     iommu = a.iommu or {"x86_64": "vtd", "arm64": "smmuv3", "s390": "s390"}[a.arch]
+    utf8(a.kernel, "--kernel")
+    utf8(a.cmdline, "--cmdline")
     res = json.loads(_core.explain(a.arch, a.kernel, a.cmdline, a.caching_mode == "on", iommu))
     if a.json:
         json.dump(res, sys.stdout, indent=2)
