@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--root", default="/", metavar="DIR", help="read a saved tree (from --save) instead of /")
     i.add_argument("--save", metavar="DIR", help="copy exactly the files read into DIR (for bug reports, tests)")
     i.add_argument("--scenario", metavar="FILE", help="write a scenario skeleton for this host to FILE (not "
-                   "overwritten if it exists)")
+                   "overwritten if it exists, unless --force)")
+    i.add_argument("--force", action="store_true", help="overwrite the --scenario file if it exists")
     i.add_argument("--json", action="store_true", help="print what was found as JSON")
 
     cp = sub.add_parser("capture", help="record the kernel's iommu:map/unmap tracepoints into a trace replay reads",
@@ -484,26 +485,23 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     from . import hostinfo
     import tomli_w
 
+    # Every output is checked before anything is read or written: a refusal leaves nothing behind.
+    _fresh(a.scenario, a.force, "--scenario")
+    if a.save:
+        hostinfo.check_save(a.save)
     res, tree = hostinfo.inspect(a.root)
-    if a.scenario:
-        if os.path.exists(a.scenario):
-            raise ScenarioError(f"--scenario {a.scenario}: exists (nothing is overwritten; pick another name)")
-        sc = hostinfo.scenario_skeleton(res, hostinfo.cpu_count(tree))
-        try:
-            with open(a.scenario, "wb") as f:
-                tomli_w.dump(sc, f)
-        except OSError as e:
-            raise ScenarioError(f"--scenario {a.scenario}: cannot write: {e.strerror or e}") from None
     if a.save:
         n = hostinfo.save(tree, a.save)
-        sys.stderr.write(f"saved {n} files to {a.save}\n")
+        sys.stderr.write(f"saved {n} files to {shown(a.save)}\n")
+    if a.scenario:
+        _write(a.scenario, tomli_w.dumps(hostinfo.scenario_skeleton(res, hostinfo.cpu_count(tree))), "--scenario")
     if a.json:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(hostinfo.format_inspect(res))
         if a.scenario:
-            print(f"wrote {a.scenario}")
+            print(f"wrote {shown(a.scenario)}")
     return 0
 
 
