@@ -1,27 +1,45 @@
 import json
 import os
+import resource
 import subprocess
 import sys
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-# Property tests (test_fuzz_api.py, test_sweep.py) run the ci profile; HYPOTHESIS_PROFILE=long runs a long campaign.
-settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-settings.register_profile("long", max_examples=50_000, deadline=None, suppress_health_check=list(HealthCheck))
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
 # Short runs keep the suite fast; the mechanisms are the same as in the full default run.
 SHORT = ["--set", "run.duration_ms=10", "--set", "run.warmup_ms=5"]
 
+# Property tests run few examples by default (CI); HYPOTHESIS_PROFILE=long is a fuzzing campaign.
+settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+settings.register_profile("long", max_examples=100_000, deadline=None, suppress_health_check=list(HealthCheck))
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-def cli(*args, check_rc=None, env=None):
-    """Run the installed CLI as a user would (python -m iommulab, same entry point as the script)."""
+# Address space a bounded CLI run may use: several times what a replay or an inspect needs (under 500 MB).
+BOUNDED_BYTES = 1 << 30
+
+
+def cli(*args, check_rc=None, env=None, stdin=None, bounded=False, timeout=300):
+    """Run the installed CLI as a user would (python -m iommulab, same entry point as the script). `bounded`:
+    in at most BOUNDED_BYTES of address space (RLIMIT_AS), for inputs that would be read without end
+    (/dev/zero), so that a regression fails the test fast instead of filling the machine's memory."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (BOUNDED_BYTES, BOUNDED_BYTES))
     p = subprocess.run([sys.executable, "-m", "iommulab", *args], capture_output=True, text=True,
-                       env={**os.environ, **(env or {})}, timeout=300)
+                       errors="backslashreplace", env={**os.environ, **(env or {})}, stdin=stdin,
+                       preexec_fn=limit if bounded else None, timeout=timeout)
     if check_rc is not None:
         assert p.returncode == check_rc, f"rc={p.returncode}\nstdout={p.stdout}\nstderr={p.stderr}"
     return p
+
+
+def one_line_error(p):
+    """The one line a refused command printed (exit code 2, no traceback)."""
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    err = p.stderr.strip()
+    assert err and "\n" not in err, repr(p.stderr)
+    assert "Traceback" not in p.stderr
+    return err
 
 
 def cli_json(*args):

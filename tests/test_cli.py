@@ -1,12 +1,13 @@
 """End-to-end: the iommulab command as a user runs it."""
 
 import json
+import os
 import pathlib
 import re
 
 import pytest
 
-from conftest import MINIMAL, SHORT, cli, cli_json
+from conftest import MINIMAL, SHORT, cli, cli_json, one_line_error
 
 DATA = pathlib.Path(__file__).parent / "data"
 
@@ -104,14 +105,6 @@ def test_scenario_file_and_set_override(write):
     # A version TOML would read as a float (6.10 -> 6.1) is taken as written.
     p = cli("run", str(f), "--set", "os.kernel=6.10", check_rc=0)
     assert "kernel 6.10 " in p.stdout, p.stdout
-
-
-def one_line_error(p):
-    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
-    err = p.stderr.strip()
-    assert err and "\n" not in err, repr(p.stderr)
-    assert "Traceback" not in p.stderr
-    return err
 
 
 @pytest.mark.parametrize("edit, where, what", [
@@ -366,3 +359,42 @@ def test_fands_without_multi_packet_wqes_says_it_is_strict():
     doc = cli_json("tx", *SHORT, "--set", "os.policy=fands")
     assert "every mapping is strict" in doc["policy_note"]
     assert cli_json("tx", *SHORT, "--set", "os.policy=strict")["policy_note"] == ""
+
+
+def test_a_scenario_or_profile_that_is_a_device_or_a_fifo_is_refused_in_one_line(tmp_path):
+    # Issue 4: /dev/zero as a scenario or profile was read without end, and a FIFO blocked; run bounded, so that
+    # a regression fails here fast.
+    fifo = tmp_path / "s.toml"
+    os.mkfifo(fifo)
+    for args, want in [(["/dev/zero"], "/dev/zero: a character device; expected a TOML file"),
+                       (["--set", "platform.profile=/dev/zero"], "/dev/zero: a character device; expected a TOML file"),
+                       ([str(fifo)], f"{fifo}: a FIFO; expected a TOML file")]:
+        err = one_line_error(cli("run", *args, bounded=True, timeout=60))
+        assert err == f"iommulab: error: {want}", err
+
+
+def test_a_scenario_whose_path_is_not_utf8_runs(write):
+    # Issue 11: a path with bytes that are not UTF-8 (as a file system allows) was a traceback.
+    f = write("mini.toml", MINIMAL)
+    odd = os.fsdecode(os.path.join(os.path.dirname(os.fsencode(f)), b"mini\xff.toml"))
+    os.link(f, odd)
+    assert cli_json(odd) == cli_json(str(f))
+
+
+def test_a_set_value_or_key_that_is_not_utf8_is_one_line():
+    # Issue 11: such bytes in --set were a traceback.
+    err = one_line_error(cli("run", "--set", os.fsdecode(b"os.cmdline=iommu=\xff")))
+    assert err == "iommulab: error: --set os.cmdline=iommu=\\xff: bytes that are not UTF-8; expected UTF-8 text"
+    err = one_line_error(cli("run", "--set", os.fsdecode(b"os.\xff=1")))
+    assert "--set os.\\xff=1: bytes that are not UTF-8" in err
+
+
+def test_an_output_that_is_a_dangling_link_is_not_written_through(tmp_path):
+    # A link to a file not there is refused like a file that is there (--force writes through it).
+    link, target = tmp_path / "runs.parquet", tmp_path / "elsewhere.parquet"
+    link.symlink_to(target)
+    err = one_line_error(cli("run", *SHORT, "--parquet", str(link)))
+    assert f"--parquet {link}: a link to {target}, which does not exist" in err
+    assert not target.exists()
+    err = one_line_error(cli("run", *SHORT, "--parquet", str(tmp_path / "no/such/dir.parquet")))
+    assert "cannot write in" in err and "no such directory" in err

@@ -4,15 +4,22 @@ dumps (IOMMU groups and their types, /sys/class/iommu, VT-d capability registers
 version): x86 VT-d strict, lazy, caching mode and passthrough, virtio-iommu, arm64 SMMUv3 strict, lazy and
 passthrough, and machines without an IOMMU."""
 
+import contextlib
 import json
+import os
 import pathlib
 import re
+import resource
+import shutil
+import signal
 import tarfile
+import tempfile
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import iommulab
-from conftest import cli
+from conftest import cli, one_line_error
 from iommulab import hostinfo
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -207,3 +214,218 @@ def test_ats_is_read_from_the_extended_capabilities():
     cfg[0x140:0x144] = (0x0019 | 1 << 16).to_bytes(4, "little")
     assert hostinfo._ats(bytes(cfg)) is False
     assert hostinfo._ats(bytes(64)) is None  # only the first 64 bytes: not root
+
+
+def vtd_tree(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A tree a real VT-d guest saved (6.1, lazy; six groups, group 3 holding 0000:00:03.0)."""
+    return saved_tree(DATA / "inspect/vtd-lazy.tar.gz", tmp_path / "tree")
+
+
+def test_files_of_a_tree_that_lead_to_dev_zero_or_are_huge_are_read_to_a_bound(tmp_path):
+    # Issue 4: a link to /dev/zero (13.8 GB read) or a 1 GB file in the tree was read whole, and --save copied
+    # it. Run bounded, so that a regression fails here fast.
+    root = vtd_tree(tmp_path)
+    (root / "proc/cmdline").unlink()
+    (root / "proc/cmdline").symlink_to("/dev/zero")
+    with open(root / "sys/class/iommu/dmar0/intel-iommu/ecap", "r+b") as f:
+        f.truncate(1 << 30)  # sparse: nothing is written
+    saved = tmp_path / "saved"
+    p = cli("inspect", "--root", str(root), "--save", str(saved), bounded=True, timeout=60, check_rc=0)
+    assert "Not used: proc/cmdline: leads out of the tree (to /dev/zero); not followed" in p.stdout
+    assert ("Not used: sys/class/iommu/dmar0/intel-iommu/ecap: larger than 4096 bytes; expected a sysfs attribute"
+            in p.stdout)
+    assert not (saved / "sys/class/iommu/dmar0/intel-iommu/ecap").exists()
+    assert (saved / "sys/class/iommu/dmar0/intel-iommu/cap").read_text().strip() == "d2008c22260206"
+
+
+def test_a_fifo_in_the_tree_is_not_opened(tmp_path):
+    # Issue 5: inspect hung for ever on a FIFO as proc/cmdline or dev/kmsg.
+    root = vtd_tree(tmp_path)
+    for rel in ("proc/cmdline", "dev/kmsg"):
+        (root / rel).unlink()
+        os.mkfifo(root / rel)
+    res = json.loads(cli("inspect", "--root", str(root), "--json", timeout=60, check_rc=0).stdout)
+    assert "Not used: proc/cmdline: a FIFO; expected a /proc file" in res["notes"]
+    assert "Not used: dev/kmsg: a FIFO; expected the kernel log" in res["notes"]
+    assert res["cmdline"] == "" and res["kernel_log_seen"] is None and len(res["devices"]) == 8
+
+
+def test_links_out_of_the_tree_are_not_followed_and_links_inside_it_are(tmp_path):
+    # Issue 5: a saved tree's link was followed wherever it led (here to a file beside the tree).
+    root = vtd_tree(tmp_path)
+    want = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
+    # As on a live system: the IOMMU's class entry and each group's devices are relative links into
+    # sys/devices, and a device's sys/bus entry too.
+    dmar = root / "sys/devices/virtual/iommu/dmar0"
+    dmar.parent.mkdir(parents=True)
+    (root / "sys/class/iommu/dmar0").rename(dmar)
+    (root / "sys/class/iommu/dmar0").symlink_to("../../devices/virtual/iommu/dmar0")
+    for dev in (root / "sys/kernel/iommu_groups").glob("*/devices/*"):
+        real = root / "sys/devices/pci0000:00" / dev.name
+        real.mkdir(parents=True)
+        for f in (root / "sys/bus/pci/devices" / dev.name).iterdir():
+            f.rename(real / f.name)
+        (root / "sys/bus/pci/devices" / dev.name).rmdir()
+        (root / "sys/bus/pci/devices" / dev.name).symlink_to(f"../../../devices/pci0000:00/{dev.name}")
+        dev.rmdir()
+        dev.symlink_to(f"../../../../devices/pci0000:00/{dev.name}")
+    assert json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout) == want
+    # A link out of the tree is not read, and it says so.
+    secret = tmp_path / "secret.txt"
+    secret.write_text("iommu=pt outside-the-tree\n")
+    (root / "proc/cmdline").unlink()
+    (root / "proc/cmdline").symlink_to(os.path.relpath(secret, root / "proc"))
+    res = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
+    assert res["cmdline"] == "" and "outside-the-tree" not in json.dumps(res)
+    assert f"Not used: proc/cmdline: leads out of the tree (to {secret}); not followed" in res["notes"]
+
+
+def test_a_tree_that_cannot_be_read_is_an_error_not_no_iommu(tmp_path):
+    # Issue 5: a tree that could not be read was reported as a machine without an IOMMU. Tests may run as root,
+    # where chmod does not stop a read: a directory replaced by a file (ENOTDIR) cannot be listed by anyone.
+    root = vtd_tree(tmp_path)
+    shutil.rmtree(root / "sys")
+    (root / "sys").write_text("")
+    err = one_line_error(cli("inspect", "--root", str(root)))
+    assert err == f"iommulab: error: {root}/sys/class/iommu: cannot read: Not a directory", err
+    # A directory that is not a saved tree at all.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    err = one_line_error(cli("inspect", "--root", str(empty)))
+    assert err == f"iommulab: error: --root {empty}: no proc/ or sys/ in it; expected a tree inspect --save wrote"
+
+
+def test_a_group_whose_devices_cannot_be_listed_is_named(tmp_path):
+    # Issue 5: an unreadable group directory dropped its devices without a word (simulated as above).
+    root = vtd_tree(tmp_path)
+    shutil.rmtree(root / "sys/kernel/iommu_groups/3/devices")
+    (root / "sys/kernel/iommu_groups/3/devices").write_text("")
+    res = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
+    assert ("Not used: sys/kernel/iommu_groups/3/devices: cannot read: Not a directory; the devices of IOMMU group "
+            "3 are not shown") in res["notes"]
+    assert len(res["devices"]) == 7 and "0000:00:03.0" not in {d["device"] for d in res["devices"]}
+
+
+def test_garbage_registers_and_group_names_are_named_and_the_rest_is_reported(tmp_path):
+    # Issue 11: a cap, ecap or class that is not hex, or a group named 3², was a traceback. The user of a broken
+    # tree is shown the rest of it, and which files were not used.
+    root = vtd_tree(tmp_path)
+    (root / "sys/class/iommu/dmar0/intel-iommu/cap").write_text("zz\n")
+    (root / "sys/bus/pci/devices/0000:00:02.0/class").write_bytes(b"0x\xff\n")
+    (root / "sys/kernel/iommu_groups/3").rename(root / "sys/kernel/iommu_groups/3\u00b2")
+    p = cli("inspect", "--root", str(root), check_rc=0)
+    assert "Not used: sys/class/iommu/dmar0/intel-iommu/cap: 'zz' is not a hexadecimal number" in p.stdout
+    assert "Not used: sys/bus/pci/devices/0000:00:02.0/class: '0x\ufffd' is not a hexadecimal number" in p.stdout
+    assert "Not used: sys/kernel/iommu_groups/3\u00b2: not an IOMMU group number" in p.stdout
+    res = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
+    assert "cap" not in res["iommus"][0] and res["iommus"][0]["device_tlb"] is False
+    assert len(res["devices"]) == 7 and all(d["mode"] == "lazy" for d in res["devices"])
+
+
+def test_outputs_are_checked_before_anything_is_written(tmp_path):
+    # Issue 5: --scenario was written before --save was checked, and written through a dangling link.
+    root = vtd_tree(tmp_path)
+    sc, full = tmp_path / "host.toml", tmp_path / "full"
+    full.mkdir()
+    (full / "x").write_text("")
+    err = one_line_error(cli("inspect", "--root", str(root), "--scenario", str(sc), "--save", str(full)))
+    assert "--save" in err and "not an empty directory" in err and not sc.exists()
+    # Issue 11: --save where no directory can be made (under a file) is one line, and nothing else is written.
+    err = one_line_error(cli("inspect", "--root", str(root), "--scenario", str(sc), "--save", str(sc / "saved")))
+    assert err == f"iommulab: error: --save {sc}/saved: cannot write in {sc}: not a directory" and not sc.exists()
+    link, target = tmp_path / "link.toml", tmp_path / "elsewhere.toml"
+    link.symlink_to(target)
+    err = one_line_error(cli("inspect", "--root", str(root), "--scenario", str(link)))
+    assert f"--scenario {link}: a link to {target}, which does not exist" in err and not target.exists()
+    cli("inspect", "--root", str(root), "--scenario", str(link), "--force", check_rc=0)
+    assert "[platform]" in target.read_text()
+
+
+# The files inspect reads, and names like them.
+TREE_FILES = ["proc/cmdline", "proc/sys/kernel/osrelease", "proc/sys/kernel/arch", "proc/config.gz",
+              "boot/config-6.12.0", "dev/kmsg", "sys/class/iommu/dmar0/intel-iommu/cap",
+              "sys/class/iommu/dmar0/intel-iommu/ecap", "sys/class/iommu/smmu3.0x0/x", "sys/class/iommu/ivhd0/x",
+              "sys/kernel/iommu_groups/0/type", "sys/kernel/iommu_groups/1/type",
+              "sys/kernel/iommu_groups/3\u00b2/type",
+              "sys/kernel/iommu_groups/0/devices/0000:00:01.0/x", "sys/kernel/iommu_groups/1/devices/0000:00:02.0/x",
+              "sys/bus/pci/devices/0000:00:01.0/class", "sys/bus/pci/devices/0000:00:01.0/config",
+              "sys/bus/pci/devices/0000:00:01.0/untrusted", "sys/bus/pci/devices/0000:00:01.0/driver",
+              "sys/bus/pci/devices/0000:00:02.0/class", "sys/devices/system/cpu/cpu0/x", "sys", "proc", "sys/kernel"]
+TREE_TEXT = ["DMA\n", "DMA-FQ\n", "identity\n", "d2008c22260206\n", "f00f4a", "0x020000\n", "0x010802", "zz", "",
+             "6.12.0\n", "7.3.4\n", "x86_64\n", "aarch64", "1\n", "quiet iommu.strict=0 intel_iommu=on\n",
+             "iommu: Default domain type: Translated\n", "CONFIG_IOMMU_DEFAULT_DMA_LAZY=y\n", "../x/../../.."]
+# What each file of a random tree is: text, bytes, a directory, a FIFO, a link inside the tree, out of it
+# (to an endless device, to a file beside the tree, to /) or to nothing.
+ENTRY = st.one_of(st.tuples(st.just("text"), st.sampled_from(TREE_TEXT)),
+                  st.tuples(st.just("bytes"), st.binary(max_size=64)),
+                  st.tuples(st.just("dir"), st.just(None)), st.tuples(st.just("fifo"), st.just(None)),
+                  st.tuples(st.just("link"), st.sampled_from(TREE_FILES + ["../..", "../../../..", "."])),
+                  st.tuples(st.just("out"), st.sampled_from(["/dev/zero", "/dev/urandom", "{beside}", "/"])),
+                  st.tuples(st.just("dangling"), st.just("nothing-here")))
+NAMES = st.one_of(st.sampled_from(TREE_FILES), st.sampled_from([b"sys/kernel/iommu_groups/\xff",
+                                                                 b"sys/class/iommu/dmar\xfe"]))
+
+
+def build_tree(root: pathlib.Path, entries: list) -> None:
+    """Write `entries` (name, (kind, arg)) under `root`; an entry that cannot be made is left out."""
+    beside = root.parent / "beside.txt"
+    beside.write_text("secret\n")
+    for name, (kind, arg) in entries:
+        p = os.path.join(os.fsencode(root), os.fsencode(name))
+        try:
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            if os.path.lexists(p):
+                continue
+            if kind == "text":
+                pathlib.Path(os.fsdecode(p)).write_text(arg)
+            elif kind == "bytes":
+                pathlib.Path(os.fsdecode(p)).write_bytes(arg)
+            elif kind == "dir":
+                os.mkdir(p)
+            elif kind == "fifo":
+                os.mkfifo(p)
+            elif kind == "link":
+                os.symlink(os.path.relpath(os.path.join(os.fsencode(root), os.fsencode(arg)), os.path.dirname(p)), p)
+            else:
+                os.symlink(str(beside) if arg == "{beside}" else arg, p)
+        except OSError:  # its directory is a file, or a link to nothing
+            continue
+
+
+@contextlib.contextmanager
+def bounded(seconds: float, extra_bytes: int):
+    """A SIGALRM after `seconds` and an address-space limit `extra_bytes` above what the process has: a hang or
+    an endless read fails the example instead of stalling the suite or filling the machine's memory."""
+    def timeout(*_):
+        raise TimeoutError(f"inspect took over {seconds} s")
+    used = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+    old = resource.getrlimit(resource.RLIMIT_AS)
+    handler = signal.signal(signal.SIGALRM, timeout)
+    resource.setrlimit(resource.RLIMIT_AS, (used + extra_bytes, old[1]))
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        resource.setrlimit(resource.RLIMIT_AS, old)
+        signal.signal(signal.SIGALRM, handler)
+
+
+@settings(deadline=5000)
+@given(entries=st.lists(st.tuples(NAMES, ENTRY), max_size=12))
+def test_any_small_tree_gives_a_report_or_one_scenario_error(entries):
+    # Whatever a saved tree holds (the names inspect reads, with garbage, FIFOs, links in and out of the tree,
+    # names that are not UTF-8), inspect and --save answer with a report or a one-line ScenarioError, quickly and
+    # in bounded memory; the report prints as UTF-8 text and as JSON.
+    with tempfile.TemporaryDirectory() as tmp:
+        root = pathlib.Path(tmp) / "tree"
+        root.mkdir()
+        build_tree(root, entries)
+        with bounded(20, 512 << 20):
+            try:
+                res, tree = hostinfo.inspect(root)
+                hostinfo.format_inspect(res).encode("utf-8")
+                json.dumps(res, ensure_ascii=False).encode("utf-8")
+                hostinfo.save(tree, pathlib.Path(tmp) / "saved")
+            except iommulab.ScenarioError as e:
+                assert "\n" not in str(e)

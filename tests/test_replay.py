@@ -4,13 +4,14 @@ invalidation counts."""
 
 import json
 import lzma
+import os
 import pathlib
 import re
 
 import pytest
 
 import iommulab
-from conftest import cli
+from conftest import cli, one_line_error
 
 DATA = pathlib.Path(__file__).parent / "data" / "testbed"
 CAPTURES = sorted(p for p in DATA.iterdir() if (p / "results.json").exists())
@@ -145,6 +146,69 @@ def test_replay_bad_input_gets_one_line(tmp_path, args, what):
     assert p.returncode == 2, (p.stdout, p.stderr)
     err = p.stderr.strip()
     assert "\n" not in err and "Traceback" not in p.stderr and what in err, err
+
+
+# Two events of a real trace, then what replay is handed after them.
+TWO_EVENTS = ("  dd-1 [000] ..... 1.000000: map: IOMMU: iova=0x00000000fff00000 - 0x00000000fff01000 "
+              "paddr=0x0000000000100000 size=4096\n"
+              "  dd-1 [000] ..... 1.000100: unmap: IOMMU: iova=0x00000000fff00000 - 0x00000000fff01000 "
+              "size=4096 unmapped_size=4096\n")
+
+
+def test_replay_refuses_a_device_or_a_fifo_before_opening_it(tmp_path):
+    # Issue 4: /dev/zero was read without end (9.5 GB in 20 s), and a FIFO blocked; run bounded, so that a
+    # regression fails here fast.
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    for path, kind in [("/dev/zero", "a character device"), (str(fifo), "a FIFO"), (str(tmp_path), "a directory")]:
+        err = one_line_error(cli("replay", "--no-progress", path, bounded=True, timeout=60))
+        assert err.startswith(f"iommulab: error: {path}: {kind}; expected a trace file"), err
+
+
+def test_a_trace_line_longer_than_any_ftrace_line_stops_the_replay(tmp_path):
+    # Issue 4: a trace without newlines was buffered whole. From a pipe (standard input: /dev/zero's endless
+    # zeros) and from a compressed file, the bound is the line's length.
+    with open("/dev/zero", "rb") as zero:
+        err = one_line_error(cli("replay", "--no-progress", "-", stdin=zero, bounded=True, timeout=60))
+    assert err == "iommulab: error: -:1: a line longer than 1048576 bytes; expected ftrace text", err
+    f = tmp_path / "long.txt.xz"
+    f.write_bytes(lzma.compress((TWO_EVENTS + "x" * (3 << 20)).encode()))
+    err = one_line_error(cli("replay", "--no-progress", str(f), bounded=True, timeout=60))
+    assert err == f"iommulab: error: {f}:3: a line longer than 1048576 bytes; expected ftrace text", err
+    # A line of the bound itself is read (as a line that is not an event).
+    f = tmp_path / "at-bound.txt"
+    f.write_text(TWO_EVENTS + "x" * (1 << 20) + "\n")
+    doc = json.loads(cli("replay", "--json", str(f), bounded=True, timeout=60, check_rc=0).stdout)
+    assert doc["lines"]["total"] == 3 and doc["lines"]["events"] == 2
+
+
+def test_a_trace_whose_path_is_not_utf8_replays(tmp_path):
+    # Issue 11: a path with bytes that are not UTF-8 (as a file system allows) was a traceback.
+    plain = tmp_path / "plain.txt"
+    plain.write_text(TWO_EVENTS)
+    odd = os.path.join(os.fsencode(tmp_path), b"tr\xff.txt")
+    os.link(plain, odd)
+    want = json.loads(cli("replay", "--json", str(plain), check_rc=0).stdout)
+    assert json.loads(cli("replay", "--json", os.fsdecode(odd), check_rc=0).stdout) == want
+    assert iommulab.replay(os.fsdecode(odd)) == want
+    # Its errors print its bytes escaped.
+    odd_empty = os.path.join(os.fsencode(tmp_path), b"e\xff.txt")
+    with open(odd_empty, "w") as f:
+        f.write("nothing\n")
+    err = one_line_error(cli("replay", os.fsdecode(odd_empty)))
+    assert f"{tmp_path}/e\\xff.txt: no iommu:map" in err, err
+
+
+def test_a_cmdline_or_kernel_that_is_not_utf8_is_one_line(tmp_path):
+    # Issue 11: such bytes in --cmdline were a traceback.
+    f = tmp_path / "t.txt"
+    f.write_text(TWO_EVENTS)
+    err = one_line_error(cli("replay", str(f), "--cmdline", os.fsdecode(b"iommu.strict=\xff")))
+    assert err == "iommulab: error: --cmdline iommu.strict=\\xff: bytes that are not UTF-8; expected UTF-8 text"
+    err = one_line_error(cli("explain", "--cmdline", os.fsdecode(b"\xfe")))
+    assert "--cmdline \\xfe: bytes that are not UTF-8" in err
+    with pytest.raises(iommulab.ScenarioError, match="--kernel"):
+        iommulab.replay(f, kernel=os.fsdecode(b"6.\xff"))
 
 
 @pytest.mark.parametrize("args, device_types", [

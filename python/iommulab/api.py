@@ -16,6 +16,7 @@ import tomli_w
 
 from . import _core
 from ._core import ScenarioError
+from .inputs import shown, utf8
 
 ProgressFn = Callable[[int, int, str, float], None]
 """Called as progress(run_index, run_count, label, fraction_done)."""
@@ -41,7 +42,9 @@ def override_pairs(overrides: Mapping[str, Any] | None, raw: bool) -> list[tuple
     pairs = []
     for k, v in (overrides or {}).items():
         key = k.replace("__", ".")
-        pairs.append((key, v if raw and isinstance(v, str) else toml_value(v)))
+        value = v if raw and isinstance(v, str) else toml_value(v)
+        utf8(f"{key}={value}", "--set")
+        pairs.append((key, value))
     return pairs
 
 
@@ -62,9 +65,9 @@ def scenario_source(scenario: str | os.PathLike | Mapping[str, Any] | None) -> t
     if path in builtin and not os.path.exists(path):
         return "builtin", path, path
     if not os.path.exists(path) and not path.endswith(".toml") and os.sep not in path:
-        raise ScenarioError(f"{path}: no such scenario file, and no built-in scenario of that name "
+        raise ScenarioError(f"{shown(path)}: no such scenario file, and no built-in scenario of that name "
                             f"(built-ins: {', '.join(builtin)})")
-    return "file", path, path
+    return "file", path, shown(path)
 
 
 def load(scenario: str | os.PathLike | Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None,

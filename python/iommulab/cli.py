@@ -12,6 +12,7 @@ import tomllib
 from . import __version__, _core
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
 from .compare import POLICIES, compare, format_compare
+from .inputs import shown, utf8
 from .invlog import inv_log
 from .replay import format_replay, replay
 from .report import format_table
@@ -168,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--root", default="/", metavar="DIR", help="read a saved tree (from --save) instead of /")
     i.add_argument("--save", metavar="DIR", help="copy exactly the files read into DIR (for bug reports, tests)")
     i.add_argument("--scenario", metavar="FILE", help="write a scenario skeleton for this host to FILE (not "
-                   "overwritten if it exists)")
+                   "overwritten if it exists, unless --force)")
+    i.add_argument("--force", action="store_true", help="overwrite the --scenario file if it exists")
     i.add_argument("--json", action="store_true", help="print what was found as JSON")
 
     cp = sub.add_parser("capture", help="record the kernel's iommu:map/unmap tracepoints into a trace replay reads",
@@ -319,9 +321,21 @@ def _policy_list(text: str) -> list[str]:
 
 
 def _fresh(path: str | None, force: bool, what: str) -> None:
-    """Refuse to overwrite a file the user has unless --force."""
-    if path and os.path.exists(path) and not force:
-        raise ScenarioError(f"{what} {path}: exists; pass --force to overwrite it, or pick another name")
+    """Refuse, before anything is written, to overwrite a file the user has or to write through a link to a
+    file not there (unless --force), and a path no file can be written at."""
+    if not path:
+        return
+    if os.path.lexists(path) and not force:
+        if not os.path.exists(path):
+            raise ScenarioError(f"{what} {shown(path)}: a link to {shown(os.readlink(path))}, which does not exist; "
+                                "pass --force to write through it, or pick another name")
+        raise ScenarioError(f"{what} {shown(path)}: exists; pass --force to overwrite it, or pick another name")
+    if os.path.isdir(path):
+        raise ScenarioError(f"{what} {shown(path)}: a directory; expected a file name")
+    where = os.path.dirname(path) or "."
+    if not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK):
+        raise ScenarioError(f"{what} {shown(path)}: cannot write in {shown(where)}: "
+                            + ("no such directory" if not os.path.isdir(where) else "permission denied"))
 
 
 def _write(path: str, text: str, what: str) -> None:
@@ -329,7 +343,7 @@ def _write(path: str, text: str, what: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
     except OSError as e:
-        raise ScenarioError(f"{what} {path}: cannot write: {e.strerror or e}") from None
+        raise ScenarioError(f"{what} {shown(path)}: cannot write: {e.strerror or e}") from None
 
 
 def _writable(path: str | None, what: str) -> None:
@@ -482,6 +496,8 @@ def _cmd_replay(a: argparse.Namespace) -> int:
 
 def _cmd_explain(a: argparse.Namespace) -> int:
     iommu = a.iommu or {"x86_64": "vtd", "arm64": "smmuv3", "s390": "s390"}[a.arch]
+    utf8(a.kernel, "--kernel")
+    utf8(a.cmdline, "--cmdline")
     res = json.loads(_core.explain(a.arch, a.kernel, a.cmdline, a.caching_mode == "on", iommu))
     if a.json:
         json.dump(res, sys.stdout, indent=2)
@@ -502,26 +518,23 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     from . import hostinfo
     import tomli_w
 
+    # Every output is checked before anything is read or written: a refusal leaves nothing behind.
+    _fresh(a.scenario, a.force, "--scenario")
+    if a.save:
+        hostinfo.check_save(a.save)
     res, tree = hostinfo.inspect(a.root)
-    if a.scenario:
-        if os.path.exists(a.scenario):
-            raise ScenarioError(f"--scenario {a.scenario}: exists (nothing is overwritten; pick another name)")
-        sc = hostinfo.scenario_skeleton(res, hostinfo.cpu_count(tree))
-        try:
-            with open(a.scenario, "wb") as f:
-                tomli_w.dump(sc, f)
-        except OSError as e:
-            raise ScenarioError(f"--scenario {a.scenario}: cannot write: {e.strerror or e}") from None
     if a.save:
         n = hostinfo.save(tree, a.save)
-        sys.stderr.write(f"saved {n} files to {a.save}\n")
+        sys.stderr.write(f"saved {n} files to {shown(a.save)}\n")
+    if a.scenario:
+        _write(a.scenario, tomli_w.dumps(hostinfo.scenario_skeleton(res, hostinfo.cpu_count(tree))), "--scenario")
     if a.json:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         sys.stdout.write(hostinfo.format_inspect(res))
         if a.scenario:
-            print(f"wrote {a.scenario}")
+            print(f"wrote {shown(a.scenario)}")
     return 0
 
 

@@ -8,17 +8,18 @@ saying when what sysfs shows disagrees with what those rules predict."""
 from __future__ import annotations
 
 import errno
-import gzip
 import json
 import os
 import re
-import shutil
+import stat
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import _core
 from .api import ScenarioError, newer_than_modelled
+from .inputs import file_kind, shown
 
 # The group types sysfs shows (drivers/iommu/iommu.c iommu_group_show_type) and the DMA mode each means.
 GROUP_MODES = {"DMA": "strict", "DMA-FQ": "lazy", "identity": "passthrough", "blocked": "blocked",
@@ -44,14 +45,74 @@ KERNEL_LOG_MAX = 60
 DOMAIN_LOG = ("iommu: Default domain type:", "iommu: DMA domain TLB invalidation policy:")
 
 
+# Bounds on what inspect reads, each far above what the kernel writes there (reading bounds, not kernel constants),
+# so that a broken or hostile tree (a link to /dev/zero, a huge file) cannot fill memory.
+# A sysfs attribute is at most a page (fs/sysfs/file.c sysfs_kf_seq_show fills one PAGE_SIZE buffer); the ones
+# read here are one short line, and a PCIe function's configuration space, read whole, is 4096 bytes
+# (PCI_CFG_SPACE_EXP_SIZE).
+SYSFS_FILE_BYTES = 4096
+# /proc/cmdline is the command line (COMMAND_LINE_SIZE: 2048 bytes on x86 and arm64) with what bootconfig adds
+# (XBC_DATA_MAX: 32 KiB); osrelease and arch are one line.
+PROC_FILE_BYTES = 64 << 10
+# A distribution kernel's .config is about 300 KiB, as /boot/config-* or decompressed from /proc/config.gz.
+KERNEL_CONFIG_BYTES = 4 << 20
+# The printk ring is at most 32 MiB (CONFIG_LOG_BUF_SHIFT <= 25); its records as /dev/kmsg or dmesg print them
+# add a prefix to each.
+KERNEL_LOG_BYTES = 64 << 20
+# Each file inspect reads: its bound and what it should be (for the note when it is not).
+BOUNDS = [("sys/", SYSFS_FILE_BYTES, "a sysfs attribute"), ("dev/kmsg", KERNEL_LOG_BYTES, "the kernel log"),
+          ("boot/config-", KERNEL_CONFIG_BYTES, "a kernel config"),
+          ("proc/config.gz", KERNEL_CONFIG_BYTES, "a kernel config"), ("proc/", PROC_FILE_BYTES, "a /proc file")]
+
+
+class _Unreadable(Exception):
+    """Why a path of the tree is not read (one line)."""
+
+
+def _inside(real: str, top: str) -> bool:
+    return top == "/" or real == top or real.startswith(top + os.sep)
+
+
+def _read_at_most(fd: int, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        b = os.read(fd, min(n - len(out), 1 << 16))
+        if not b:
+            break
+        out += b
+    return bytes(out)
+
+
+def _gunzip(data: bytes, bound: int) -> bytes:
+    """gzip data decompressed, at most `bound` bytes of it."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = d.decompress(data, bound + 1)
+    except zlib.error as e:
+        raise _Unreadable(f"not gzip data ({e})") from None
+    if len(out) > bound:
+        raise _Unreadable(f"larger than {bound} bytes decompressed; expected a kernel config")
+    if not d.eof:
+        raise _Unreadable("gzip data cut short")
+    return out
+
+
 @dataclass
 class Tree:
-    """Files under `root`, each read at most once; `read` remembers what was read, for --save; `captured`
-    holds what was read from a device file (the kernel log), saved as a plain file."""
+    """Files under `root`, read as a tree: links are followed only where they stay inside it (as sysfs's own
+    do: a group's devices/X → ../../../devices/pci…), only regular files are read, each to its bound (BOUNDS),
+    and each at most once. What could not be read, other than a file that is absent, is in `problems` (one
+    line each); what was read is kept for --save: `files` (a live kernel log too), `links`, and `listed`
+    (each listed directory's entries: "dir" for a directory, a link's target, or None)."""
     root: Path
-    read: list[str] = field(default_factory=list)
-    listed: list[str] = field(default_factory=list)
-    captured: dict[str, str] = field(default_factory=dict)
+    top: str = ""
+    files: dict[str, bytes] = field(default_factory=dict)
+    links: dict[str, str] = field(default_factory=dict)
+    listed: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.top = os.path.realpath(self.root)
 
     def kmsg(self) -> str | None:
         """The kernel log: /dev/kmsg's records on a live system (readable by root, or by anyone when
@@ -63,9 +124,9 @@ class Tree:
             fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
         except OSError:
             return None
-        chunks = []
+        chunks, size = [], 0
         try:
-            while True:
+            while size < KERNEL_LOG_BYTES:
                 try:
                     rec = os.read(fd, 16384)
                 except BlockingIOError:
@@ -77,52 +138,140 @@ class Tree:
                 if not rec:
                     break
                 chunks.append(rec)
+                size += len(rec)
         finally:
             os.close(fd)
-        text = b"".join(chunks).decode(errors="replace")
-        self.captured["dev/kmsg"] = text
-        return text
+        self.files["dev/kmsg"] = b"".join(chunks)
+        return self.files["dev/kmsg"].decode(errors="replace")
 
     def path(self, rel: str) -> Path:
         return self.root / rel.lstrip("/")
 
-    def text(self, rel: str) -> str | None:
-        p = self.path(rel)
+    def reach(self, rel: str) -> str:
+        """The real path `rel` names, when it stays inside the tree."""
         try:
-            data = p.read_bytes()
-        except OSError:
-            return None
-        self.read.append(rel)
-        if rel.endswith(".gz"):
-            try:
-                data = gzip.decompress(data)
-            except OSError:
-                return None
-        return data.decode(errors="replace")
+            real = os.path.realpath(self.path(rel))
+        except (OSError, ValueError) as e:
+            raise _Unreadable(f"not a path ({e})") from None
+        if not _inside(real, self.top):
+            raise _Unreadable(f"leads out of the tree (to {shown(real)}); not followed")
+        return real
+
+    def note(self, rel: str, why: str) -> None:
+        self.problems.append(f"{shown(rel)}: {why}")
 
     def raw(self, rel: str) -> bytes | None:
+        """The bytes of regular file `rel`, at most its bound; None when it is absent or not read (noted)."""
+        bound, what = next(((b, w) for prefix, b, w in BOUNDS if rel.startswith(prefix)), (PROC_FILE_BYTES, "a file"))
         try:
-            data = self.path(rel).read_bytes()
-        except OSError:
+            data = self._read(self.reach(rel), bound, what)
+        except _Unreadable as e:
+            self.note(rel, str(e))
             return None
-        self.read.append(rel)
+        if data is not None:
+            self.files[rel] = data
         return data
 
-    def ls(self, rel: str) -> list[str]:
+    @staticmethod
+    def _read(real: str, bound: int, what: str) -> bytes | None:
+        """A regular file's bytes (None: absent). Anything else is refused before it is opened: opening a FIFO
+        blocks, and a device may do anything."""
         try:
-            names = sorted(os.listdir(self.path(rel)))
-        except OSError:
-            return []
-        self.listed.append(rel)
-        return names
+            st = os.stat(real)
+            if not stat.S_ISREG(st.st_mode):
+                raise _Unreadable(f"{file_kind(st.st_mode)}; expected {what}")
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise _Unreadable(f"cannot read: {e.strerror or e}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+                raise _Unreadable(f"not a regular file; expected {what}")
+            data = _read_at_most(fd, bound + 1)
+        except OSError as e:
+            raise _Unreadable(f"cannot read: {e.strerror or e}") from None
+        finally:
+            os.close(fd)
+        if len(data) > bound:
+            raise _Unreadable(f"larger than {bound} bytes; expected {what}")
+        return data
 
-    def link(self, rel: str) -> str | None:
+    def text(self, rel: str) -> str | None:
+        data = self.raw(rel)
+        if data is not None and rel.endswith(".gz"):
+            try:
+                data = _gunzip(data, KERNEL_CONFIG_BYTES)
+            except _Unreadable as e:
+                self.note(rel, str(e))
+                return None
+        return None if data is None else data.decode(errors="replace")
+
+    def hex(self, rel: str) -> int | None:
+        """A register or class code sysfs prints in hex (with or without 0x); anything else is noted."""
+        text = self.text(rel)
+        if text is None:
+            return None
+        v = text.strip()
+        if not re.fullmatch(r"(0x)?[0-9a-fA-F]{1,16}", v):
+            self.note(rel, f"{v[:40]!r} is not a hexadecimal number")
+            return None
+        return int(v, 16)
+
+    def ls(self, rel: str, lost: str = "") -> list[str] | None:
+        """The entries of directory `rel` ([] when it is absent); None when it cannot be read, noted with
+        `lost`, what the report then lacks."""
         try:
-            target = os.readlink(self.path(rel))
+            return self._listdir(rel)
+        except _Unreadable as e:
+            self.note(rel, f"{e}{'; ' + lost if lost else ''}")
+            return None
+
+    def must_ls(self, rel: str) -> list[str]:
+        """The entries of a directory the report depends on ([] when absent): one that cannot be read is an
+        error, not an empty directory."""
+        try:
+            return self._listdir(rel)
+        except _Unreadable as e:
+            raise ScenarioError(f"{shown(self.path(rel))}: {e}") from None
+
+    def _listdir(self, rel: str) -> list[str]:
+        try:
+            real = self.reach(rel)
+            names = sorted(os.listdir(real))
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            raise _Unreadable(f"cannot read: {e.strerror or e}") from None
+        good = [n for n in names if n == shown(n)]
+        for n in names:
+            if n != shown(n):
+                self.note(f"{rel}/{n}", "a name that is not UTF-8")
+        self.listed[rel] = {n: self._kind(os.path.join(real, n)) for n in good}
+        return good
+
+    def _kind(self, p: str) -> str | None:
+        """What --save makes of a listed entry: "dir" for a directory of the tree (a link to one too, so that
+        the files read under it can be saved), a link's target, or None (a file: saved if read)."""
+        if os.path.isdir(p) and _inside(os.path.realpath(p), self.top):
+            return "dir"
+        try:
+            return os.readlink(p)
         except OSError:
             return None
-        self.read.append(rel)
-        return target
+
+    def link(self, rel: str) -> str | None:
+        """The target of link `rel` (its text: it is not followed)."""
+        head, name = os.path.split(rel)
+        try:
+            target = os.readlink(os.path.join(self.reach(head), name))
+        except _Unreadable as e:
+            self.note(rel, str(e))
+            return None
+        except OSError:
+            return None  # absent (no driver bound), or not a link
+        self.links[rel] = target
+        return shown(target)
 
 
 def _log_lines(text: str | None) -> list[str] | None:
@@ -170,19 +319,17 @@ def _bit(v: int, b: int) -> bool:
 def _iommus(tree: Tree) -> list[dict[str, Any]]:
     """Every IOMMU in /sys/class/iommu: its vendor and, for VT-d, the capabilities that decide the model."""
     out = []
-    for name in tree.ls("sys/class/iommu"):
+    for name in tree.must_ls("sys/class/iommu"):
         d: dict[str, Any] = {"name": name}
         if name.startswith("dmar"):
             d["vendor"] = "vtd"
-            cap = tree.text(f"sys/class/iommu/{name}/intel-iommu/cap")
-            ecap = tree.text(f"sys/class/iommu/{name}/intel-iommu/ecap")
-            if cap:
-                c = int(cap.strip(), 16)
-                d |= {"cap": cap.strip(), "caching_mode": _bit(c, CAP_CM), "rwbf": _bit(c, CAP_RWBF),
+            c = tree.hex(f"sys/class/iommu/{name}/intel-iommu/cap")
+            e = tree.hex(f"sys/class/iommu/{name}/intel-iommu/ecap")
+            if c is not None:
+                d |= {"cap": f"{c:x}", "caching_mode": _bit(c, CAP_CM), "rwbf": _bit(c, CAP_RWBF),
                       "page_selective": _bit(c, CAP_PSI), "mamv": (c >> 48) & 0x3F}
-            if ecap:
-                e = int(ecap.strip(), 16)
-                d |= {"ecap": ecap.strip(), "device_tlb": _bit(e, ECAP_DT), "pass_through": _bit(e, ECAP_PT)}
+            if e is not None:
+                d |= {"ecap": f"{e:x}", "device_tlb": _bit(e, ECAP_DT), "pass_through": _bit(e, ECAP_PT)}
         elif "smmu" in name:
             d["vendor"] = "smmuv3"
         elif name.startswith("virtio") or "viommu" in name or re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", name):
@@ -221,22 +368,45 @@ def _device(tree: Tree, bdf: str) -> dict[str, Any]:
     d: dict[str, Any] = {"device": bdf}
     drv = tree.link(f"{base}/driver")
     d["driver"] = os.path.basename(drv) if drv else None
-    cls = tree.text(f"{base}/class")
-    if cls:
-        c = int(cls.strip(), 16)
-        d["class"] = PCI_CLASSES.get(((c >> 16) & 0xFF, (c >> 8) & 0xFF), f"0x{c >> 8:04x}")
-    else:
-        d["class"] = None
+    c = tree.hex(f"{base}/class")
+    d["class"] = None if c is None else PCI_CLASSES.get(((c >> 16) & 0xFF, (c >> 8) & 0xFF), f"0x{c >> 8:04x}")
     d["ats"] = _ats(tree.raw(f"{base}/config"))
     d["untrusted"] = (tree.text(f"{base}/untrusted") or "0").strip() == "1"
     return d
 
 
-def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
-    """The system under `root`: kernel, IOMMUs, groups and devices with their DMA mode and its reason."""
+def _tree(root: str | os.PathLike) -> Tree:
+    """The tree under `root`, which must be a directory that can be read (a saved one: with proc/ or sys/)."""
     tree = Tree(Path(root))
-    if not tree.root.is_dir():
-        raise ScenarioError(f"--root {root}: not a directory")
+    try:
+        names = os.listdir(tree.root)
+    except OSError as e:
+        raise ScenarioError(f"--root {shown(root)}: "
+                            + ("not a directory" if e.errno == errno.ENOTDIR else f"cannot read: {e.strerror or e}"))
+    if tree.root != Path("/") and not {"proc", "sys"} & set(names):
+        raise ScenarioError(f"--root {shown(root)}: no proc/ or sys/ in it; expected a tree inspect --save wrote")
+    return tree
+
+
+def _groups(tree: Tree, res: dict[str, Any]) -> None:
+    """Each IOMMU group's type and devices, and each device with the DMA mode its group's type means."""
+    names = tree.must_ls("sys/kernel/iommu_groups")
+    for g in names:
+        if not re.fullmatch(r"[0-9]{1,9}", g):
+            tree.note(f"sys/kernel/iommu_groups/{g}", "not an IOMMU group number")
+    for g in sorted((g for g in names if re.fullmatch(r"[0-9]{1,9}", g)), key=int):
+        gtype = (tree.text(f"sys/kernel/iommu_groups/{g}/type") or "").strip() or None
+        devs = tree.ls(f"sys/kernel/iommu_groups/{g}/devices", lost=f"the devices of IOMMU group {g} are not shown")
+        res["groups"].append({"group": int(g), "type": gtype, "devices": devs or []})
+        for bdf in devs or []:
+            d = _device(tree, bdf) | {"group": int(g), "type": gtype, "mode": GROUP_MODES.get(gtype or "", gtype)}
+            res["devices"].append(d)
+
+
+def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
+    """The system under `root`: kernel, IOMMUs, groups and devices with their DMA mode and its reason; each
+    file of the tree that could not be used is named in the notes."""
+    tree = _tree(root)
     release = (tree.text("proc/sys/kernel/osrelease") or "").strip()
     if not release and tree.root == Path("/"):
         release = os.uname().release
@@ -246,19 +416,20 @@ def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
                            "config_default": _config_default(tree, release) if release else None,
                            "iommus": _iommus(tree), "groups": [], "devices": [], "notes": [],
                            "kernel_log_seen": _log_lines(tree.kmsg())}
-    groups = [g for g in tree.ls("sys/kernel/iommu_groups") if g.isdigit()]
-    for g in sorted(groups, key=int):
-        gtype = (tree.text(f"sys/kernel/iommu_groups/{g}/type") or "").strip() or None
-        devs = tree.ls(f"sys/kernel/iommu_groups/{g}/devices")
-        res["groups"].append({"group": int(g), "type": gtype, "devices": devs})
-        for bdf in devs:
-            d = _device(tree, bdf) | {"group": int(g), "type": gtype, "mode": GROUP_MODES.get(gtype or "", gtype)}
-            res["devices"].append(d)
-    vendors = {i["vendor"] for i in res["iommus"]}
-    if not res["iommus"] and not groups:
+    _groups(tree, res)
+    if not res["iommus"] and not res["groups"]:
         res["notes"].append("No IOMMU is visible (none in /sys/class/iommu, no IOMMU groups): devices reach memory "
                             "at physical addresses (dma-direct), with no translation and no protection.")
-        return res, tree
+    else:
+        _apply_rules(res, release)
+    res["notes"] += [f"Not used: {p}" for p in tree.problems]
+    return res, tree
+
+
+def _apply_rules(res: dict[str, Any], release: str) -> None:
+    """Notes on the IOMMUs, and per device the mode the default-domain rules predict and why."""
+    arch = res["arch"]
+    vendors = {i["vendor"] for i in res["iommus"]}
     vendor = next((v for v in ("vtd", "smmuv3", "virtio") if v in vendors), None)
     kernel = _kernel(release) if release else None
     cm = any(i.get("caching_mode") for i in res["iommus"])
@@ -271,30 +442,34 @@ def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
                             f"knows: its rules stand in (checked on Linux 7.3 guests).")
     if vendor and kernel and arch in ("x86_64", "arm64"):
         try:
-            rules = json.loads(_core.explain(arch, kernel, cmdline, cm, vendor))
+            rules = json.loads(_core.explain(arch, kernel, res["cmdline"], cm, vendor))
         except ScenarioError as e:
             res["notes"].append(f"The default-domain rules cannot be applied: {e}")
     elif not vendor:
         res["notes"].append("The IOMMU's vendor is not one the model knows (" + ", ".join(sorted(vendors)) + ").")
     if rules:
-        res["kernel_log"] = rules["kernel_log"]
-        seen = res["kernel_log_seen"] or []
-        for prefix in DOMAIN_LOG:
-            want = next((l for l in rules["kernel_log"] if l.startswith(prefix)), None)
-            got = next((l for l in seen if l.startswith(prefix)), None)
-            if want and got and want != got:
-                res["notes"].append(f"The kernel log says \"{got}\"; the default-domain rules predict \"{want}\".")
-        by = {r["device"]: r for r in rules["devices"]}
-        for d in res["devices"]:
-            want = by.get("untrusted PCI device" if d["untrusted"] else "PCI device")
-            if not want:
-                continue
-            d["predicted"] = want["policy"]
-            d["why"] = want["why"]
-            if d["type"] in ("DMA", "DMA-FQ", "identity") and want["sysfs"] != d["type"]:
-                d["why"] = (f"the rules predict {want['sysfs']} ({want['policy']}: {want['why']}); sysfs shows "
-                            f"{d['type']}: a driver, a quirk or a write to the group's type changed it")
-    return res, tree
+        _compare(res, rules)
+
+
+def _compare(res: dict[str, Any], rules: dict[str, Any]) -> None:
+    """What the rules predict, set beside what the kernel log and each group's type show."""
+    res["kernel_log"] = rules["kernel_log"]
+    seen = res["kernel_log_seen"] or []
+    for prefix in DOMAIN_LOG:
+        want = next((l for l in rules["kernel_log"] if l.startswith(prefix)), None)
+        got = next((l for l in seen if l.startswith(prefix)), None)
+        if want and got and want != got:
+            res["notes"].append(f"The kernel log says \"{got}\"; the default-domain rules predict \"{want}\".")
+    by = {r["device"]: r for r in rules["devices"]}
+    for d in res["devices"]:
+        want = by.get("untrusted PCI device" if d["untrusted"] else "PCI device")
+        if not want:
+            continue
+        d["predicted"] = want["policy"]
+        d["why"] = want["why"]
+        if d["type"] in ("DMA", "DMA-FQ", "identity") and want["sysfs"] != d["type"]:
+            d["why"] = (f"the rules predict {want['sysfs']} ({want['policy']}: {want['why']}); sysfs shows "
+                        f"{d['type']}: a driver, a quirk or a write to the group's type changed it")
 
 
 def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
@@ -330,47 +505,69 @@ def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
 
 
 def cpu_count(tree: Tree) -> int:
-    n = [c for c in tree.ls("sys/devices/system/cpu") if re.fullmatch(r"cpu\d+", c)]
+    n = [c for c in tree.ls("sys/devices/system/cpu") or [] if re.fullmatch(r"cpu\d+", c)]
     return len(n) or (os.cpu_count() or 1 if tree.root == Path("/") else 1)
 
 
-def save(tree: Tree, dest: str | os.PathLike) -> int:
-    """Copy exactly the files `tree` read into `dest` (which must not exist, or be empty). Returns how many."""
+def check_save(dest: str | os.PathLike) -> None:
+    """That --save DEST can be written without overwriting anything: DEST is absent, in a directory that can
+    be written, or an empty directory (checked before anything is read or written)."""
     d = Path(dest)
-    if d.exists() and (not d.is_dir() or any(d.iterdir())):
-        raise ScenarioError(f"--save {dest}: exists and is not an empty directory (nothing is overwritten)")
-    n = 0
-    # Directories listed keep their entries (as the links or directories they were), so a listing reads back.
-    for rel in sorted(set(tree.listed)):
-        for name in os.listdir(tree.path(rel)):
-            src, dst = tree.path(rel) / name, d / rel.lstrip("/") / name
-            if dst.exists() or dst.is_symlink():
-                continue
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            # sysfs links to directories (an IOMMU's class entry) become directories, so the files read
-            # under them can be saved; other links stay links.
-            if src.is_dir():
-                dst.mkdir()
-            elif src.is_symlink():
-                os.symlink(os.readlink(src), dst)
-    for rel, text in tree.captured.items():
+    if d.is_symlink() and not d.exists():
+        raise ScenarioError(f"--save {shown(dest)}: a link to {shown(os.readlink(d))}, which does not exist "
+                            "(nothing is written through it)")
+    try:
+        if d.exists() and (not d.is_dir() or any(d.iterdir())):
+            raise ScenarioError(f"--save {shown(dest)}: exists and is not an empty directory (nothing is overwritten)")
+    except OSError as e:
+        raise ScenarioError(f"--save {shown(dest)}: cannot read: {e.strerror or e}") from None
+    where = d if d.exists() else d.parent
+    if not where.is_dir() or not os.access(where, os.W_OK | os.X_OK):
+        raise ScenarioError(f"--save {shown(dest)}: cannot write in {shown(where)}: "
+                            + ("not a directory" if not where.is_dir() else "permission denied"))
+
+
+def save(tree: Tree, dest: str | os.PathLike) -> int:
+    """Write exactly what `tree` read into `dest` (see check_save): the bytes read, not the files as they are
+    now. Returns how many files and links."""
+    check_save(dest)
+    try:
+        return _write_tree(tree, Path(dest))
+    except OSError as e:
+        raise ScenarioError(f"--save {shown(dest)}: cannot write: {e.strerror or e}") from None
+
+
+def _write_tree(tree: Tree, d: Path) -> int:
+    d.mkdir(exist_ok=True)
+    top = os.path.realpath(d)
+
+    def place(rel: str) -> Path | None:
+        """Where `rel` goes (its directory made): None when something is there already (the listing made it),
+        or when its directory leads out of `dest` through a link a listing kept."""
         dst = d / rel
+        if os.path.lexists(dst) or not _inside(os.path.realpath(dst.parent), top):
+            return None
         dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_text(text)
-        n += 1
-    for rel in sorted(set(tree.read)):
-        src, dst = tree.path(rel), d / rel.lstrip("/")
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if dst.exists() or dst.is_symlink():  # the listing above already made it
-            continue
-        if src.is_symlink():
-            os.symlink(os.readlink(src), dst)
-        else:
-            try:
-                shutil.copyfile(src, dst)
-            except OSError:
-                continue
-        n += 1
+        return dst
+
+    # Directories listed keep their entries (as the links or directories they were), so a listing reads back;
+    # sysfs links to directories (an IOMMU's class entry) become directories, so the files read under them can
+    # be saved.
+    for rel, entries in sorted(tree.listed.items()):
+        if (here := place(rel)) is not None:
+            here.mkdir()
+        for name, kind in entries.items():
+            if kind is not None and (dst := place(f"{rel}/{name}")) is not None:
+                dst.mkdir() if kind == "dir" else os.symlink(kind, dst)
+    n = 0
+    for rel, target in sorted(tree.links.items()):
+        if (dst := place(rel)) is not None:
+            os.symlink(target, dst)
+            n += 1
+    for rel, data in sorted(tree.files.items()):
+        if (dst := place(rel)) is not None:
+            dst.write_bytes(data)
+            n += 1
     return n
 
 

@@ -8,6 +8,7 @@ import json
 import lzma
 import os
 import queue
+import stat
 import sys
 import threading
 from typing import IO, Any, Callable
@@ -15,6 +16,7 @@ from typing import IO, Any, Callable
 from . import _core
 from ._core import ScenarioError
 from .api import newer_than_modelled
+from .inputs import file_kind, shown, utf8
 
 CHUNK = 1 << 20
 # Chunks read and decompressed ahead of the replay at most.
@@ -26,15 +28,21 @@ COUNT_KEYS = ("map_events", "unmap_events", "map_syncs", "iotlb_psi", "iotlb_dsi
 
 def _open(path: str | os.PathLike) -> tuple[IO[bytes], IO[bytes] | None]:
     """The trace's bytes, and the file under them (whose position is the progress; None for stdin): '-' is
-    standard input; .xz, .gz and .bz2 files are decompressed on the fly."""
+    standard input; .xz, .gz and .bz2 files are decompressed on the fly. Any other path must name a regular
+    file: a device (/dev/zero), a directory or a FIFO is refused before it is opened (a pipe comes in as -).
+    How much of a line is buffered is bounded where the lines are cut, in the core."""
     p = os.fspath(path)
     if p == "-":
         return sys.stdin.buffer, None
     opener = {".xz": lzma.open, ".lzma": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}.get(os.path.splitext(p)[1])
     try:
+        mode = os.stat(p).st_mode
+        if not stat.S_ISREG(mode):
+            raise ScenarioError(f"{shown(p)}: {file_kind(mode)}; expected a trace file (ftrace text, or .xz/.gz/.bz2) "
+                                "or - for standard input")
         raw = open(p, "rb")
     except OSError as e:
-        raise ScenarioError(f"{p}: cannot open: {e.strerror or e}") from None
+        raise ScenarioError(f"{shown(p)}: cannot open: {e.strerror or e}") from None
     return (opener(raw, "rb") if opener else raw), raw
 
 
@@ -49,12 +57,17 @@ def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool =
     ``ats`` gives every traced device ATS; ``ats_phases`` only the devices whose traffic fills those phases."""
     if not isinstance(trace, (str, os.PathLike)):
         raise ScenarioError(f"trace {trace!r}: expected a path (or - for standard input)")
-    name = os.fspath(trace)
+    name = shown(trace)
     for arg, v in [("iommu", iommu), ("kernel", kernel), ("cmdline", cmdline)]:
         if not isinstance(v, str):
             raise ScenarioError(f"{arg} {v!r}: expected a string")
+        utf8(v, f"--{arg}")
     if isinstance(ats_phases, str):
         raise ScenarioError(f"ats_phases {ats_phases!r}: expected a list of phase names, e.g. [{ats_phases!r}]")
+    for ph in ats_phases or []:
+        if not isinstance(ph, str):
+            raise ScenarioError(f"ats_phases {ats_phases!r}: expected a list of phase names")
+        utf8(ph, "--ats-phases")
     if isinstance(hz, bool) or not isinstance(hz, int) or not 1 <= hz <= 10_000:
         raise ScenarioError(f"--hz {hz}: expected CONFIG_HZ in 1..=10000 (e.g. 100, 250, 1000)")
     if tick_phase_us is not None and not (tick_phase_us >= 0 and tick_phase_us < 1e9):

@@ -205,7 +205,7 @@ fn replays(modes: &[(&str, PolicyName)]) {
             let mut s = ReplaySession::new("bench", &opts).expect("options");
             let (t0, c0) = (Instant::now(), cpu_seconds());
             for chunk in t.chunks(1 << 16) {
-                s.feed(chunk);
+                s.feed(chunk).expect("short lines");
             }
             let r = s.finish().expect("replays");
             assert_eq!(r.lines.events, events);

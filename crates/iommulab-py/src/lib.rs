@@ -5,7 +5,7 @@ use iommulab_core::{replay, run, scenario};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use std::path::Path;
+use std::path::PathBuf;
 
 create_exception!(
     _core,
@@ -98,20 +98,31 @@ impl Simulation {
     }
 }
 
-/// Load a scenario: kind is "builtin" (source = name), "file" (source = path) or "text" (source = TOML, name
-/// = display name). Overrides are (key.path, value) pairs as `--set` takes them.
+/// Load a scenario: kind is "builtin" (source = name), "file" (source = path, any bytes the file system
+/// takes) or "text" (source = TOML, name = display name). Overrides are (key.path, value) pairs as `--set`
+/// takes them.
 #[pyfunction]
 #[pyo3(signature = (kind, source, overrides, name = "<text>"))]
 fn load(
     kind: &str,
-    source: &str,
+    source: &Bound<'_, PyAny>,
     overrides: Vec<(String, String)>,
     name: &str,
 ) -> PyResult<Vec<Variant>> {
+    let (path, text): (PathBuf, String);
     let src = match kind {
-        "builtin" => scenario::Source::Builtin(source),
-        "file" => scenario::Source::File(Path::new(source)),
-        "text" => scenario::Source::Text { name, text: source },
+        "builtin" => {
+            text = source.extract()?;
+            scenario::Source::Builtin(&text)
+        }
+        "file" => {
+            path = source.extract()?;
+            scenario::Source::File(&path)
+        }
+        "text" => {
+            text = source.extract()?;
+            scenario::Source::Text { name, text: &text }
+        }
         other => {
             return Err(PyValueError::new_err(format!(
                 "unknown scenario source kind `{other}`"
@@ -186,14 +197,14 @@ impl Replay {
         Ok(Replay { inner: Some(s) })
     }
 
-    /// Feed the next chunk of trace bytes (the GIL is released meanwhile).
+    /// Feed the next chunk of trace bytes (the GIL is released meanwhile); a line too long to be ftrace
+    /// text is a ScenarioError.
     fn feed(&mut self, py: Python<'_>, chunk: &[u8]) -> PyResult<()> {
         let s = self
             .inner
             .as_mut()
             .ok_or_else(|| PyValueError::new_err("replay already finished"))?;
-        py.allow_threads(|| s.feed(chunk));
-        Ok(())
+        py.allow_threads(|| s.feed(chunk)).map_err(err)
     }
 
     /// End of the trace: the result as JSON text.

@@ -31,6 +31,13 @@ fn find2(b: &[u8], pat: &[u8; 2]) -> Option<usize> {
 /// Per-CPU state is indexed by them; a larger number is a garbled line.
 pub const MAX_CPUS: u32 = 8192;
 
+/// trace_seq.h TRACE_SEQ_SIZE: the kernel prints each line of `trace` / `trace_pipe` into one trace_seq, of
+/// 8 KiB in recent kernels and of a page in older ones (up to 64 KiB on arm64 with 64 KiB pages), so no real
+/// line is longer.
+/// A line longer than this bound, 16 times the largest, is not ftrace text (a binary file, /dev/zero): the
+/// reader stops there instead of buffering it. A reading bound, not a kernel constant.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
 /// What one line of the trace holds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Record {

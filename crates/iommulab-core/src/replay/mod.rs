@@ -1284,11 +1284,15 @@ impl ReplaySession {
         }
     }
 
-    /// A chunk of trace bytes, cut anywhere (a line split across chunks is joined).
-    pub fn feed(&mut self, mut bytes: &[u8]) {
+    /// A chunk of trace bytes, cut anywhere (a line split across chunks is joined). A line longer than
+    /// [`ftrace::MAX_LINE_BYTES`] is an error, wherever the chunks cut it: nothing longer is buffered.
+    pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), InputError> {
         while let Some(nl) = memchr::memchr(b'\n', bytes) {
             let (head, rest) = bytes.split_at(nl);
             bytes = &rest[1..];
+            if self.partial.len() + head.len() > ftrace::MAX_LINE_BYTES {
+                return Err(self.line_too_long());
+            }
             if self.partial.is_empty() {
                 // Valid UTF-8 (the usual case) is read in place; anything else with replacement characters.
                 match std::str::from_utf8(head) {
@@ -1302,7 +1306,22 @@ impl ReplaySession {
                 self.line(&text);
             }
         }
+        if self.partial.len() + bytes.len() > ftrace::MAX_LINE_BYTES {
+            return Err(self.line_too_long());
+        }
         self.partial.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    /// The error of a line over [`ftrace::MAX_LINE_BYTES`] (the line after the last one read).
+    fn line_too_long(&self) -> InputError {
+        InputError::new(
+            format!("{}:{}", self.name, self.lines.total + 1),
+            format!(
+                "a line longer than {} bytes; expected ftrace text",
+                ftrace::MAX_LINE_BYTES
+            ),
+        )
     }
 
     /// End of the trace: close the last map group, run the timers still armed, and report. A trace in which
@@ -1441,23 +1460,23 @@ fn pick_tick_phases(done: &[(u64, Phases)]) -> Phases {
     out
 }
 
-/// Replay a whole trace from a reader.
+/// Replay a whole trace from a reader (fed as it is buffered, so a line is as bounded as in [`ReplaySession::feed`]).
 pub fn replay<R: BufRead>(
     mut input: R,
     name: &str,
     opts: &ReplayOptions,
 ) -> Result<ReplayResult, InputError> {
     let mut s = ReplaySession::new(name, opts)?;
-    let mut buf = Vec::with_capacity(256);
     loop {
-        buf.clear();
-        let n = input
-            .read_until(b'\n', &mut buf)
+        let buf = input
+            .fill_buf()
             .map_err(|e| InputError::new(name, format!("cannot read: {e}")))?;
-        if n == 0 {
+        if buf.is_empty() {
             break;
         }
-        s.line(&String::from_utf8_lossy(&buf));
+        let n = buf.len();
+        s.feed(buf)?;
+        input.consume(n);
     }
     s.finish()
 }
@@ -1633,7 +1652,7 @@ mod tests {
             ..Default::default()
         };
         let mut s = ReplaySession::new("t", &opts).unwrap();
-        s.feed(t.as_bytes());
+        s.feed(t.as_bytes()).expect("short lines");
         let e = s.finish().unwrap_err().to_string();
         assert!(e.contains("--ats-phases net"), "{e}");
     }
@@ -1654,7 +1673,7 @@ mod tests {
             ..Default::default()
         };
         let mut s = ReplaySession::new("t", &strict).unwrap();
-        s.feed(t.as_bytes());
+        s.feed(t.as_bytes()).expect("short lines");
         s.replay_batch();
         for r in s.model.finish().iter().flat_map(|(_, doms)| doms) {
             // The last unmap's PSI: its range and, with IH=0, the domain's walk caches.
@@ -1692,7 +1711,7 @@ mod tests {
         let json = |cores: usize, chunk: usize| {
             let mut s = ReplaySession::on_cores("t", &lazy, cores).unwrap();
             for c in t.as_bytes().chunks(chunk) {
-                s.feed(c);
+                s.feed(c).expect("short lines");
             }
             serde_json::to_string(&s.finish().unwrap()).unwrap()
         };
@@ -1741,14 +1760,14 @@ mod tests {
             ..Default::default()
         };
         let mut s = ReplaySession::new("t", &lazy).unwrap();
-        s.feed(t.as_bytes());
+        s.feed(t.as_bytes()).expect("short lines");
         let r = s.finish().unwrap();
         assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
         // A recorded firing of the flush timer does not say whose: with two domains it is passed over.
         let timed = t.clone() + &timer_fired(1_000_200);
         let mut s = ReplaySession::new("t", &lazy).unwrap();
-        s.feed(timed.as_bytes());
+        s.feed(timed.as_bytes()).expect("short lines");
         let r = s.finish().unwrap();
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
         assert_eq!(
@@ -1767,7 +1786,7 @@ mod tests {
             line(1_000_201, "tb_flush_all: (intel_flush_iotlb_all+0x0/0x30) dom=0xbbb0")
         );
         let mut s = ReplaySession::new("t", &lazy).unwrap();
-        s.feed(named.as_bytes());
+        s.feed(named.as_bytes()).expect("short lines");
         let r = s.finish().unwrap();
         assert_eq!(
             r.recorded_timer,
@@ -1797,7 +1816,7 @@ mod tests {
             )
         );
         let mut s = ReplaySession::new("t", &lazy).unwrap();
-        s.feed(blind.as_bytes());
+        s.feed(blind.as_bytes()).expect("short lines");
         let r = s.finish().unwrap();
         assert_eq!(
             r.recorded_timer,
@@ -1824,7 +1843,7 @@ mod tests {
                 )
             );
             let mut s = ReplaySession::new("t", &lazy).unwrap();
-            s.feed(fq.as_bytes());
+            s.feed(fq.as_bytes()).expect("short lines");
             let r = s.finish().unwrap();
             let rt = r.recorded_timer.unwrap();
             assert_eq!(
@@ -1840,7 +1859,7 @@ mod tests {
         }
         // Without the labels: one domain, one flush.
         let mut s = ReplaySession::new("t", &lazy).unwrap();
-        s.feed(without(&t, "tb_").as_bytes());
+        s.feed(without(&t, "tb_").as_bytes()).expect("short lines");
         let r = s.finish().unwrap();
         assert_eq!(r.domains.count, 1);
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 1);
@@ -1863,7 +1882,7 @@ mod tests {
             );
         }
         let mut s = ReplaySession::new("t", &lazy).unwrap();
-        s.feed(d.as_bytes());
+        s.feed(d.as_bytes()).expect("short lines");
         let r = s.finish().unwrap();
         assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
         assert_eq!(r.anomalies.maps_over_live, 0);
@@ -1872,7 +1891,7 @@ mod tests {
         let grouped =
             "# iommulab capture: iommu group 7: 0000:00:02.0 0000:00:03.0\n".to_string() + &d;
         let mut s = ReplaySession::new("t", &lazy).unwrap();
-        s.feed(grouped.as_bytes());
+        s.feed(grouped.as_bytes()).expect("short lines");
         let r = s.finish().unwrap();
         assert_eq!(r.domains.count, 1);
         assert_eq!(r.anomalies.maps_over_live, 1);
@@ -2101,6 +2120,33 @@ mod tests {
         assert_eq!(r.phases.get("net").unwrap().counts.iotlb_dsi, 2);
     }
 
+    /// Issue 4: a trace without newlines (/dev/zero, a binary file) was buffered whole, without bound.
+    #[test]
+    fn a_line_longer_than_the_bound_is_an_error_wherever_the_chunks_cut_it() {
+        let first = map(10, 0x1000, 0x1000, 4096);
+        let at_bound = format!("{}\n", "x".repeat(ftrace::MAX_LINE_BYTES));
+        let over = "x".repeat(ftrace::MAX_LINE_BYTES + 1);
+        for chunk in [1 << 16, 1 << 20, 3 << 20] {
+            let mut s = ReplaySession::new("t.txt", &ReplayOptions::default()).unwrap();
+            let fed = [first.as_str(), &at_bound]
+                .concat()
+                .as_bytes()
+                .chunks(chunk)
+                .try_for_each(|c| s.feed(c));
+            assert!(fed.is_ok(), "a line of the bound itself is read");
+            let e = over
+                .as_bytes()
+                .chunks(chunk)
+                .try_for_each(|c| s.feed(c))
+                .unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "t.txt:3: a line longer than 1048576 bytes; expected ftrace text"
+            );
+            assert!(s.partial.len() <= ftrace::MAX_LINE_BYTES);
+        }
+    }
+
     #[test]
     fn chunks_cut_anywhere_and_crlf_give_the_same_result() {
         let t = [
@@ -2115,7 +2161,7 @@ mod tests {
         for cut in [1, 7, 64] {
             let mut s = ReplaySession::new("t", &ReplayOptions::default()).unwrap();
             for chunk in t.as_bytes().chunks(cut) {
-                s.feed(chunk);
+                s.feed(chunk).expect("short lines");
             }
             assert_eq!(s.finish().unwrap(), whole, "chunks of {cut}");
         }

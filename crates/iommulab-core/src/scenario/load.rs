@@ -58,20 +58,52 @@ impl Origins<'_> {
     }
 }
 
+/// The size of a scenario or profile file, at most: the built-in ones are under 12 KiB, so a file over a
+/// thousand times larger is not one (a log, a trace, /dev/zero). A reading bound, not a kernel constant.
+pub const MAX_INPUT_FILE_BYTES: u64 = 16 << 20;
+
+/// A scenario or profile file's text: a regular file (a FIFO or a device is refused before it is opened, so
+/// nothing blocks or reads without end) of at most [`MAX_INPUT_FILE_BYTES`], in UTF-8.
 fn read_named(path: &Path) -> Result<String, InputError> {
-    std::fs::read(path)
-        .map_err(|e| {
-            let why = match e.kind() {
-                std::io::ErrorKind::NotFound => "no such file".to_string(),
-                _ => e.to_string(),
-            };
-            InputError::new(path.display().to_string(), format!("cannot read: {why}"))
+    use std::io::Read;
+    let fail = |why: String| InputError::new(path.display().to_string(), why);
+    let cannot = |e: std::io::Error| {
+        fail(match e.kind() {
+            std::io::ErrorKind::NotFound => "cannot read: no such file".to_string(),
+            _ => format!("cannot read: {e}"),
         })
-        .and_then(|b| {
-            String::from_utf8(b).map_err(|_| {
-                InputError::new(path.display().to_string(), "expected UTF-8 TOML text")
-            })
-        })
+    };
+    let regular = |t: std::fs::FileType| {
+        t.is_file()
+            .then_some(())
+            .ok_or_else(|| fail(format!("{}; expected a TOML file", file_kind(t))))
+    };
+    regular(std::fs::metadata(path).map_err(cannot)?.file_type())?;
+    let f = std::fs::File::open(path).map_err(cannot)?;
+    regular(f.metadata().map_err(cannot)?.file_type())?;
+    let mut b = Vec::new();
+    f.take(MAX_INPUT_FILE_BYTES + 1)
+        .read_to_end(&mut b)
+        .map_err(cannot)?;
+    if b.len() as u64 > MAX_INPUT_FILE_BYTES {
+        return Err(fail(format!(
+            "larger than {MAX_INPUT_FILE_BYTES} bytes; expected a TOML file"
+        )));
+    }
+    String::from_utf8(b).map_err(|_| fail("expected UTF-8 TOML text".into()))
+}
+
+/// What a file that is not a regular one is, for an error.
+fn file_kind(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    match () {
+        _ if t.is_dir() => "a directory",
+        _ if t.is_fifo() => "a FIFO",
+        _ if t.is_char_device() => "a character device",
+        _ if t.is_block_device() => "a block device",
+        _ if t.is_socket() => "a socket",
+        _ => "not a regular file",
+    }
 }
 
 /// A built-in profile as a platform (the host a guest profile names).
@@ -568,4 +600,33 @@ pub fn load(
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 4: a scenario or profile path naming a device or a FIFO was read without end, or blocked.
+    #[test]
+    fn a_scenario_that_is_not_a_regular_file_is_refused_before_it_is_read() {
+        let dir = std::env::temp_dir();
+        let e = load(Source::File(&dir), &[]).unwrap_err();
+        let want = format!("{}: a directory; expected a TOML file", dir.display());
+        assert_eq!(e.to_string(), want);
+    }
+
+    /// Issue 4: a file of any size was read whole.
+    #[test]
+    fn a_scenario_file_over_the_bound_is_refused() {
+        let p = std::env::temp_dir().join(format!("iommulab-big-{}.toml", std::process::id()));
+        let f = std::fs::File::create(&p).unwrap();
+        f.set_len(MAX_INPUT_FILE_BYTES + 1).unwrap(); // sparse: nothing is written
+        let e = load(Source::File(&p), &[]).unwrap_err();
+        std::fs::remove_file(&p).unwrap();
+        let want = format!(
+            "{}: larger than 16777216 bytes; expected a TOML file",
+            p.display()
+        );
+        assert_eq!(e.to_string(), want);
+    }
 }
