@@ -1,5 +1,5 @@
-"""Every command the README and the docs show runs as written (the two set-up commands aside), so they cannot
-drift."""
+"""Every command the README and the docs show runs as written (the two set-up commands aside), and every output
+they show is what its command prints, so they cannot drift."""
 
 import lzma
 import pathlib
@@ -13,7 +13,8 @@ import pytest
 ROOT = pathlib.Path(__file__).parent.parent
 README = (ROOT / "README.md").read_text()
 # The README first, then the docs pages, each in its own order.
-PAGES = [README] + [p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
+PAGE_PATHS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+PAGES = [p.read_text() for p in PAGE_PATHS]
 # A real kernel's trace stands for the README's trace.txt / trace.txt.xz.
 TRACE = ROOT / "tests/data/testbed/k6.12-intel-cmoff-lazy/guest-trace.txt.xz"
 
@@ -34,6 +35,32 @@ def python_examples() -> list[str]:
     return re.findall(r"```python\n(.*?)```", "\n".join(PAGES), re.S)
 
 
+def shown_outputs() -> list[tuple[str, str, list[str]]]:
+    """The outputs the README and the docs show: (page, command, lines) for each plain ``` block whose
+    paragraph names one `iommulab ...` command in backticks; a block right after another continues it."""
+    out = []
+    for path, page in zip(PAGE_PATHS, PAGES):
+        cmd, end = None, 0
+        for m in re.finditer(r"```(\w*)\n(.*?)```", page, re.S):
+            before, end = page[end:m.start()], m.end()
+            if before.strip():
+                named = re.findall(r"`(iommulab [^`]*)`", re.split(r"\n\s*\n", before.strip())[-1])
+                cmd = named[0] if len(named) == 1 else None
+            if cmd and not m.group(1):
+                out.append((path.name, cmd, m.group(2).splitlines()))
+    return out
+
+
+def shown_in(shown: str, printed: str) -> bool:
+    """A shown line is a printed one; one that ends in "…)" shortens the printed line's last note."""
+    if shown.endswith("…)"):
+        return printed.startswith(shown[:-2])
+    return shown == printed
+
+
+SHOWN = shown_outputs()
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("readme")
@@ -42,16 +69,56 @@ def workdir(tmp_path_factory):
     return d
 
 
+def run_in(workdir, cmd: str) -> subprocess.CompletedProcess:
+    shell = re.sub(r"^iommulab\b", f"{sys.executable} -m iommulab", cmd)
+    return subprocess.run(["bash", "-c", shell], cwd=workdir, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def ran(workdir) -> dict[str, subprocess.CompletedProcess]:
+    """Every README and docs command, run once in README order (`scenarios default > my.toml` comes before
+    `run my.toml`), by command."""
+    return {cmd: run_in(workdir, cmd) for cmd in commands()}
+
+
 def test_the_readme_shows_commands():
     assert len(commands()) >= 15 and python_examples()
 
 
-def test_every_readme_command_runs_as_written(workdir):
-    # In README order: `scenarios default > my.toml` comes before `run my.toml`.
-    for cmd in commands():
-        shell = re.sub(r"^iommulab\b", f"{sys.executable} -m iommulab", cmd)
-        p = subprocess.run(["bash", "-c", shell], cwd=workdir, capture_output=True, text=True, timeout=600)
+def test_the_readme_shows_the_outputs_of_run_validate_and_replay():
+    shown = {cmd for page, cmd, _ in SHOWN if page == "README.md"}
+    assert shown == {"iommulab run", "iommulab validate", "iommulab replay trace.txt --mode lazy"}
+
+
+def test_every_readme_command_runs_as_written(ran):
+    for cmd, p in ran.items():
         assert p.returncode == 0, f"{cmd}\nstdout: {p.stdout[-2000:]}\nstderr: {p.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("page, cmd, lines", SHOWN, ids=[f"{page}: {cmd}" for page, cmd, _ in SHOWN])
+def test_every_output_shown_is_what_its_command_prints(page, cmd, lines, ran, workdir):
+    """The simulation is deterministic: each line shown (a table's header, rule and rows) is a line the
+    command prints now, in the order it prints them."""
+    p = ran.get(cmd) or run_in(workdir, cmd)
+    assert p.returncode == 0, p.stderr
+    printed = iter(l.rstrip() for l in p.stdout.splitlines())
+    for line in lines:
+        assert any(shown_in(line.rstrip(), l) for l in printed), f"{page}: `{cmd}` no longer prints\n{line}"
+
+
+def test_the_readme_shows_the_whole_default_comparison(ran):
+    """`iommulab run` is shown in full: the table it prints, every row."""
+    lines = next(l for page, cmd, l in SHOWN if page == "README.md" and cmd == "iommulab run")
+    printed = [l.rstrip() for l in ran["iommulab run"].stdout.splitlines()]
+    start = printed.index(lines[0])
+    assert printed[start:printed.index("", start)] == lines
+
+
+def test_the_readme_counts_the_targets_validate_meets(ran):
+    """ "How far to trust it" says how many published targets are within tolerance: as `iommulab validate`
+    counts them."""
+    ok, total = re.search(r"(\d+) of (\d+) within\s+tolerance", README).groups()
+    assert f"{ok} of {total} within tolerance" in ran["iommulab validate"].stdout
 
 
 def test_the_readme_python_example_runs(workdir):

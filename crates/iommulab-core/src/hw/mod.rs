@@ -111,15 +111,18 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32), vfio: bool) -> Box<d
             smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns, coh)
                 .emulated(trap(), shadow()),
         ),
-        Vendor::Virtio => Box::new(virtio::VirtioIommu::new(
-            &p.iommu,
-            tr,
-            kernel.virtio_deferred_flush(),
-            p.hypervisor
-                .as_ref()
-                .expect("validated: a virtio-iommu platform is a guest"),
-            p.cpu.wakeup_ns,
-        )),
+        Vendor::Virtio => Box::new(
+            virtio::VirtioIommu::new(
+                &p.iommu,
+                tr,
+                kernel.virtio_deferred_flush(),
+                p.hypervisor
+                    .as_ref()
+                    .expect("validated: a virtio-iommu platform is a guest"),
+                p.cpu.wakeup_ns,
+            )
+            .with_shadow(shadow()),
+        ),
     }
 }
 

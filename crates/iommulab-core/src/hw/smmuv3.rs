@@ -766,6 +766,48 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn cpus_inserting_at_the_same_instant_retry_their_cmpxchg_and_all_get_in_in_order() {
+        // arm_smmu_cmdq_issue_cmdlist step 1: each CPU cmpxchg's llq forward from the value it read; one
+        // whose cmpxchg lands after another CPU's write to llq fails and retries with the value it got
+        // back. Sixteen CPUs insert at one instant.
+        let c = cfg(true, false);
+        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, &c).unwrap();
+        let cpus = 16;
+        let fresh = || {
+            let mut s = Smmuv3::new(&c, Translator::new(&c, fmt, None), cpus, 2000, coh());
+            // CPU 0 has the line (its first toucher takes it for nothing).
+            s.issue(0, 0, 1, Cmd::Tlbi, true);
+            let counts = (
+                s.tr.c.cas_attempts,
+                s.tr.c.cas_successes,
+                s.tr.c.submissions,
+            );
+            (s, counts)
+        };
+        let (mut s, (attempts, successes, _)) = fresh();
+        let reserved: Vec<Time> = (0..cpus as u32)
+            .map(|cpu| s.cmpxchg_llq(10_000, cpu))
+            .collect();
+        // CPU 0 holds the line and CPU 1 pulls it over while nobody writes it: both succeed at once.
+        // Each of CPUs 2-15 finds it taken by the CPU before it, fails once, and succeeds on the retry.
+        assert_eq!(s.tr.c.cas_successes - successes, cpus as u64);
+        assert_eq!(s.tr.c.cas_attempts - attempts, 2 + 2 * (cpus as u64 - 2));
+        // Each reservation follows the one before it: no two CPUs claim the same slots.
+        assert!(reserved.windows(2).all(|w| w[0] < w[1]), "{reserved:?}");
+        // The whole insertion: every CPU's TLBI and CMD_SYNC reach the SMMU, which consumes them in the
+        // order the slots were reserved; CPUs whose reservation fell in an owner's gathering window leave
+        // the doorbell to it.
+        let (mut s, (attempts, _, submissions)) = fresh();
+        let done: Vec<Time> = (0..cpus)
+            .map(|cpu| s.issue(10_000, cpu, 1, Cmd::Tlbi, true).1)
+            .collect();
+        assert_eq!(s.tr.c.submissions - submissions, cpus as u64);
+        assert!(s.tr.c.cas_attempts - attempts > cpus as u64);
+        assert!(done.windows(2).all(|w| w[1] - w[0] >= 50 + 500), "{done:?}");
+        assert!((1..cpus as u64).contains(&s.tr.c.cmdq_gathered));
+    }
+
+    #[test]
     fn an_ecmdq_cmd_sync_waits_only_for_its_own_queue() {
         let (cmd, sync) = (50, 500);
         // One shared queue: the second CMD_SYNC waits for the first to complete.

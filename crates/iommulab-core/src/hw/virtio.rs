@@ -38,7 +38,8 @@ pub struct VirtioIommu {
     notify_ns: u64,
     /// Kicks, as exits to the hypervisor.
     exits: ExitStats,
-    /// A VFIO device behind it: each MAP and UNMAP is a VFIO call on the host, its ns queued with it.
+    /// A VFIO device behind it: each MAP and UNMAP is a VFIO call on the host when it processes the
+    /// request; a MAP's ns is queued with it (`shadow_ns`), an UNMAP's counted at the sync.
     shadow: Option<Shadow>,
     shadow_ns: u64,
 }
@@ -89,26 +90,40 @@ impl VirtioIommu {
         self.request_lock.acquire(now, self.cfg.add_req_ns).1
     }
 
+    /// QEMU's virtio_iommu_unmap() with a VFIO device behind it: one VFIO_IOMMU_UNMAP_DMA per UNMAP it
+    /// processes, unpinning its pages then. Returns the emulator's ns.
+    fn vfio_unmaps(&mut self, unmaps: &[(DomainId, u64, u64)]) -> u64 {
+        let Some(sh) = self.shadow.as_mut() else {
+            return 0;
+        };
+        unmaps
+            .iter()
+            .map(|&(_, _, pages)| sh.unmap(&mut self.exits, pages))
+            .sum()
+    }
+
     /// __viommu_sync_req(): kick the host and spin until every queued request is done; queued UNMAPs take
     /// effect on the device.
     fn sync_req(&mut self, now: Time) -> Time {
         let n = std::mem::take(&mut self.queued);
+        let unmaps = std::mem::take(&mut self.queued_unmaps);
         let (_, kicked) = self.request_lock.acquire(now, self.kick_exit_ns);
         // With vhost behind the device, QEMU forwards each UNMAP to vhost's IOTLB.
         let vhost = self.tr.has_atc();
         let notify = if vhost {
-            self.queued_unmaps.len() as u64 * self.notify_ns
+            unmaps.len() as u64 * self.notify_ns
         } else {
             0
         };
-        let work = n * self.cfg.req_ns + notify + std::mem::take(&mut self.shadow_ns);
+        let vfio = self.vfio_unmaps(&unmaps);
+        let work = n * self.cfg.req_ns + notify + std::mem::take(&mut self.shadow_ns) + vfio;
         let (_, done) = self.host.acquire(kicked + self.wakeup_ns, work);
         let k = ExitCause::Kick as usize;
         self.exits.count[k] += 1;
         self.exits.vcpu_ns[k] += self.kick_exit_ns;
         self.exits.emulator_ns += work;
         // Simplification: the queued UNMAPs act when the host has done the whole batch.
-        for (dom, pfn, n) in std::mem::take(&mut self.queued_unmaps) {
+        for (dom, pfn, n) in unmaps {
             let inv = CacheInval::Range {
                 dom,
                 pfn,
@@ -237,9 +252,6 @@ impl Iommu for VirtioIommu {
                 break;
             }
             self.tr.c.count(InvKind::VirtioUnmap, 1);
-            if let Some(sh) = self.shadow.as_mut() {
-                self.shadow_ns += sh.unmap(&mut self.exits, removed);
-            }
             t = self.add_req(t);
             self.queued_unmaps.push((dom, va, removed));
             va += removed;
@@ -367,6 +379,29 @@ pub(crate) mod tests {
         v.flush_iotlb_all(t, 0, 1);
         assert!(v.translate(LATER, 1, 10).fault());
         assert_eq!(v.tr.c.invalidations(), 1, "the UNMAP is the invalidation");
+    }
+
+    #[test]
+    fn a_vfio_page_is_unpinned_when_the_host_processes_its_unmap() {
+        // QEMU's virtio_iommu_unmap() calls VFIO_IOMMU_UNMAP_DMA when it processes the request, after the
+        // guest's kick; viommu_unmap_pages() only queues it. (Issue 33's VFIO model counted the unpin at
+        // the queueing, and never gave virtio-iommu its shadow.)
+        let h = crate::scenario::tests::hypervisor();
+        let mut v = virtio(true).with_shadow(Some(Shadow::new(&h)));
+        v.map_pages(1, 0x100, 0x500, 4);
+        v.iotlb_sync_map(0, 0, 1, 0x100, 4);
+        assert_eq!((v.exits.pins, v.exits.vfio_maps), (4, 1));
+        let mut g = IotlbGather::new();
+        let (_, t) = v.unmap_pages(100, 0, 1, 0x100, 4, &mut g);
+        assert_eq!((v.exits.unpins, v.exits.vfio_unmaps), (0, 0));
+        let before = v.exits.emulator_ns;
+        v.flush_iotlb_all(t, 0, 1);
+        assert_eq!((v.exits.unpins, v.exits.vfio_unmaps), (4, 1));
+        // The host's work for it: the request, then the VFIO call and its unpins.
+        assert_eq!(
+            v.exits.emulator_ns - before,
+            1000 + h.vfio_unmap_ns + 4 * h.vfio_unmap_page_ns
+        );
     }
 
     #[test]
