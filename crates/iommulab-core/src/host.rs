@@ -160,6 +160,16 @@ impl Host {
         Some(ev)
     }
 
+    /// `cpu` was just handed to the work being dispatched (the work cpu_free() chose, delivered again).
+    pub fn cpu_granted(&self, cpu: usize) -> bool {
+        self.granted[cpu]
+    }
+
+    /// The work cpu_free() handed `cpu` to has run (or given it up): the grant ends.
+    pub fn cpu_ungrant(&mut self, cpu: usize) {
+        self.granted[cpu] = false;
+    }
+
     pub fn schedule(&mut self, at: Time, ev: Event) {
         self.events.push(at, ev);
     }

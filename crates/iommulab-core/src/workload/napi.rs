@@ -135,6 +135,11 @@ impl Napi {
             return None; // EQE mode: the period is already running
         };
         arm.fire = Some(fire);
+        if self.cpu_wait {
+            // The poll is raised and waits for its CPU (NAPI_STATE_SCHED): napi_schedule() from this interrupt
+            // is a no-op; begin() counts the interrupt when the poll runs.
+            return None;
+        }
         let first = self.arms.iter().filter_map(|a| a.fire).min()?;
         if self.at == Some(first) {
             return None;
@@ -164,6 +169,11 @@ impl Napi {
     /// A poll event at `now` for a queue on `cpu`: true when it is live and has the CPU. A superseded event
     /// is dropped; a live one that finds its CPU busy is redelivered (as `ev`) when the CPU frees.
     pub fn enter(&mut self, host: &mut Host, cpu: usize, now: Time, ev: Event) -> bool {
+        // While the poll waits for its CPU, only its redelivery (the CPU handed to it) runs it: any other poll
+        // event of this channel is one NAPI_STATE_SCHED made a no-op.
+        if self.cpu_wait && !host.cpu_granted(cpu) {
+            return false;
+        }
         if !self.begin(now) {
             return false;
         }
@@ -350,6 +360,24 @@ mod tests {
             (8, 128)
         );
         assert!(!n.moderation(TX_CQ).from_cqe);
+    }
+
+    #[test]
+    fn interrupts_while_the_poll_waits_for_its_cpu_add_no_poll() {
+        // napi_schedule() on a NAPI already scheduled is a no-op (NAPI_STATE_SCHED): the waiting poll sees
+        // the completions when it runs, and counts the interrupt that fired meanwhile.
+        let mut n = Napi::new(M);
+        assert_eq!(n.completion(RX_CQ, 100), Some(3100));
+        assert!(n.begin(3100));
+        n.set_cpu_wait(true);
+        assert_eq!(n.completion(TX_CQ, 3200), None);
+        assert_eq!(n.completion(RX_CQ, 3300), None);
+        assert!(n.begin(9000), "the redelivery");
+        assert_eq!(
+            n.events,
+            [1, 1],
+            "TX's interrupt at 3200 counted when the poll ran"
+        );
     }
 
     #[test]
