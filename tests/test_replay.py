@@ -177,3 +177,53 @@ def test_explain_matches_the_captured_kernels_log():
         text = (cap / "dmesg.txt").read_text()
         for line in doc["kernel_log"]:
             assert line in text, (cap.name, line)
+
+
+def many_phases(path: pathlib.Path, n: int) -> pathlib.Path:
+    """A trace of `n` phases, each the first four map/unmap pairs of the lazy 6.12 capture's net phase (30 ms
+    apart, so that the flush timer fires between them), under a name of its own."""
+    lines = lzma.open(DATA / "k6.12-intel-cmoff-lazy" / "guest-trace.txt.xz", "rt").read().splitlines()
+    start = next(i for i, line in enumerate(lines) if "TB_BEGIN net" in line)
+    mapped, pairs = set(), []
+    for line in lines[start:]:
+        m = re.search(r" (un)?map: IOMMU: iova=(0x[0-9a-f]+)", line)
+        if m and (m.group(1) is None or m.group(2) in mapped):
+            mapped.add(m.group(2))
+            pairs.append(line)
+        if len(pairs) == 8:
+            break
+    stamp = re.compile(r" (\d+)\.(\d{6}): ")
+    t0 = int(stamp.search(pairs[0]).group(1)) * 10**6 + int(stamp.search(pairs[0]).group(2))
+
+    def at(line: str, us: int) -> str:
+        return stamp.sub(f" {us // 10**6}.{us % 10**6:06d}: ", line, count=1) + "\n"
+    mark = "            init-1       [000] .....     0.000000: tracing_mark_write: "
+    with open(path, "w") as f:
+        for p in range(n):
+            base = 10**7 + p * 40_000
+            f.write(at(mark + f"TB_BEGIN p{p}", base))
+            for line in pairs:
+                m = stamp.search(line)
+                f.write(at(line, base + 10 + int(m.group(1)) * 10**6 + int(m.group(2)) - t0))
+            f.write(at(mark + f"TB_END p{p}", base + 39_000))
+    return path
+
+
+def test_lazy_replay_time_grows_linearly_with_the_number_of_phases(tmp_path):
+    # Issue 14: every marker looked its phase up by name among all the phases before it (in each of the 16
+    # tick phases' replays), and so did the choice of tick phase: 10k phases took 10 s, 40k over a minute.
+    import time
+
+    def seconds(n):
+        trace = many_phases(tmp_path / f"p{n}.txt", n)
+        best = None
+        for _ in range(3):
+            t = time.perf_counter()
+            res = iommulab.replay(trace, mode="lazy")
+            best = min(best or 1e9, time.perf_counter() - t)
+        assert len(res["phases"]) == n + 1 and res["phases"][f"p{n - 1}"] == res["phases"]["p1"]
+        return best
+    # Four times the phases: four times the time, where the lookups made it over thirty (on a busy machine too).
+    small, large = seconds(2000), seconds(8000)
+    assert large < 10 * small, f"2000 phases {small:.2f} s, 8000 phases {large:.2f} s"
+

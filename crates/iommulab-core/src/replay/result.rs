@@ -6,6 +6,7 @@ use crate::metrics::IovaLocality;
 use crate::scenario::Vendor;
 use serde::ser::SerializeMap;
 use serde::Serialize;
+use std::collections::HashMap;
 
 /// What reached the IOMMU in one phase, serialised in the vendor's own names: VT-d's descriptors
 /// (`iotlb_psi`, `iotlb_dsi`, `iotlb_global`, `wait`, `devtlb`), SMMUv3's commands (`tlbi_nh_va` — by
@@ -136,17 +137,27 @@ pub struct TickFit {
     pub early_reuses: u64,
 }
 
-/// Phases in the order they first appeared, serialised as a JSON object.
+/// Phases in the order they first appeared, serialised as a JSON object. Looked up by name through an index:
+/// a trace may hold tens of thousands of phases, and every marker and every domain's sum looks one up.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Phases(pub Vec<(String, Phase)>);
+pub struct Phases {
+    list: Vec<(String, Phase)>,
+    index: HashMap<String, usize>,
+}
 
 impl Phases {
     pub fn get(&self, name: &str) -> Option<&Phase> {
-        self.0.iter().find(|(n, _)| n == name).map(|(_, p)| p)
+        self.index.get(name).map(|&i| &self.list[i].1)
     }
+
+    /// The phases, in the order they first appeared.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Phase)> {
+        self.list.iter().map(|(n, p)| (n.as_str(), p))
+    }
+
     /// Add another domain's phases, phase by phase.
     pub(super) fn add(&mut self, o: &Phases) {
-        for (name, p) in &o.0 {
+        for (name, p) in &o.list {
             let e = self.entry(name);
             e.counts += &p.counts;
             e.early_reuses += p.early_reuses;
@@ -154,21 +165,22 @@ impl Phases {
     }
 
     pub(super) fn entry(&mut self, name: &str) -> &mut Phase {
-        let i = match self.0.iter().position(|(n, _)| n == name) {
-            Some(i) => i,
+        let i = match self.index.get(name) {
+            Some(&i) => i,
             None => {
-                self.0.push((name.to_string(), Phase::default()));
-                self.0.len() - 1
+                self.index.insert(name.to_string(), self.list.len());
+                self.list.push((name.to_string(), Phase::default()));
+                self.list.len() - 1
             }
         };
-        &mut self.0[i].1
+        &mut self.list[i].1
     }
 }
 
 impl Serialize for Phases {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in &self.0 {
+        let mut m = s.serialize_map(Some(self.list.len()))?;
+        for (k, v) in &self.list {
             m.serialize_entry(k, v)?;
         }
         m.end()
@@ -244,7 +256,7 @@ pub struct ReplayResult {
 /// Per phase of the trace, the tick phase whose replay left the fewest early reuses (the middle of the
 /// best run of candidates when several tie), with that replay's counts.
 pub(super) fn pick_tick_phases(done: &[(u64, Phases)]) -> Phases {
-    let names: Vec<String> = done[0].1 .0.iter().map(|(n, _)| n.clone()).collect();
+    let names: Vec<String> = done[0].1.iter().map(|(n, _)| n.to_string()).collect();
     let k = done.len();
     let mut out = Phases::default();
     for name in names {
@@ -273,7 +285,7 @@ pub(super) fn pick_tick_phases(done: &[(u64, Phases)]) -> Phases {
             tick_phase_us: *phase as f64 / 1000.0,
             early_reuses: best,
         });
-        out.0.push((name, ph));
+        *out.entry(&name) = ph;
     }
     out
 }
