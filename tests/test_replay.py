@@ -227,3 +227,28 @@ def test_lazy_replay_time_grows_linearly_with_the_number_of_phases(tmp_path):
     small, large = seconds(2000), seconds(8000)
     assert large < 10 * small, f"2000 phases {small:.2f} s, 8000 phases {large:.2f} s"
 
+
+def test_perf_script_output_replays_as_the_ftrace_text_it_came_from(tmp_path):
+    # Issue 15: `perf script` prints tracepoints as `COMM TID [CPU] TIME: iommu:map: ...` (no dash before the
+    # thread id, the event's system named); replay refused it as holding no iommu:map events. It has no phase
+    # markers, so everything is `_outside`; strict invalidations follow the events one for one.
+    cap = DATA / "k6.12-intel-cmoff-strict"
+    opts = host_options(cap)
+    head = re.compile(r"^\s*(.*)-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d+): (un)?map: ")
+    perf = tmp_path / "perf-script.txt"
+    with open(perf, "w") as f:
+        for line in lzma.open(cap / "guest-trace.txt.xz", "rt"):
+            m = head.match(line)
+            if m:
+                comm, tid, cpu, ts, un = m.groups()
+                f.write(f"{comm:>16} {tid:>5} [{cpu}] {ts:>12}: {'  iommu:map' if un is None else 'iommu:unmap'}: "
+                        f"{line[m.end():]}")
+    ftrace = iommulab.replay(cap / "guest-trace.txt.xz", **opts)["phases"]
+    res = iommulab.replay(perf, **opts)
+    assert res["lines"]["bad"] == 0 and list(res["phases"]) == ["_outside"]
+    for key in ("map_events", "unmap_events", "iotlb_psi", "wait"):
+        assert res["phases"]["_outside"]["counts"][key] == sum(p["counts"][key] for p in ftrace.values()), key
+    # A file of none of the layouts replay reads names those it does.
+    (tmp_path / "none.txt").write_text("x\n")
+    p = cli("replay", str(tmp_path / "none.txt"))
+    assert p.returncode == 2 and "trace-cmd report" in p.stderr and "perf script" in p.stderr, p.stderr

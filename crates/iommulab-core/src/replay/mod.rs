@@ -1096,7 +1096,7 @@ impl ReplaySession {
             return Err(InputError::new(
                 &self.name,
                 format!(
-                    "no iommu:map, iommu:unmap or trace-marker events in {} lines ({} unreadable{}); expected ftrace text with the iommu events enabled",
+                    "no iommu:map, iommu:unmap or trace-marker events in {} lines ({} unreadable{}); expected them as tracefs's trace or trace_pipe, `trace-cmd report` or `perf script` print them",
                     lines.total,
                     lines.bad,
                     lines
@@ -1140,9 +1140,8 @@ impl ReplaySession {
         // Every phase the trace began has an entry (the replay commits it at its end).
         if let Some(p) = ats_phases.iter().find(|p| phases.get(p).is_none()) {
             let names: Vec<&str> = phases
-                .0
                 .iter()
-                .map(|(n, _)| n.as_str())
+                .map(|(n, _)| n)
                 .filter(|n| *n != OUTSIDE)
                 .collect();
             let names = if names.is_empty() {
