@@ -44,7 +44,9 @@ def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool =
            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Replay TRACE through the DMA layer and the IOMMU model (`progress(bytes_read, file_size)` after each
     chunk of the file); returns
-    ``{"iommu", "kernel", "policy", "policy_reason", "hz", "lines", "phases": {NAME: {"counts": {...}}}}``.
+    ``{"iommu", "kernel", "policy", "policy_reason", "hz", "lines", "anomalies", "iova_locality",
+    "domains": {..., "devices": {DOMAIN: [DEVICE, ...]}}, "phases": {NAME: {"counts": {...},
+    "by_domain": {DOMAIN: {...}}}}}`` (docs/replay.md).
     In lazy mode the scheduler tick's phase on the trace clock is inferred per phase unless given.
     ``ats`` gives every traced device ATS; ``ats_phases`` only the devices whose traffic fills those phases."""
     if not isinstance(trace, (str, os.PathLike)):

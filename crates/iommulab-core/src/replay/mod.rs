@@ -45,7 +45,7 @@ use group::{marked, meeting, Grouper, Marked, Op, PhaseName};
 use hold::{Held, Holdback};
 use result::{pick_tick_phases, Totals};
 pub use result::{
-    Anomalies, Counts, Domains, Lines, Phase, Phases, RecordedTimer, ReplayResult, TickFit,
+    Anomalies, Counts, Domains, Lines, Named, Phase, Phases, RecordedTimer, ReplayResult, TickFit,
 };
 use route::Router;
 use smallvec::SmallVec;
@@ -1113,10 +1113,12 @@ impl ReplaySession {
         anomalies.untraced_unmapped_pages = rs[0].1.iter().map(|r| r.untraced_pages).sum();
         anomalies.maps_over_live = rs[0].1.iter().map(|r| r.maps_over_live).sum();
         anomalies.unmatched_markers = rs[0].1[0].unmatched_markers;
+        let names = self.router.names(&self.hold.groups());
         let domains = Domains {
             count: self.router.domains() as u64,
             labelled_events: self.router.labelled,
             inferred_events: self.router.inferred,
+            devices: Named(names.clone()),
         };
         let fit = rs.len() > 1;
         // Per tick phase tried: every domain's counts, added up phase by phase.
@@ -1124,10 +1126,10 @@ impl ReplaySession {
             .into_iter()
             .map(|(phase, doms)| {
                 let mut sum = Phases::default();
-                for mut r in doms {
+                for (mut r, (name, _)) in doms.into_iter().zip(&names) {
                     r.fire_timers(Time::MAX);
                     r.commit();
-                    sum.add(&r.phases);
+                    sum.add(name, &r.phases);
                 }
                 (phase, sum)
             })
@@ -1476,6 +1478,8 @@ mod tests {
         let r = s.finish().unwrap();
         assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
+        // Each domain's own counts, under the pointer its labels name (issue 17).
+        assert_eq!(dsi_by_domain(&r, OUTSIDE), [("0xaaa0", 1), ("0xbbb0", 1)]);
         // A recorded firing of the flush timer does not say whose: with two domains it is passed over.
         let timed = t.clone() + &timer_fired(1_000_200);
         let mut s = ReplaySession::new("t", &lazy).unwrap();
@@ -1599,6 +1603,14 @@ mod tests {
         assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
         assert_eq!(r.anomalies.maps_over_live, 0);
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
+        assert_eq!(
+            dsi_by_domain(&r, OUTSIDE),
+            [("0000:00:02.0", 1), ("0000:00:03.0", 1)]
+        );
+        assert_eq!(
+            r.domains.devices.get("0000:00:03.0"),
+            Some(&vec!["0000:00:03.0".to_string()])
+        );
         // Devices of one IOMMU group share its domain.
         let grouped =
             "# iommulab capture: iommu group 7: 0000:00:02.0 0000:00:03.0\n".to_string() + &d;
@@ -1607,6 +1619,24 @@ mod tests {
         let r = s.finish().unwrap();
         assert_eq!(r.domains.count, 1);
         assert_eq!(r.anomalies.maps_over_live, 1);
+        assert_eq!(dsi_by_domain(&r, OUTSIDE), [("iommu group 7", 1)]);
+        assert_eq!(
+            r.domains.devices.get("iommu group 7"),
+            Some(&vec!["0000:00:02.0".to_string(), "0000:00:03.0".into()])
+        );
+        // Without labels: the one domain, unnamed.
+        let r = run(&without(&d, "dma_"), &lazy);
+        assert_eq!(dsi_by_domain(&r, OUTSIDE), [("_domain0", 1)]);
+    }
+
+    /// A phase's flushes per domain, by the domain's name.
+    fn dsi_by_domain<'a>(r: &'a ReplayResult, phase: &str) -> Vec<(&'a str, u64)> {
+        let p = r.phases.get(phase).expect("phase");
+        p.by_domain
+            .0
+            .iter()
+            .map(|(n, c)| (&**n, c.iotlb_dsi))
+            .collect()
     }
 
     #[test]

@@ -7,6 +7,7 @@ use crate::scenario::Vendor;
 use serde::ser::SerializeMap;
 use serde::Serialize;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// What reached the IOMMU in one phase, serialised in the vendor's own names: VT-d's descriptors
 /// (`iotlb_psi`, `iotlb_dsi`, `iotlb_global`, `wait`, `devtlb`), SMMUv3's commands (`tlbi_nh_va` — by
@@ -128,6 +129,35 @@ pub struct Phase {
     /// IOVAs the trace maps again while the model still holds them in a flush queue.
     #[serde(skip)]
     pub(super) early_reuses: u64,
+    /// The same counts per DMA domain the phase saw (its replayer existed), keyed by the domain's name (see
+    /// [`Domains::devices`]), in the order the domains appeared.
+    pub by_domain: Named<Counts>,
+}
+
+/// Values keyed by name, in the order they were added, serialised as a JSON object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Named<T>(pub Vec<(Arc<str>, T)>);
+
+impl<T> Default for Named<T> {
+    fn default() -> Self {
+        Named(Vec::new())
+    }
+}
+
+impl<T> Named<T> {
+    pub fn get(&self, name: &str) -> Option<&T> {
+        self.0.iter().find(|(n, _)| &**n == name).map(|(_, v)| v)
+    }
+}
+
+impl<T: Serialize> Serialize for Named<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(&**k, v)?;
+        }
+        m.end()
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -155,12 +185,13 @@ impl Phases {
         self.list.iter().map(|(n, p)| (n.as_str(), p))
     }
 
-    /// Add another domain's phases, phase by phase.
-    pub(super) fn add(&mut self, o: &Phases) {
+    /// Add domain `dom`'s phases, phase by phase: to the totals, and as that domain's counts.
+    pub(super) fn add(&mut self, dom: &Arc<str>, o: &Phases) {
         for (name, p) in &o.list {
             let e = self.entry(name);
             e.counts += &p.counts;
             e.early_reuses += p.early_reuses;
+            e.by_domain.0.push((dom.clone(), p.counts.clone()));
         }
     }
 
@@ -233,6 +264,11 @@ pub struct Domains {
     pub count: u64,
     pub labelled_events: u64,
     pub inferred_events: u64,
+    /// Each domain by the name the trace gives it, with the devices the trace showed in it (sorted): the
+    /// pointer its kprobe labels name (`0xffff…`), else the device or IOMMU group its DMA API events name
+    /// (`0000:00:02.0`, `iommu group 3`: the group's devices), else `_domainN` (N its place in the order the
+    /// domains appeared: the one domain of a trace without labels, or one inferred).
+    pub devices: Named<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
