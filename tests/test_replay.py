@@ -252,3 +252,32 @@ def test_perf_script_output_replays_as_the_ftrace_text_it_came_from(tmp_path):
     (tmp_path / "none.txt").write_text("x\n")
     p = cli("replay", str(tmp_path / "none.txt"))
     assert p.returncode == 2 and "trace-cmd report" in p.stderr and "perf script" in p.stderr, p.stderr
+
+
+def test_every_caveat_the_text_prints_is_a_warning_in_the_json_too(tmp_path):
+    # Issue 13: unreadable lines, a trace's oddities, a kernel replayed with an older one's rules and recorded
+    # firings passed over were said in the text only (or not at all): each is now one of `warnings`, which the
+    # text prints and --json and the Python API carry.
+    def at(us, body):
+        return f"  dd-212 [000] ..... {us // 10**6}.{us % 10**6:06d}: {body}\n"
+    lines = [at(1_000, "map: IOMMU: iova=0x00000000fff00800 - 0x00000000fff01800 paddr=0x1000 size=4096"),
+             at(2_000, "map: IOMMU: iova=0x"),
+             at(3_000, "unmap: IOMMU: iova=0x00000000fff00800 - 0x00000000fff01800 size=4096 unmapped_size=4096"),
+             at(4_000, "dma_unmap_page: 0000:00:02.0 dir=FROM_DEVICE dma_addr=fff00800 size=4096 attrs="),
+             at(40_000, "fq_flush_timeout: (fq_flush_timeout+0x0/0x160)")]
+    trace = tmp_path / "odd.txt"
+    trace.write_text("".join(lines))
+    res = iommulab.replay(trace, kernel="7.3", mode="lazy")
+    w = res["warnings"]
+    for said in ("kernel 7.3 (replayed with 6.18's rules)", "1 unreadable lines skipped (the first, line 2: ",
+                 "anomalies (replayed as they are): 2 IOVAs not 4 KiB aligned",
+                 "1 recorded firings of fq_flush_timeout passed over", "ran the model's own"):
+        assert [x for x in w if said in x], (said, w)
+    doc = json.loads(cli("replay", str(trace), "--kernel", "7.3", "--mode", "lazy", "--json", check_rc=0).stdout)
+    assert doc["warnings"] == w
+    text = cli("replay", str(trace), "--kernel", "7.3", "--mode", "lazy", check_rc=0).stdout
+    assert all(f"warning: {x}\n" in text for x in w), text
+    # Without its oddities, the same trace warns of nothing.
+    clean = tmp_path / "clean.txt"
+    clean.write_text(lines[0].replace("800 ", "000 ").replace("800 ", "000 ") + lines[2].replace("800 ", "000 "))
+    assert iommulab.replay(clean, kernel="6.12", mode="lazy")["warnings"] == []

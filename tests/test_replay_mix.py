@@ -11,6 +11,8 @@ import pytest
 import iommulab
 from iommulab.replay import format_replay
 
+from conftest import cli
+
 DATA = pathlib.Path(__file__).parent / "data" / "testbed-mix"
 CAPTURES = sorted(p for p in DATA.iterdir() if (p / "results.json").exists())
 PHASES = ("net", "blk", "nvme", "mix")
@@ -61,13 +63,29 @@ def test_an_unlabelled_trace_of_several_domains_says_its_lazy_counts_are_short(t
     res = iommulab.replay(cap / "guest-trace.txt.xz", kernel="6.12", cmdline="iommu.strict=0")
     assert res["domains"]["count"] == 1 and res["anomalies"]["maps_over_live"] > 1000
     text = format_replay(res)
-    assert "the flush counts below are too few" in text and "domains: 3" not in text
+    assert "the lazy flush counts are too few" in text and "domains: 3" not in text
     # With the labels, each domain's page table takes its own maps: the few left over are events whose kprobe
     # hit the kernel skipped, placed by inference.
     lab = iommulab.replay(cap / "guest-trace-raw.txt.xz", kernel="6.12", cmdline="iommu.strict=0")
     assert lab["anomalies"]["maps_over_live"] < res["anomalies"]["maps_over_live"] / 50
     assert "domains: 3 named by the trace's labels" in format_replay(lab)
     assert "too few" not in format_replay(lab)
+
+
+def test_the_too_few_warning_is_in_the_json_and_the_apis_result_too():
+    # Issue 13: the warning that an unlabelled trace of several domains replays too few lazy flushes was in the
+    # text only: a script reading --json or the Python API's result never saw it.
+    cap = DATA / "k6.12-intel-cmoff-lazy-smp1-mix"
+    res = iommulab.replay(cap / "guest-trace.txt.xz", kernel="6.12", cmdline="iommu.strict=0")
+    assert [w for w in res["warnings"] if "too few" in w], res["warnings"]
+    args = ["replay", str(cap / "guest-trace.txt.xz"), "--kernel", "6.12", "--cmdline", "iommu.strict=0"]
+    doc = json.loads(cli(*args, "--json", check_rc=0).stdout)
+    assert doc["warnings"] == res["warnings"]
+    text = cli(*args, check_rc=0).stdout
+    assert all(f"warning: {w}" in text for w in res["warnings"])
+    # With the labels, no such warning.
+    lab = iommulab.replay(cap / "guest-trace-raw.txt.xz", kernel="6.12", cmdline="iommu.strict=0")
+    assert not [w for w in lab["warnings"] if "too few" in w], lab["warnings"]
 
 
 def assert_domains_match_qemu(res, cap, tol):

@@ -22,14 +22,19 @@
 //!   its effect: a lazily unmapped IOVA is handed out again only after a flush. So a lazy replay runs
 //!   [`TICK_CANDIDATES`] tick phases side by side and, per phase of the trace, reports the one whose flushes
 //!   leave the fewest IOVAs mapped again while the model still holds them queued ("early reuses").
-//! - Devices: the trace does not say which device an event belongs to; all events go to one DMA domain (the
-//!   IOVA collisions between devices' domains are only used to keep their map groups apart).
+//! - Devices: the trace's `iommu:map` / `iommu:unmap` events do not say which device they belong to; kprobe
+//!   labels and the DMA API's events do (route.rs, hold.rs). Without them all events go to one DMA domain
+//!   (the IOVA collisions between devices' domains are only used to keep their map groups apart).
+//! - Whose timer fired: a recorded firing names its domain by pointer; in a trace that names its domains by
+//!   device only, the pointer is tied to the domain whose unmaps armed its timer (tie.rs).
 
 pub mod ftrace;
 mod group;
 mod hold;
 mod result;
 mod route;
+mod tie;
+mod warnings;
 
 use crate::dma::flush_queue::{FlushQueue, FqOptions};
 use crate::dma::locality::ReuseDistance;
@@ -40,7 +45,7 @@ use crate::input::InputError;
 use crate::metrics::IovaLocality;
 use crate::scenario::{load, Arch, PolicyName, Source, Vendor};
 use crate::sim::{PerCpu, Time};
-use ftrace::Record;
+use ftrace::{EventHead, Record};
 use group::{marked, meeting, Grouper, Marked, Op, PhaseName};
 use hold::{Held, Holdback};
 use result::{pick_tick_phases, Totals};
@@ -52,6 +57,8 @@ use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::sync::Arc;
+use tie::{Ties, Waiting};
+use warnings::{warnings, PassedOver};
 
 /// What the replayed host was.
 #[derive(Debug, Clone)]
@@ -116,8 +123,10 @@ struct Replayer {
     queued_flushes: u64,
     /// Armed flush-queue timers: (expiry, sequence) → CPU.
     timers: BTreeMap<(Time, u64), usize>,
-    /// The trace records when the flush queue's timer fired: the model's own timer stands down.
+    /// The trace records when this domain's flush queue timer fires: the model's own timer stands down.
     recorded: bool,
+    /// It does for every domain, those yet to appear too.
+    recorded_all: bool,
     seq: u64,
     /// Phases whose device uses ATS (empty: all).
     ats_phases: Vec<String>,
@@ -424,6 +433,16 @@ pub struct ReplaySession {
     timer_drives: Option<bool>,
     /// The capture noted that each firing is followed by its flush naming the domain.
     timer_domains: bool,
+    /// Recorded firings drive every domain's timer (not one domain's at a time, as they are tied to it).
+    timer_global: bool,
+    /// Firings' domain pointers tied to the domains a trace names by device only.
+    ties: Ties,
+    /// Firings waiting for their pointer to be tied, and the batches held back with them.
+    waiting: Waiting,
+    /// A recorded firing named its domain by pointer.
+    timer_named_seen: bool,
+    /// The newest kernel modelled, when the traced one is newer (replayed with that one's rules).
+    newer_than: Option<(u32, u32)>,
     /// Per CPU, whether a recorded firing waits for the flush that names its domain.
     firing: PerCpu<bool>,
     /// Per CPU, whether the next unmap is an IOVA-API unlink (a `dma_iova_unlink()` kprobe line came first).
@@ -446,10 +465,16 @@ enum Step {
     Do { dom: usize, op: Op },
     /// A marker line, to every domain.
     Marker(String),
-    /// The trace records the flush queue's timer: the model's own timer stands down, in every domain.
+    /// The trace records the flush queue's timer: the model's own timer stands down, in every domain (in one
+    /// domain, its first recorded firing stands it down).
     TimerRecorded,
-    /// The flush queue's timer of domain `dom` fired, as the trace recorded it.
-    Timer { ts: Time, cpu: u32, dom: usize },
+    /// The flush queue's timer of domain `dom` fired, as the trace recorded it (None: a firing passed over, its
+    /// domain never known).
+    Timer {
+        ts: Time,
+        cpu: u32,
+        dom: Option<usize>,
+    },
 }
 
 /// Steps read and grouped, for the model.
@@ -583,7 +608,8 @@ fn replay_events(make: &Maker, phase: u64, doms: &mut Vec<Replayer>, batch: &[St
                 while doms.len() < known {
                     let mut r = make.replayer(phase);
                     r.phase = doms[0].phase.clone();
-                    r.recorded = doms[0].recorded;
+                    r.recorded = doms[0].recorded_all;
+                    r.recorded_all = doms[0].recorded_all;
                     doms.push(r);
                 }
                 for r in doms.iter_mut() {
@@ -596,8 +622,15 @@ fn replay_events(make: &Maker, phase: u64, doms: &mut Vec<Replayer>, batch: &[St
             }
             Step::Do { dom, op } => doms[*dom].apply(op),
             Step::Marker(text) => doms.iter_mut().for_each(|r| r.marker(text)),
-            Step::TimerRecorded => doms.iter_mut().for_each(Replayer::timer_recorded),
-            &Step::Timer { ts, cpu, dom } => doms[dom].recorded_timer(ts, cpu),
+            Step::TimerRecorded => doms.iter_mut().for_each(|r| {
+                r.recorded_all = true;
+                r.timer_recorded();
+            }),
+            &Step::Timer { ts, cpu, dom } => {
+                if let Some(d) = dom {
+                    doms[d].recorded_timer(ts, cpu)
+                }
+            }
         }
     }
 }
@@ -638,6 +671,7 @@ impl Maker {
             queued_flushes: 0,
             timers: BTreeMap::new(),
             recorded: false,
+            recorded_all: false,
             seq: 0,
             ats_phases: self.ats_phases.clone(),
             untraced_pages: 0,
@@ -754,6 +788,13 @@ impl ReplaySession {
             recorded_timer: None,
             timer_drives: None,
             timer_domains: false,
+            timer_global: false,
+            ties: Ties::new(opts.hz),
+            waiting: Waiting::default(),
+            timer_named_seen: false,
+            newer_than: crate::scenario::parse_kernel(&opts.kernel)
+                .is_err()
+                .then_some(crate::scenario::KERNEL_NEWEST),
             firing: PerCpu::default(),
             unlinking: PerCpu::default(),
         })
@@ -855,36 +896,11 @@ impl ReplaySession {
                 self.router.hints.insert(ev.cpu, (*map, *dom, *iova));
                 return;
             }
-            Record::Timer { ev, dom } => {
-                if self.policy != PolicyName::Lazy {
-                    return;
-                }
-                self.timer_record();
-                if self.timer_domains {
-                    // Its flush, next on this CPU, names the domain.
-                    if !std::mem::replace(self.firing.get_mut(ev.cpu as usize), true) {
-                        return;
-                    }
-                    // The CPU's last firing saw no flush, and fq_flush_timeout() always flushes: the probe
-                    // is on a driver not in use (a capture that probed one driver only). The firings
-                    // waiting are lost; from now on each names its domain by its fq_domain.
-                    self.timer_domains = false;
-                    self.drop_waiting_firings();
-                }
-                if let Some(ptr) = *dom {
-                    let d = self.timer_domain(ptr);
-                    self.timer_fired(ev.ts_ns, ev.cpu, true, d);
-                } else {
-                    let d = (self.router.domains() == 1).then_some(0);
-                    self.timer_fired(ev.ts_ns, ev.cpu, false, d);
-                }
-                return;
-            }
+            Record::Timer { ev, dom } => return self.timer_line(ev, *dom),
             Record::FlushAll { ev, dom } => {
                 // The flush of a recorded firing on this CPU (any other is a full ring's, replayed already).
                 if self.timer_domains && std::mem::take(self.firing.get_mut(ev.cpu as usize)) {
-                    let d = self.timer_domain(*dom);
-                    self.timer_fired(ev.ts_ns, ev.cpu, true, d);
+                    self.timer_named(ev.ts_ns, ev.cpu, *dom);
                 }
                 return;
             }
@@ -929,6 +945,11 @@ impl ReplaySession {
             ),
             _ => None,
         };
+        if let (Some(d), Record::Unmap { ev, .. }) = (dom, &rec) {
+            if self.router.by_device_only() {
+                self.ties.unmapped(d, ev.ts_ns);
+            }
+        }
         let known = self.router.domains();
         while self.groups.len() < known {
             let g = self.groups[0].another_domain();
@@ -966,17 +987,69 @@ impl ReplaySession {
             _ => {}
         }
         if self.batch.len() >= REPLAY_BATCH {
-            self.replay_batch();
+            self.replay_batch(false);
         }
     }
 
-    /// The domain a recorded firing's pointer names: the labelled domain of that pointer, or the one domain of
-    /// a trace without labels.
-    fn timer_domain(&self, ptr: u64) -> Option<usize> {
-        if self.router.labels_seen() {
+    /// A kprobe line of fq_flush_timeout(): the flush queue's timer fired on its CPU, naming its domain's
+    /// pointer where the capture read it.
+    fn timer_line(&mut self, ev: &EventHead, dom: Option<u64>) {
+        if self.policy != PolicyName::Lazy {
+            return;
+        }
+        self.timer_record();
+        if self.timer_domains {
+            // Its flush, next on this CPU, names the domain.
+            if !std::mem::replace(self.firing.get_mut(ev.cpu as usize), true) {
+                return;
+            }
+            // The CPU's last firing saw no flush, and fq_flush_timeout() always flushes: the probe is on a
+            // driver not in use (a capture that probed one driver only). The firings waiting are lost; from
+            // now on each names its domain by its fq_domain.
+            self.timer_domains = false;
+            self.drop_waiting_firings();
+        }
+        if let Some(ptr) = dom {
+            self.timer_named(ev.ts_ns, ev.cpu, ptr);
+        } else {
+            let d = (self.router.domains() == 1).then_some(0);
+            self.timer_fired(ev.ts_ns, ev.cpu, false, d);
+        }
+    }
+
+    /// A recorded firing at `ts` that names its domain by pointer: the domain of that pointer's kprobe labels,
+    /// the device-named domain the pointer is tied to (a trace that names devices only), or the one domain of a
+    /// trace without labels.
+    fn timer_named(&mut self, ts: Time, cpu: u32, ptr: u64) {
+        self.timer_named_seen = true;
+        if self.router.by_device_only() {
+            return self.tied_firing(ts, cpu, ptr);
+        }
+        let d = if self.router.labels_seen() {
             self.router.ptr_domain(ptr)
         } else {
             Some(0)
+        };
+        self.timer_fired(ts, cpu, true, d);
+    }
+
+    /// A recorded firing naming pointer `ptr` in a trace that names its domains by device only: replayed on the
+    /// domain the pointer is tied to, or waiting, with the steps after it, until the pointer is tied. A domain's
+    /// own timer stands down at its first firing; the others keep theirs.
+    fn tied_firing(&mut self, ts: Time, cpu: u32, ptr: u64) {
+        let dom = self.ties.fired(ptr, ts);
+        self.timer_drives = Some(true);
+        self.timer_record().by_domain = true;
+        let known = self.router.domains();
+        self.batch.push(Step::At { ts, known });
+        self.batch.push(Step::Timer { ts, cpu, dom });
+        match dom {
+            Some(_) => self.timer_record().firings += 1,
+            None => self.waiting.wait(&self.batch, ptr),
+        }
+        for (p, d) in self.ties.take_tied() {
+            let n = self.waiting.tied(&mut self.batch, p, d);
+            self.timer_record().firings += n;
         }
     }
 
@@ -996,7 +1069,11 @@ impl ReplaySession {
                 let known = self.router.domains();
                 self.timer_record().firings += 1;
                 self.batch.push(Step::At { ts, known });
-                self.batch.push(Step::Timer { ts, cpu, dom });
+                self.batch.push(Step::Timer {
+                    ts,
+                    cpu,
+                    dom: Some(dom),
+                });
             }
             _ => self.timer_ignored(),
         }
@@ -1037,7 +1114,11 @@ impl ReplaySession {
         let d = named || !labels;
         self.timer_drives = Some(d);
         if d {
-            self.batch.push(Step::TimerRecorded);
+            // A domain named by device only stands its own timer down at its first tied firing.
+            if !self.router.by_device_only() {
+                self.timer_global = true;
+                self.batch.push(Step::TimerRecorded);
+            }
             if let Some(t) = self.recorded_timer.as_mut() {
                 t.by_domain = named && labels;
             }
@@ -1045,11 +1126,16 @@ impl ReplaySession {
         d
     }
 
-    /// Hand the events read so far to the model.
-    fn replay_batch(&mut self) {
+    /// Hand the events read so far to the model (but those behind a firing whose domain is not known yet,
+    /// unless this is the `end`).
+    fn replay_batch(&mut self, end: bool) {
         let batch = std::mem::replace(&mut self.batch, self.model.empty_batch());
-        if !batch.is_empty() {
-            self.model.send(batch);
+        let (ready, passed) = self.waiting.ready(batch, end);
+        if passed > 0 {
+            self.timer_record().ignored += passed;
+        }
+        for b in ready.into_iter().filter(|b| !b.is_empty()) {
+            self.model.send(b);
         }
     }
 
@@ -1090,7 +1176,7 @@ impl ReplaySession {
                 dom,
             });
         }
-        self.replay_batch();
+        self.replay_batch(true);
         let lines = self.lines;
         if lines.events == 0 {
             return Err(InputError::new(
@@ -1120,6 +1206,17 @@ impl ReplaySession {
             inferred_events: self.router.inferred,
             devices: Named(names.clone()),
         };
+        // Domains the recorded firings drove: all, or those their pointers were tied to.
+        let driven = if self.timer_global {
+            domains.count
+        } else {
+            self.ties.tied
+        };
+        let recorded_timer = self.recorded_timer.map(|t| RecordedTimer {
+            tied: self.ties.tied,
+            own_timer_domains: domains.count.saturating_sub(driven),
+            ..t
+        });
         let fit = rs.len() > 1;
         // Per tick phase tried: every domain's counts, added up phase by phase.
         let mut done: Vec<(u64, Phases)> = rs
@@ -1158,7 +1255,14 @@ impl ReplaySession {
                 ),
             ));
         }
-        Ok(ReplayResult {
+        let passed_over = if self.ties.seen() {
+            PassedOver::Untied
+        } else if self.timer_named_seen {
+            PassedOver::Unnamed
+        } else {
+            PassedOver::NotSaid
+        };
+        let mut r = ReplayResult {
             iommu: self.iommu,
             kernel: self.kernel,
             policy: self.policy.as_str().to_string(),
@@ -1168,9 +1272,12 @@ impl ReplaySession {
             anomalies,
             iova_locality: IovaLocality::new(&self.locality.counts, self.walk_cache_entries),
             domains,
-            recorded_timer: self.recorded_timer,
+            recorded_timer,
             phases,
-        })
+            warnings: Vec::new(),
+        };
+        r.warnings = warnings(&r, self.newer_than, passed_over);
+        Ok(r)
     }
 }
 
@@ -1388,11 +1495,80 @@ mod tests {
         };
         let mut s = ReplaySession::new("t", &strict).unwrap();
         s.feed(t.as_bytes());
-        s.replay_batch();
+        s.replay_batch(true);
         for r in s.model.finish().iter().flat_map(|(_, doms)| doms) {
             // The last unmap's PSI: its range and, with IH=0, the domain's walk caches.
             let n = r.dma.core.iommu.translator().pending();
             assert!(n <= 2, "{n} pending");
+        }
+    }
+
+    #[test]
+    fn firings_naming_pointers_wait_until_the_pointer_is_tied_to_a_device() {
+        // Issue 12: two devices named by the DMA API's events only, each unmapping every ms; the disk stops
+        // at 300 ms. The firings name their domain's pointer (fq_domain), which nothing in the trace pairs with
+        // a device: the network's pointer is tied when it fires with the disk quiet, the disk's then by
+        // elimination. Every firing waited for its tie and flushed its own domain; the same on any number of
+        // threads.
+        let ms = |t: u64| 1_000_000 + t * 1000;
+        let mut t = String::new();
+        for i in 0..600u64 {
+            for (dev, base, until) in [
+                ("0000:00:02.0", 0xfff0_0000u64, 600),
+                ("0000:00:03.0", 0xffe0_0000, 300),
+            ] {
+                if i >= until {
+                    continue;
+                }
+                let iova = base - (i % 200) * 0x1000;
+                t += &map(ms(i), iova, 0x10_0000 + i * 0x1000, 4096);
+                t += &line(ms(i) + 1, &format!("dma_map_page: {dev} dir=FROM_DEVICE dma_addr={iova:x} size=4096 phys_addr=0 attrs="));
+                t += &unmap(ms(i) + 200, iova, 4096);
+                t += &line(
+                    ms(i) + 201,
+                    &format!(
+                        "dma_unmap_page: {dev} dir=FROM_DEVICE dma_addr={iova:x} size=4096 attrs="
+                    ),
+                );
+            }
+            for (ptr, at, until) in [("0xaaa0", 5, 600), ("0xbbb0", 15, 310)] {
+                if i % 20 == at && i < until {
+                    t += &line(
+                        ms(i) + 300,
+                        &format!("fq_flush_timeout: (fq_flush_timeout+0x0/0x160) fq_domain={ptr}"),
+                    );
+                }
+            }
+        }
+        let lazy = ReplayOptions {
+            mode: Some(PolicyName::Lazy),
+            jiffy_phase_ns: Some(0),
+            ..Default::default()
+        };
+        let json = |cores: usize, chunk: usize| {
+            let mut s = ReplaySession::on_cores("t", &lazy, cores).unwrap();
+            for c in t.as_bytes().chunks(chunk) {
+                s.feed(c);
+            }
+            s.finish().unwrap()
+        };
+        let r = json(1, 1 << 20);
+        let rt = r.recorded_timer.clone().unwrap();
+        assert_eq!(
+            (rt.firings, rt.ignored, rt.tied, rt.own_timer_domains),
+            (30 + 15, 0, 2, 0)
+        );
+        assert_eq!(
+            dsi_by_domain(&r, OUTSIDE),
+            [("0000:00:02.0", 30), ("0000:00:03.0", 15)]
+        );
+        let one = serde_json::to_string(&r).unwrap();
+        for (cores, chunk) in [(2, 97), (3, 4096)] {
+            assert_eq!(
+                serde_json::to_string(&json(cores, chunk)).unwrap(),
+                one,
+                "{cores} threads"
+            );
         }
     }
 
@@ -1491,7 +1667,9 @@ mod tests {
             Some(RecordedTimer {
                 firings: 0,
                 ignored: 1,
-                by_domain: false
+                by_domain: false,
+                tied: 0,
+                own_timer_domains: 2
             })
         );
         // A capture that names each firing's domain (its flush_iotlb_all, next on the CPU): that domain's
@@ -1509,7 +1687,9 @@ mod tests {
             Some(RecordedTimer {
                 firings: 1,
                 ignored: 0,
-                by_domain: true
+                by_domain: true,
+                tied: 0,
+                own_timer_domains: 0
             })
         );
         assert_eq!(
@@ -1539,7 +1719,9 @@ mod tests {
             Some(RecordedTimer {
                 firings: 1,
                 ignored: 1,
-                by_domain: true
+                by_domain: true,
+                tied: 0,
+                own_timer_domains: 0
             })
         );
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 1);
@@ -1806,7 +1988,9 @@ mod tests {
             Some(RecordedTimer {
                 firings: 3,
                 ignored: 0,
-                by_domain: false
+                by_domain: false,
+                tied: 0,
+                own_timer_domains: 0
             })
         );
         // The model's own timer, where the trace does not record it: one flush per burst too, but at its own

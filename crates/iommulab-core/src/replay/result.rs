@@ -249,13 +249,19 @@ pub struct Anomalies {
 
 /// The flush queue's timer as the trace recorded it (kprobe lines on `fq_flush_timeout`): how many firings
 /// drove the model's timer, and how many were passed over (a trace of several domains that does not say whose
-/// timer fired; a firing whose flush the trace lost); `by_domain`: each firing named its domain (the cookie's
-/// `fq_domain`, or the driver's `flush_iotlb_all` that followed it), one the labels know.
+/// timer fired; a firing whose flush the trace lost; a firing of a pointer not yet tied to a domain);
+/// `by_domain`: each firing named its domain (the cookie's `fq_domain`, or the driver's `flush_iotlb_all` that
+/// followed it), one the labels know.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RecordedTimer {
     pub firings: u64,
     pub ignored: u64,
     pub by_domain: bool,
+    /// Domain pointers the firings name, tied to the device-named domain whose unmaps armed their timer (a
+    /// trace whose events name their device only; each domain ran its own timer until its first tied firing).
+    pub tied: u64,
+    /// Domains no recorded firing drove: each ran the model's own timer throughout.
+    pub own_timer_domains: u64,
 }
 
 /// The DMA domains the trace showed: how many, and how many events a label placed and how many were inferred.
@@ -287,6 +293,8 @@ pub struct ReplayResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_timer: Option<RecordedTimer>,
     pub phases: Phases,
+    /// What the reader should know, one line each (see `warnings.rs`).
+    pub warnings: Vec<String>,
 }
 
 /// Per phase of the trace, the tick phase whose replay left the fewest early reuses (the middle of the

@@ -78,6 +78,11 @@ impl Router {
         }
     }
 
+    /// Whether the trace names its domains by device (the DMA API's events) and has shown no pointer label.
+    pub(super) fn by_device_only(&self) -> bool {
+        !self.devs.is_empty() && self.ptrs.is_empty() && self.hints.is_empty()
+    }
+
     /// The domain a labelled pointer named, if the trace's labels have.
     pub(super) fn ptr_domain(&self, ptr: u64) -> Option<usize> {
         self.ptrs.get(&ptr).copied()
