@@ -84,3 +84,11 @@ def test_7_3s_nvme_unlinks_invalidate_at_once_in_a_lazy_domain(tmp_path):
     trace.write_text("".join(l for l in lines if " tb_iova_unlink: " not in l))
     rep = iommulab.replay(trace, iommu="smmuv3", kernel=res["kernel"], cmdline=res["cmdline"])
     assert rep["phases"]["nvme"]["counts"]["tlbi_nh_va"] == 0
+
+
+def test_7_3s_flushes_name_the_pointers_tied_to_its_device_named_domains(tmp_path):
+    # Without the kprobe labels the events name their device only, and each firing its flush's domain pointer
+    # (tb_flush_all_intel): every pointer is tied to a device's domain and every firing drives its timer, each
+    # phase within QEMU's flushes (replay() checks them).
+    rt = replay(tmp_path, KPROBE)["recorded_timer"]
+    assert (rt["tied"], rt["firings"], rt["ignored"], rt["own_timer_domains"]) == (2, 76, 0, 0), rt

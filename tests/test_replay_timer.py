@@ -9,6 +9,7 @@ import pathlib
 import pytest
 
 import iommulab
+from iommulab.replay import format_replay
 
 DATA = pathlib.Path(__file__).parent / "data" / "testbed-timer"
 
@@ -67,3 +68,45 @@ def test_firings_that_name_their_domain_drive_each_domains_timer(tmp_path):
     plain.write_text("".join(l for l in lines if "fq_flush_timeout" not in l and "flush queue timer" not in l))
     own, _ = replay(cap, plain)
     assert own["phases"]["mix"]["counts"]["tlbi_nh_asid"] > 1.10 * want
+
+
+def test_firings_naming_a_pointer_drive_the_domains_named_by_device(tmp_path):
+    # Issue 12: the same capture without its kprobe labels (tb_map/tb_unmap): the DMA API's events name each
+    # event's device, the firings their domain's pointer, and nothing in the trace pairs the two. Replay dropped
+    # every firing, ran its own timers (158 flushes against QEMU's 137) and said "as the trace recorded it (0
+    # firings)". A pointer's timer is armed by its domain's unmaps (dma-iommu.c queue_iova()), so the replay
+    # ties each pointer to the device whose unmaps came before its firings.
+    cap = DATA / "k6.12-smmuv3-lazy-smp4-mix"
+    full, res = replay(cap, cap / "guest-trace.txt.xz")
+    lines = lzma.open(cap / "guest-trace.txt.xz", "rt").read().splitlines(True)
+    trace = tmp_path / "devices-only.txt"
+    trace.write_text("".join(line for line in lines if " tb_map: " not in line and " tb_unmap: " not in line))
+    rep, _ = replay(cap, trace)
+    assert rep["domains"]["count"] == 3 and rep["domains"]["labelled_events"] > 40000
+    rt = rep["recorded_timer"]
+    assert rt["by_domain"] and rt["tied"] == 3 and rt["firings"] > 80 and rt["own_timer_domains"] == 0, rt
+    want = res["phases"]["mix"]["qemu"]["SMMU_CMD_TLBI_NH_ASID"]
+    have = rep["phases"]["mix"]["counts"]["tlbi_nh_asid"]
+    assert abs(have - want) <= 0.10 * want, f"replay {have}, QEMU {want}"
+    # Each domain's flushes as the capture's own kprobe labels give them (the same domain by its devices).
+    by_devs = lambda r: {tuple(devs): r["phases"]["mix"]["by_domain"][name]["tlbi_nh_asid"]
+                         for name, devs in r["domains"]["devices"].items()}
+    labelled, tied = by_devs(full), by_devs(rep)
+    assert labelled.keys() == tied.keys() and all(abs(tied[d] - n) <= max(0.10 * n, 2) for d, n in labelled.items()), (
+        labelled, tied)
+    text = format_replay(rep)
+    assert "(0 firings" not in text and f"{rt['firings']} firings" in text
+
+
+def test_firings_that_name_no_domain_leave_each_domain_its_own_timer_and_say_so(tmp_path):
+    # Device names, and a timer whose firings do not say whose (no fq_domain): each domain keeps the model's
+    # timer, and the text says so instead of "as the trace recorded it (0 firings)".
+    cap = DATA.parent / "testbed-devices" / "k6.12-vtd-lazy-smp1-mix"
+    lines = lzma.open(cap / "trace.txt.xz", "rt").read().splitlines(True)
+    trace = tmp_path / "devices-only.txt"
+    trace.write_text("".join(line for line in lines if " tb_map: " not in line and " tb_unmap: " not in line))
+    rep = iommulab.replay(trace, kernel="6.12", cmdline="iommu.strict=0")
+    rt = rep["recorded_timer"]
+    assert rt["firings"] == 0 and rt["ignored"] == 72 and rt["own_timer_domains"] == 2, rt
+    text = format_replay(rep)
+    assert "as the trace recorded it" not in text and "its own timer" in text and "72 firings" in text, text

@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("replay", help="replay a real kernel's DMA trace and count what reached the IOMMU per phase",
                         description="Replay ftrace text with iommu:map / iommu:unmap events (as "
-                        "/sys/kernel/tracing/trace prints them; .xz/.gz/.bz2 or - for stdin) through the DMA layer "
+                        "/sys/kernel/tracing/trace, trace-cmd report or perf script print them; .xz/.gz/.bz2 or - "
+                        "for stdin) through the DMA layer "
                         "and an IOMMU model, and count per phase (TB_BEGIN/TB_END trace markers) the invalidations, "
                         "wait descriptors and requests that reached the IOMMU.")
     rp.add_argument("trace", metavar="TRACE", help="ftrace text file, or - for standard input")

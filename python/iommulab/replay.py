@@ -52,7 +52,9 @@ def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool =
            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Replay TRACE through the DMA layer and the IOMMU model (`progress(bytes_read, file_size)` after each
     chunk of the file); returns
-    ``{"iommu", "kernel", "policy", "policy_reason", "hz", "lines", "phases": {NAME: {"counts": {...}}}}``.
+    ``{"iommu", "kernel", "policy", "policy_reason", "hz", "lines", "anomalies", "iova_locality",
+    "domains": {..., "devices": {DOMAIN: [DEVICE, ...]}}, "phases": {NAME: {"counts": {...},
+    "by_domain": {DOMAIN: {...}}}}, "warnings": [...]}`` (docs/replay.md).
     In lazy mode the scheduler tick's phase on the trace clock is inferred per phase unless given.
     ``ats`` gives every traced device ATS; ``ats_phases`` only the devices whose traffic fills those phases."""
     if not isinstance(trace, (str, os.PathLike)):
@@ -127,38 +129,23 @@ def _read_ahead(f: IO[bytes], raw: IO[bytes] | None, name: str):
 
 
 def format_replay(res: dict[str, Any]) -> str:
-    """The per-phase table the CLI prints."""
+    """The per-phase table the CLI prints, under the replay's warnings."""
     keys = next((list(d["counts"]) for d in res["phases"].values()), COUNT_KEYS)
     cols = [("phase", 10)] + [(k, max(len(k), 8)) for k in keys]
-    kernel = res["kernel"]
-    if newer_than_modelled(kernel):
-        kernel += f" (replayed with {_core.KERNEL_NEWEST}'s rules)"
-    lines = [f"iommu {res['iommu']} · kernel {kernel} · HZ {res['hz']} · policy {res['policy']} "
+    lines = [f"iommu {res['iommu']} · kernel {res['kernel']} · HZ {res['hz']} · policy {res['policy']} "
              f"({res['policy_reason']})",
              f"lines {res['lines']['total']} · events {res['lines']['events']} · unreadable {res['lines']['bad']}"]
     lines += [f"  unreadable line {e}" for e in res["lines"]["bad_examples"]]
-    an = res.get("anomalies", {})
-    names = {"unaligned": "IOVAs not 4 KiB aligned", "time_backwards": "events stamped before the one before",
-             "unmatched_markers": "TB_END of a phase not begun",
-             "untraced_unmapped_pages": "pages unmapped that the trace never mapped (mapped before tracing, or map "
-                                        "events lost)",
-             "maps_over_live": "maps on IOVA still mapped (a domain never hands out a live IOVA: several domains, "
-                               "or unmap events lost)"}
-    odd = [f"{an[k]} {v}" for k, v in names.items() if an.get(k)]
-    if odd:
-        lines.append("anomalies (replayed as they are): " + " · ".join(odd))
     dom = res.get("domains", {})
+    rt = res.get("recorded_timer") or {}
     if dom.get("labelled_events"):
         lines.append(f"domains: {dom['count']} named by the trace's labels ({dom['labelled_events']} events placed by "
                      f"a label, {dom['inferred_events']} by inference)")
-    elif an.get("maps_over_live") and res["policy"] == "lazy":
-        several = ("domains: the trace names none and is replayed as one, but it maps IOVA still mapped: it has "
-                   "several, each with its own flush queue and timer. ")
-        if (res.get("recorded_timer") or {}).get("firings"):
-            lines.append(several + "Every recorded firing of their timers flushes that one queue.")
-        else:
-            lines.append(several + "Where their devices were busy at the same time, the flush counts below are too "
-                         "few; `iommulab capture` records the domains (kprobes, or the DMA API's events).")
+    elif res.get("anomalies", {}).get("maps_over_live") and res["policy"] == "lazy" and rt.get("firings"):
+        lines.append("domains: the trace names none and is replayed as one, but it maps IOVA still mapped: it has "
+                     "several, each with its own flush queue and timer. Every recorded firing of their timers "
+                     "flushes that one queue.")
+    lines += [f"warning: {w}" for w in res.get("warnings", [])]
     lines.append("")
     lines.append(" ".join(f"{n:>{w}}" if i else f"{n:<{w}}" for i, (n, w) in enumerate(cols)))
     fits = []
@@ -167,22 +154,7 @@ def format_replay(res: dict[str, Any]) -> str:
         lines.append(" ".join([f"{ph:<10}"] + [f"{c[k]:>{w}}" for k, w in cols[1:]]))
         if "tick_fit" in d:
             fits.append(f"{ph} {d['tick_fit']['tick_phase_us']:g} µs ({d['tick_fit']['early_reuses']} early reuses)")
-    rt = res.get("recorded_timer")
-    if rt:
-        lines.append("")
-        if rt.get("by_domain"):
-            lines.append(f"lazy flush timer: as the trace recorded it ({rt['firings']} firings of fq_flush_timeout, "
-                         "each flushing the domain its flush named)"
-                         + (f"; {rt['ignored']} passed over: their flush or its domain is not in the trace"
-                            if rt["ignored"] else ""))
-        else:
-            lines.append(f"lazy flush timer: as the trace recorded it ({rt['firings']} firings of fq_flush_timeout)"
-                         + (f"; {rt['ignored']} passed over: the trace has several domains and does not say whose "
-                            "timer fired" if rt["ignored"] else ""))
-    elif fits:
-        lines.append("")
-        lines.append("lazy flush timer: tick phase inferred per phase from when queued IOVAs are mapped again: "
-                     + ", ".join(fits))
+    lines += _timer_lines(rt, fits)
     lines.append("")
     lines.append("map_syncs: iotlb_sync_map calls (one per map_sg) · " + {
         "smmuv3": "tlbi_nh_va / tlbi_nh_asid: TLBI by address / by ASID (VMID at stage 2) · cmd_sync: CMD_SYNCs · "
@@ -191,3 +163,21 @@ def format_replay(res: dict[str, Any]) -> str:
     }.get(res["iommu"], "iotlb_psi/dsi/global: IOTLB invalidations · wait: wait descriptors · devtlb: device-TLB "
                         "invalidations"))
     return "\n".join(lines) + "\n"
+
+
+def _timer_lines(rt: dict[str, Any], fits: list[str]) -> list[str]:
+    """Where the lazy flush timer came from: the trace's record of it (`rt`), the model's own with the tick
+    phase inferred per phase (`fits`), or both, domain by domain."""
+    out = []
+    if rt.get("firings"):
+        how = ("each flushing the domain its pointer was tied to: the device whose unmaps armed that timer" if rt.get("tied")
+               else "each flushing the domain its flush named" if rt.get("by_domain") else "")
+        out.append(f"lazy flush timer: as the trace recorded it ({rt['firings']} firings of fq_flush_timeout"
+                   + (f", {how})" if how else ")"))
+    elif rt:
+        out.append("lazy flush timer: each domain its own timer (the model's): the trace recorded "
+                   f"{rt['ignored']} firings of fq_flush_timeout and none could be given its domain")
+    if fits and (not rt.get("firings") or rt.get("own_timer_domains")):
+        out.append("lazy flush timer: tick phase inferred per phase from when queued IOVAs are mapped again: "
+                   + ", ".join(fits))
+    return [""] + out if out else []

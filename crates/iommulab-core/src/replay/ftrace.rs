@@ -7,7 +7,10 @@
 //! ```
 //!
 //! The prefix is `TASK-PID [CPU] FLAGS TIMESTAMP:` (task names may hold spaces and dashes; the tgid column
-//! `(  123)` and the flags column are optional, as trace_options allow). Event bodies follow
+//! `(  123)` and the flags column are optional, as trace_options allow). `trace-cmd report` prints the same
+//! layout (the event's name may be padded); `perf script` prints tracepoints as `TASK TID [CPU] TIMESTAMP: SYSTEM:EVENT:
+//! BODY` (tools/perf/builtin-script.c, default fields comm, tid, cpu, time, event, trace), read here too, off the
+//! byte-level path the kernel's own layout takes. Event bodies follow
 //! include/trace/events/iommu.h (`map`: iova range, paddr, size; `unmap`: iova range, size, unmapped_size;
 //! kernels before 5.x printed `iova=… paddr=… size=…` without the range end, which is accepted too). One line
 //! at a time; a line that cannot be read is returned as [`Record::Bad`], never an error.
@@ -307,10 +310,7 @@ fn parse_general(s: &str, line: u64) -> Record {
     }
     let Some((head, rest)) = split_head(t, line) else {
         // Not an event line we can read; it may still be one of ours, cut short.
-        return if s.contains(" map: IOMMU")
-            || s.contains(" unmap: IOMMU")
-            || s.contains("tracing_mark_write")
-        {
+        return if s.contains("map: IOMMU") || s.contains("tracing_mark_write") {
             Record::Bad {
                 line,
                 why: "an iommu or marker event without a readable TASK-PID [CPU] TIMESTAMP: prefix",
@@ -387,8 +387,7 @@ fn split_head(t: &str, line: u64) -> Option<(EventHead, &str)> {
         Some(p) if taskpid.ends_with(')') => taskpid[..p].trim_end(),
         _ => taskpid,
     };
-    let dash = memrchr(b'-', taskpid.as_bytes())?;
-    let pid: u32 = taskpid[dash + 1..].parse().ok()?;
+    let pid = task_pid(taskpid)?;
     let after = &t[close + 1..];
     // FLAGS (optional) then TIMESTAMP followed by ':'.
     let colon = find2(after.as_bytes(), b": ")?;
@@ -407,6 +406,17 @@ fn split_head(t: &str, line: u64) -> Option<(EventHead, &str)> {
         },
         &after[colon + 2..],
     ))
+}
+
+/// The thread id at the end of the task column: ftrace's `COMM-PID`, or `perf script`'s `COMM TID` and `COMM
+/// PID/TID` (tools/perf/builtin-script.c perf_sample__fprintf_start(): `%16s ` then `%5d ` or `%5d/%-5d `).
+fn task_pid(taskpid: &str) -> Option<u32> {
+    let ftrace = memrchr(b'-', taskpid.as_bytes()).and_then(|d| taskpid[d + 1..].parse().ok());
+    ftrace.or_else(|| {
+        let (comm, id) = taskpid.rsplit_once([' ', '\t'])?;
+        let tid = id.rsplit('/').next()?;
+        (!comm.trim().is_empty()).then(|| tid.parse().ok())?
+    })
 }
 
 /// The context an event ran in, from its flags column (third character), if it has one.
@@ -852,6 +862,53 @@ mod tests {
             3,
         );
         assert!(matches!(m, Record::Marker { ref text, .. } if text == "TB_BEGIN idle"));
+    }
+
+    #[test]
+    fn perf_scripts_and_trace_cmds_layouts_read_as_the_kernels() {
+        // Issue 15: `perf script` of iommu:map / iommu:unmap (comm, tid, cpu, time, event, trace; the event
+        // names padded to the longest) was refused as holding no events. Its task column has no dash; with
+        // `-F +pid` it prints PID/TID.
+        let perf = [
+            "            wget   196 [000]     3.579441:   iommu:map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096",
+            " kworker/0:1-ev   196 [000]     3.579441:   iommu:map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096",
+            "            wget   190/196   [000]     3.579441: iommu:map: IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096",
+        ];
+        let kernel = parse_line(MAP.replace("kworker/0:1-10", "wget-196").as_str(), 1);
+        for l in perf {
+            // The byte-level path leaves it to the general reader, which reads what the kernel's layout says
+            // (no flags column: task context).
+            assert_eq!(fast_event(l.as_bytes(), 1), None, "{l}");
+            let Record::Map {
+                ev,
+                iova,
+                paddr,
+                size,
+            } = parse_line(l, 1)
+            else {
+                panic!("{l}: {:?}", parse_line(l, 1))
+            };
+            let Record::Map { ev: want, .. } = &kernel else {
+                panic!()
+            };
+            assert_eq!(
+                (ev.pid, ev.cpu, ev.ts_ns),
+                (want.pid, want.cpu, want.ts_ns),
+                "{l}"
+            );
+            assert_eq!((iova, paddr, size), (0xffebc000, 0x2f1d000, 4096));
+        }
+        let unmap = "          <idle>     0 [000]    14.017936: iommu:unmap: IOMMU: iova=0x00000000ffec0000 - 0x00000000ffee0000 size=131072 unmapped_size=131072";
+        assert!(matches!(
+            parse_line(unmap, 2),
+            Record::Unmap { size: 131072, .. }
+        ));
+        // trace-cmd report: the kernel's layout, the event's name padded.
+        let tc = "            wget-196   [000]     3.579441: map:                  IOMMU: iova=0x00000000ffebc000 - 0x00000000ffebd000 paddr=0x0000000002f1d000 size=4096";
+        assert!(matches!(parse_line(tc, 3), Record::Map { size: 4096, .. }));
+        // A task column with neither shape: an iommu event whose prefix cannot be read.
+        let bare = "            wget [000]     3.579441:   iommu:map: IOMMU: iova=0x1000 paddr=0x2000 size=4096";
+        assert!(matches!(parse_line(bare, 4), Record::Bad { line: 4, .. }));
     }
 
     #[test]

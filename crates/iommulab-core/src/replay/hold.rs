@@ -72,6 +72,16 @@ fn meets(a: (u64, u64), b: Option<(u64, u64)>) -> bool {
 }
 
 impl Holdback {
+    /// Each IOMMU group the capture noted (by the name its events are given) → its devices, sorted.
+    pub(super) fn groups(&self) -> HashMap<String, Vec<String>> {
+        let mut g: HashMap<String, Vec<String>> = HashMap::new();
+        for (dev, group) in &self.group_of {
+            g.entry(group.clone()).or_default().push(dev.clone());
+        }
+        g.values_mut().for_each(|d| d.sort());
+        g
+    }
+
     /// Whether records may skip the hold-back: the trace's first `HOLD_PROBE` records had no DMA API event
     /// and none is still held.
     pub(super) fn bypass(&self) -> bool {

@@ -22,33 +22,43 @@
 //!   its effect: a lazily unmapped IOVA is handed out again only after a flush. So a lazy replay runs
 //!   [`TICK_CANDIDATES`] tick phases side by side and, per phase of the trace, reports the one whose flushes
 //!   leave the fewest IOVAs mapped again while the model still holds them queued ("early reuses").
-//! - Devices: the trace does not say which device an event belongs to; all events go to one DMA domain (the
-//!   IOVA collisions between devices' domains are only used to keep their map groups apart).
+//! - Devices: the trace's `iommu:map` / `iommu:unmap` events do not say which device they belong to; kprobe
+//!   labels and the DMA API's events do (route.rs, hold.rs). Without them all events go to one DMA domain
+//!   (the IOVA collisions between devices' domains are only used to keep their map groups apart).
+//! - Whose timer fired: a recorded firing names its domain by pointer; in a trace that names its domains by
+//!   device only, the pointer is tied to the domain whose unmaps armed its timer (tie.rs).
 
 pub mod ftrace;
 mod group;
 mod hold;
+mod result;
 mod route;
+mod tie;
+mod warnings;
 
 use crate::dma::flush_queue::{FlushQueue, FqOptions};
 use crate::dma::locality::ReuseDistance;
 use crate::dma::strict::Strict;
 use crate::dma::{default_domain, DmaCore, DmaLayer, DmaPolicy};
-use crate::hw::{self, InvKind, IommuCounters, PAGE_SHIFT};
+use crate::hw::{self, PAGE_SHIFT};
 use crate::input::InputError;
 use crate::metrics::IovaLocality;
 use crate::scenario::{load, Arch, PolicyName, Source, Vendor};
 use crate::sim::{PerCpu, Time};
-use ftrace::Record;
+use ftrace::{EventHead, Record};
 use group::{marked, meeting, Grouper, Marked, Op, PhaseName};
 use hold::{Held, Holdback};
+use result::{pick_tick_phases, Totals};
+pub use result::{
+    Anomalies, Counts, Domains, Lines, Named, Phase, Phases, RecordedTimer, ReplayResult, TickFit,
+};
 use route::Router;
-use serde::ser::SerializeMap;
-use serde::Serialize;
 use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::sync::Arc;
+use tie::{Ties, Waiting};
+use warnings::{warnings, PassedOver};
 
 /// What the replayed host was.
 #[derive(Debug, Clone)]
@@ -87,242 +97,8 @@ impl Default for ReplayOptions {
     }
 }
 
-/// What reached the IOMMU in one phase, serialised in the vendor's own names: VT-d's descriptors
-/// (`iotlb_psi`, `iotlb_dsi`, `iotlb_global`, `wait`, `devtlb`), SMMUv3's commands (`tlbi_nh_va` — by
-/// address, stage 1 or 2 —, `tlbi_nh_asid` — by ASID or VMID —, `cmd_sync`, `atc_inv`, and `doorbells`, the
-/// CMDQ_PROD writes), virtio-iommu's requests (`virtio_map`, `virtio_unmap`). Internally the VT-d names hold
-/// every vendor's equivalents.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Counts {
-    pub vendor: Option<Vendor>,
-    pub map_events: u64,
-    pub unmap_events: u64,
-    /// `iotlb_sync_map` calls (map groups).
-    pub map_syncs: u64,
-    pub iotlb_psi: u64,
-    pub iotlb_dsi: u64,
-    pub iotlb_global: u64,
-    pub wait: u64,
-    pub devtlb: u64,
-    pub virtio_map: u64,
-    pub virtio_unmap: u64,
-    /// Submissions the IOMMU was told of: SMMUv3's doorbells (issues whose owner rang CMDQ_PROD).
-    pub doorbells: u64,
-}
-
-impl Serialize for Counts {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("map_events", &self.map_events)?;
-        m.serialize_entry("unmap_events", &self.unmap_events)?;
-        m.serialize_entry("map_syncs", &self.map_syncs)?;
-        match self.vendor {
-            Some(Vendor::Smmuv3) => {
-                m.serialize_entry("tlbi_nh_va", &self.iotlb_psi)?;
-                m.serialize_entry("tlbi_nh_asid", &self.iotlb_dsi)?;
-                m.serialize_entry("cmd_sync", &self.wait)?;
-                m.serialize_entry("atc_inv", &self.devtlb)?;
-                m.serialize_entry("doorbells", &self.doorbells)?;
-            }
-            Some(Vendor::Virtio) => {
-                m.serialize_entry("virtio_map", &self.virtio_map)?;
-                m.serialize_entry("virtio_unmap", &self.virtio_unmap)?;
-            }
-            _ => {
-                m.serialize_entry("iotlb_psi", &self.iotlb_psi)?;
-                m.serialize_entry("iotlb_dsi", &self.iotlb_dsi)?;
-                m.serialize_entry("iotlb_global", &self.iotlb_global)?;
-                m.serialize_entry("wait", &self.wait)?;
-                m.serialize_entry("devtlb", &self.devtlb)?;
-            }
-        }
-        m.end()
-    }
-}
-
-/// Running totals the per-phase counts are differences of.
-#[derive(Debug, Clone, Default)]
-struct Totals {
-    vendor: Option<Vendor>,
-    early_reuses: u64,
-    map_events: u64,
-    unmap_events: u64,
-    map_syncs: u64,
-    iommu: IommuCounters,
-}
-
-impl Totals {
-    fn counts_since(&self, a: &Totals) -> Counts {
-        let inv = |ks: &[InvKind]| -> u64 {
-            ks.iter().map(|&k| self.iommu.get(k) - a.iommu.get(k)).sum()
-        };
-        Counts {
-            vendor: self.vendor,
-            doorbells: (self.iommu.submissions - a.iommu.submissions)
-                - (self.iommu.cmdq_gathered - a.iommu.cmdq_gathered),
-            map_events: self.map_events - a.map_events,
-            unmap_events: self.unmap_events - a.unmap_events,
-            map_syncs: self.map_syncs - a.map_syncs,
-            iotlb_psi: inv(&[InvKind::Psi, InvKind::TlbiNhVa, InvKind::TlbiS2Ipa]),
-            iotlb_dsi: inv(&[InvKind::Dsi, InvKind::TlbiNhAsid, InvKind::TlbiS12Vmall]),
-            iotlb_global: inv(&[InvKind::Global]),
-            // virtio-iommu has no wait descriptor: its syncs are kicks, not IOMMU requests.
-            wait: if self.vendor == Some(Vendor::Virtio) {
-                0
-            } else {
-                self.iommu.syncs - a.iommu.syncs
-            },
-            devtlb: inv(&[InvKind::DevTlb, InvKind::AtcInv]),
-            virtio_map: inv(&[InvKind::VirtioMap]),
-            virtio_unmap: inv(&[InvKind::VirtioUnmap]),
-        }
-    }
-}
-
-impl std::ops::AddAssign<&Counts> for Counts {
-    fn add_assign(&mut self, o: &Counts) {
-        self.map_events += o.map_events;
-        self.unmap_events += o.unmap_events;
-        self.map_syncs += o.map_syncs;
-        self.iotlb_psi += o.iotlb_psi;
-        self.iotlb_dsi += o.iotlb_dsi;
-        self.iotlb_global += o.iotlb_global;
-        self.wait += o.wait;
-        self.devtlb += o.devtlb;
-        self.virtio_map += o.virtio_map;
-        self.virtio_unmap += o.virtio_unmap;
-        self.doorbells += o.doorbells;
-        self.vendor = self.vendor.or(o.vendor);
-    }
-}
-
-/// One phase's result.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Phase {
-    pub counts: Counts,
-    /// Lazy mode: the tick phase chosen for this phase of the trace and what it left unexplained.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tick_fit: Option<TickFit>,
-    /// IOVAs the trace maps again while the model still holds them in a flush queue.
-    #[serde(skip)]
-    early_reuses: u64,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct TickFit {
-    /// The tick's offset on the trace clock, µs into each jiffy.
-    pub tick_phase_us: f64,
-    pub early_reuses: u64,
-}
-
 /// Tick phases tried across one jiffy in a lazy replay.
 pub const TICK_CANDIDATES: u64 = 16;
-
-/// Phases in the order they first appeared, serialised as a JSON object.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Phases(pub Vec<(String, Phase)>);
-
-impl Phases {
-    pub fn get(&self, name: &str) -> Option<&Phase> {
-        self.0.iter().find(|(n, _)| n == name).map(|(_, p)| p)
-    }
-    /// Add another domain's phases, phase by phase.
-    fn add(&mut self, o: &Phases) {
-        for (name, p) in &o.0 {
-            let e = self.entry(name);
-            e.counts += &p.counts;
-            e.early_reuses += p.early_reuses;
-        }
-    }
-
-    fn entry(&mut self, name: &str) -> &mut Phase {
-        let i = match self.0.iter().position(|(n, _)| n == name) {
-            Some(i) => i,
-            None => {
-                self.0.push((name.to_string(), Phase::default()));
-                self.0.len() - 1
-            }
-        };
-        &mut self.0[i].1
-    }
-}
-
-impl Serialize for Phases {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let mut m = s.serialize_map(Some(self.0.len()))?;
-        for (k, v) in &self.0 {
-            m.serialize_entry(k, v)?;
-        }
-        m.end()
-    }
-}
-
-/// Lines the reader saw.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Lines {
-    pub total: u64,
-    pub events: u64,
-    pub bad: u64,
-    /// The first few bad lines: "LINE: why".
-    pub bad_examples: Vec<String>,
-}
-
-/// Oddities of a trace that a real host can produce (lost events, merged buffers), replayed as they are and
-/// counted.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Anomalies {
-    /// Map or unmap events whose IOVA is not 4 KiB aligned (iommu_map and iommu_unmap refuse those).
-    pub unaligned: u64,
-    /// Events stamped earlier than the event before them.
-    pub time_backwards: u64,
-    /// TB_END markers of a phase not begun.
-    pub unmatched_markers: u64,
-    /// Unmapped pages the trace never mapped: mapped before tracing began, or map events lost (replayed as
-    /// mapped then).
-    pub untraced_unmapped_pages: u64,
-    /// Map events on IOVA their domain still had mapped. A domain's allocator never hands out a live IOVA
-    /// (and iommu_map() refuses to map over one), so the trace has domains the replay merged (no labels), or
-    /// lost unmap events.
-    pub maps_over_live: u64,
-}
-
-/// The flush queue's timer as the trace recorded it (kprobe lines on `fq_flush_timeout`): how many firings
-/// drove the model's timer, and how many were passed over (a trace of several domains that does not say whose
-/// timer fired; a firing whose flush the trace lost); `by_domain`: each firing named its domain (the cookie's
-/// `fq_domain`, or the driver's `flush_iotlb_all` that followed it), one the labels know.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct RecordedTimer {
-    pub firings: u64,
-    pub ignored: u64,
-    pub by_domain: bool,
-}
-
-/// The DMA domains the trace showed: how many, and how many events a label placed and how many were inferred.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Domains {
-    pub count: u64,
-    pub labelled_events: u64,
-    pub inferred_events: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ReplayResult {
-    pub iommu: String,
-    pub kernel: String,
-    pub policy: String,
-    pub policy_reason: String,
-    pub hz: u32,
-    pub lines: Lines,
-    pub anomalies: Anomalies,
-    /// Walk-cache locality of the traced kernel's IOVA allocations, over the whole trace.
-    pub iova_locality: IovaLocality,
-    pub domains: Domains,
-    /// Present when the trace recorded the flush queue's timer (lazy replays): the model's timer stood down.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub recorded_timer: Option<RecordedTimer>,
-    pub phases: Phases,
-}
 
 /// The phase events outside every marker pair belong to.
 pub const OUTSIDE: &str = "_outside";
@@ -347,8 +123,10 @@ struct Replayer {
     queued_flushes: u64,
     /// Armed flush-queue timers: (expiry, sequence) → CPU.
     timers: BTreeMap<(Time, u64), usize>,
-    /// The trace records when the flush queue's timer fired: the model's own timer stands down.
+    /// The trace records when this domain's flush queue timer fires: the model's own timer stands down.
     recorded: bool,
+    /// It does for every domain, those yet to appear too.
+    recorded_all: bool,
     seq: u64,
     /// Phases whose device uses ATS (empty: all).
     ats_phases: Vec<String>,
@@ -655,6 +433,16 @@ pub struct ReplaySession {
     timer_drives: Option<bool>,
     /// The capture noted that each firing is followed by its flush naming the domain.
     timer_domains: bool,
+    /// Recorded firings drive every domain's timer (not one domain's at a time, as they are tied to it).
+    timer_global: bool,
+    /// Firings' domain pointers tied to the domains a trace names by device only.
+    ties: Ties,
+    /// Firings waiting for their pointer to be tied, and the batches held back with them.
+    waiting: Waiting,
+    /// A recorded firing named its domain by pointer.
+    timer_named_seen: bool,
+    /// The newest kernel modelled, when the traced one is newer (replayed with that one's rules).
+    newer_than: Option<(u32, u32)>,
     /// Per CPU, whether a recorded firing waits for the flush that names its domain.
     firing: PerCpu<bool>,
     /// Per CPU, whether the next unmap is an IOVA-API unlink (a `dma_iova_unlink()` kprobe line came first).
@@ -677,10 +465,16 @@ enum Step {
     Do { dom: usize, op: Op },
     /// A marker line, to every domain.
     Marker(String),
-    /// The trace records the flush queue's timer: the model's own timer stands down, in every domain.
+    /// The trace records the flush queue's timer: the model's own timer stands down, in every domain (in one
+    /// domain, its first recorded firing stands it down).
     TimerRecorded,
-    /// The flush queue's timer of domain `dom` fired, as the trace recorded it.
-    Timer { ts: Time, cpu: u32, dom: usize },
+    /// The flush queue's timer of domain `dom` fired, as the trace recorded it (None: a firing passed over, its
+    /// domain never known).
+    Timer {
+        ts: Time,
+        cpu: u32,
+        dom: Option<usize>,
+    },
 }
 
 /// Steps read and grouped, for the model.
@@ -814,7 +608,8 @@ fn replay_events(make: &Maker, phase: u64, doms: &mut Vec<Replayer>, batch: &[St
                 while doms.len() < known {
                     let mut r = make.replayer(phase);
                     r.phase = doms[0].phase.clone();
-                    r.recorded = doms[0].recorded;
+                    r.recorded = doms[0].recorded_all;
+                    r.recorded_all = doms[0].recorded_all;
                     doms.push(r);
                 }
                 for r in doms.iter_mut() {
@@ -827,8 +622,15 @@ fn replay_events(make: &Maker, phase: u64, doms: &mut Vec<Replayer>, batch: &[St
             }
             Step::Do { dom, op } => doms[*dom].apply(op),
             Step::Marker(text) => doms.iter_mut().for_each(|r| r.marker(text)),
-            Step::TimerRecorded => doms.iter_mut().for_each(Replayer::timer_recorded),
-            &Step::Timer { ts, cpu, dom } => doms[dom].recorded_timer(ts, cpu),
+            Step::TimerRecorded => doms.iter_mut().for_each(|r| {
+                r.recorded_all = true;
+                r.timer_recorded();
+            }),
+            &Step::Timer { ts, cpu, dom } => {
+                if let Some(d) = dom {
+                    doms[d].recorded_timer(ts, cpu)
+                }
+            }
         }
     }
 }
@@ -869,6 +671,7 @@ impl Maker {
             queued_flushes: 0,
             timers: BTreeMap::new(),
             recorded: false,
+            recorded_all: false,
             seq: 0,
             ats_phases: self.ats_phases.clone(),
             untraced_pages: 0,
@@ -985,6 +788,13 @@ impl ReplaySession {
             recorded_timer: None,
             timer_drives: None,
             timer_domains: false,
+            timer_global: false,
+            ties: Ties::new(opts.hz),
+            waiting: Waiting::default(),
+            timer_named_seen: false,
+            newer_than: crate::scenario::parse_kernel(&opts.kernel)
+                .is_err()
+                .then_some(crate::scenario::KERNEL_NEWEST),
             firing: PerCpu::default(),
             unlinking: PerCpu::default(),
         })
@@ -1086,36 +896,11 @@ impl ReplaySession {
                 self.router.hints.insert(ev.cpu, (*map, *dom, *iova));
                 return;
             }
-            Record::Timer { ev, dom } => {
-                if self.policy != PolicyName::Lazy {
-                    return;
-                }
-                self.timer_record();
-                if self.timer_domains {
-                    // Its flush, next on this CPU, names the domain.
-                    if !std::mem::replace(self.firing.get_mut(ev.cpu as usize), true) {
-                        return;
-                    }
-                    // The CPU's last firing saw no flush, and fq_flush_timeout() always flushes: the probe
-                    // is on a driver not in use (a capture that probed one driver only). The firings
-                    // waiting are lost; from now on each names its domain by its fq_domain.
-                    self.timer_domains = false;
-                    self.drop_waiting_firings();
-                }
-                if let Some(ptr) = *dom {
-                    let d = self.timer_domain(ptr);
-                    self.timer_fired(ev.ts_ns, ev.cpu, true, d);
-                } else {
-                    let d = (self.router.domains() == 1).then_some(0);
-                    self.timer_fired(ev.ts_ns, ev.cpu, false, d);
-                }
-                return;
-            }
+            Record::Timer { ev, dom } => return self.timer_line(ev, *dom),
             Record::FlushAll { ev, dom } => {
                 // The flush of a recorded firing on this CPU (any other is a full ring's, replayed already).
                 if self.timer_domains && std::mem::take(self.firing.get_mut(ev.cpu as usize)) {
-                    let d = self.timer_domain(*dom);
-                    self.timer_fired(ev.ts_ns, ev.cpu, true, d);
+                    self.timer_named(ev.ts_ns, ev.cpu, *dom);
                 }
                 return;
             }
@@ -1160,6 +945,11 @@ impl ReplaySession {
             ),
             _ => None,
         };
+        if let (Some(d), Record::Unmap { ev, .. }) = (dom, &rec) {
+            if self.router.by_device_only() {
+                self.ties.unmapped(d, ev.ts_ns);
+            }
+        }
         let known = self.router.domains();
         while self.groups.len() < known {
             let g = self.groups[0].another_domain();
@@ -1197,17 +987,69 @@ impl ReplaySession {
             _ => {}
         }
         if self.batch.len() >= REPLAY_BATCH {
-            self.replay_batch();
+            self.replay_batch(false);
         }
     }
 
-    /// The domain a recorded firing's pointer names: the labelled domain of that pointer, or the one domain of
-    /// a trace without labels.
-    fn timer_domain(&self, ptr: u64) -> Option<usize> {
-        if self.router.labels_seen() {
+    /// A kprobe line of fq_flush_timeout(): the flush queue's timer fired on its CPU, naming its domain's
+    /// pointer where the capture read it.
+    fn timer_line(&mut self, ev: &EventHead, dom: Option<u64>) {
+        if self.policy != PolicyName::Lazy {
+            return;
+        }
+        self.timer_record();
+        if self.timer_domains {
+            // Its flush, next on this CPU, names the domain.
+            if !std::mem::replace(self.firing.get_mut(ev.cpu as usize), true) {
+                return;
+            }
+            // The CPU's last firing saw no flush, and fq_flush_timeout() always flushes: the probe is on a
+            // driver not in use (a capture that probed one driver only). The firings waiting are lost; from
+            // now on each names its domain by its fq_domain.
+            self.timer_domains = false;
+            self.drop_waiting_firings();
+        }
+        if let Some(ptr) = dom {
+            self.timer_named(ev.ts_ns, ev.cpu, ptr);
+        } else {
+            let d = (self.router.domains() == 1).then_some(0);
+            self.timer_fired(ev.ts_ns, ev.cpu, false, d);
+        }
+    }
+
+    /// A recorded firing at `ts` that names its domain by pointer: the domain of that pointer's kprobe labels,
+    /// the device-named domain the pointer is tied to (a trace that names devices only), or the one domain of a
+    /// trace without labels.
+    fn timer_named(&mut self, ts: Time, cpu: u32, ptr: u64) {
+        self.timer_named_seen = true;
+        if self.router.by_device_only() {
+            return self.tied_firing(ts, cpu, ptr);
+        }
+        let d = if self.router.labels_seen() {
             self.router.ptr_domain(ptr)
         } else {
             Some(0)
+        };
+        self.timer_fired(ts, cpu, true, d);
+    }
+
+    /// A recorded firing naming pointer `ptr` in a trace that names its domains by device only: replayed on the
+    /// domain the pointer is tied to, or waiting, with the steps after it, until the pointer is tied. A domain's
+    /// own timer stands down at its first firing; the others keep theirs.
+    fn tied_firing(&mut self, ts: Time, cpu: u32, ptr: u64) {
+        let dom = self.ties.fired(ptr, ts);
+        self.timer_drives = Some(true);
+        self.timer_record().by_domain = true;
+        let known = self.router.domains();
+        self.batch.push(Step::At { ts, known });
+        self.batch.push(Step::Timer { ts, cpu, dom });
+        match dom {
+            Some(_) => self.timer_record().firings += 1,
+            None => self.waiting.wait(&self.batch, ptr),
+        }
+        for (p, d) in self.ties.take_tied() {
+            let n = self.waiting.tied(&mut self.batch, p, d);
+            self.timer_record().firings += n;
         }
     }
 
@@ -1227,7 +1069,11 @@ impl ReplaySession {
                 let known = self.router.domains();
                 self.timer_record().firings += 1;
                 self.batch.push(Step::At { ts, known });
-                self.batch.push(Step::Timer { ts, cpu, dom });
+                self.batch.push(Step::Timer {
+                    ts,
+                    cpu,
+                    dom: Some(dom),
+                });
             }
             _ => self.timer_ignored(),
         }
@@ -1268,7 +1114,11 @@ impl ReplaySession {
         let d = named || !labels;
         self.timer_drives = Some(d);
         if d {
-            self.batch.push(Step::TimerRecorded);
+            // A domain named by device only stands its own timer down at its first tied firing.
+            if !self.router.by_device_only() {
+                self.timer_global = true;
+                self.batch.push(Step::TimerRecorded);
+            }
             if let Some(t) = self.recorded_timer.as_mut() {
                 t.by_domain = named && labels;
             }
@@ -1276,11 +1126,16 @@ impl ReplaySession {
         d
     }
 
-    /// Hand the events read so far to the model.
-    fn replay_batch(&mut self) {
+    /// Hand the events read so far to the model (but those behind a firing whose domain is not known yet,
+    /// unless this is the `end`).
+    fn replay_batch(&mut self, end: bool) {
         let batch = std::mem::replace(&mut self.batch, self.model.empty_batch());
-        if !batch.is_empty() {
-            self.model.send(batch);
+        let (ready, passed) = self.waiting.ready(batch, end);
+        if passed > 0 {
+            self.timer_record().ignored += passed;
+        }
+        for b in ready.into_iter().filter(|b| !b.is_empty()) {
+            self.model.send(b);
         }
     }
 
@@ -1340,13 +1195,13 @@ impl ReplaySession {
                 dom,
             });
         }
-        self.replay_batch();
+        self.replay_batch(true);
         let lines = self.lines;
         if lines.events == 0 {
             return Err(InputError::new(
                 &self.name,
                 format!(
-                    "no iommu:map, iommu:unmap or trace-marker events in {} lines ({} unreadable{}); expected ftrace text with the iommu events enabled",
+                    "no iommu:map, iommu:unmap or trace-marker events in {} lines ({} unreadable{}); expected them as tracefs's trace or trace_pipe, `trace-cmd report` or `perf script` print them",
                     lines.total,
                     lines.bad,
                     lines
@@ -1363,21 +1218,34 @@ impl ReplaySession {
         anomalies.untraced_unmapped_pages = rs[0].1.iter().map(|r| r.untraced_pages).sum();
         anomalies.maps_over_live = rs[0].1.iter().map(|r| r.maps_over_live).sum();
         anomalies.unmatched_markers = rs[0].1[0].unmatched_markers;
+        let names = self.router.names(&self.hold.groups());
         let domains = Domains {
             count: self.router.domains() as u64,
             labelled_events: self.router.labelled,
             inferred_events: self.router.inferred,
+            devices: Named(names.clone()),
         };
+        // Domains the recorded firings drove: all, or those their pointers were tied to.
+        let driven = if self.timer_global {
+            domains.count
+        } else {
+            self.ties.tied
+        };
+        let recorded_timer = self.recorded_timer.map(|t| RecordedTimer {
+            tied: self.ties.tied,
+            own_timer_domains: domains.count.saturating_sub(driven),
+            ..t
+        });
         let fit = rs.len() > 1;
         // Per tick phase tried: every domain's counts, added up phase by phase.
         let mut done: Vec<(u64, Phases)> = rs
             .into_iter()
             .map(|(phase, doms)| {
                 let mut sum = Phases::default();
-                for mut r in doms {
+                for (mut r, (name, _)) in doms.into_iter().zip(&names) {
                     r.fire_timers(Time::MAX);
                     r.commit();
-                    sum.add(&r.phases);
+                    sum.add(name, &r.phases);
                 }
                 (phase, sum)
             })
@@ -1390,9 +1258,8 @@ impl ReplaySession {
         // Every phase the trace began has an entry (the replay commits it at its end).
         if let Some(p) = ats_phases.iter().find(|p| phases.get(p).is_none()) {
             let names: Vec<&str> = phases
-                .0
                 .iter()
-                .map(|(n, _)| n.as_str())
+                .map(|(n, _)| n)
                 .filter(|n| *n != OUTSIDE)
                 .collect();
             let names = if names.is_empty() {
@@ -1407,7 +1274,14 @@ impl ReplaySession {
                 ),
             ));
         }
-        Ok(ReplayResult {
+        let passed_over = if self.ties.seen() {
+            PassedOver::Untied
+        } else if self.timer_named_seen {
+            PassedOver::Unnamed
+        } else {
+            PassedOver::NotSaid
+        };
+        let mut r = ReplayResult {
             iommu: self.iommu,
             kernel: self.kernel,
             policy: self.policy.as_str().to_string(),
@@ -1417,47 +1291,13 @@ impl ReplaySession {
             anomalies,
             iova_locality: IovaLocality::new(&self.locality.counts, self.walk_cache_entries),
             domains,
-            recorded_timer: self.recorded_timer,
+            recorded_timer,
             phases,
-        })
+            warnings: Vec::new(),
+        };
+        r.warnings = warnings(&r, self.newer_than, passed_over);
+        Ok(r)
     }
-}
-
-/// Per phase of the trace, the tick phase whose replay left the fewest early reuses (the middle of the
-/// best run of candidates when several tie), with that replay's counts.
-fn pick_tick_phases(done: &[(u64, Phases)]) -> Phases {
-    let names: Vec<String> = done[0].1 .0.iter().map(|(n, _)| n.clone()).collect();
-    let k = done.len();
-    let mut out = Phases::default();
-    for name in names {
-        let early: Vec<u64> = done
-            .iter()
-            .map(|(_, p)| p.get(&name).map_or(0, |x| x.early_reuses))
-            .collect();
-        let best = *early.iter().min().expect("candidates");
-        // The longest circular run of minima; its middle.
-        let (mut run_start, mut run_len) = (0, 0);
-        for s in 0..k {
-            if early[s] != best
-                || early[(s + k - 1) % k] == best && k > 1 && early.iter().any(|&e| e != best)
-            {
-                continue;
-            }
-            let len = (0..k).take_while(|&j| early[(s + j) % k] == best).count();
-            if len > run_len {
-                (run_start, run_len) = (s, len);
-            }
-        }
-        let i = (run_start + run_len.saturating_sub(1) / 2) % k;
-        let (phase, p) = &done[i];
-        let mut ph = p.get(&name).cloned().unwrap_or_default();
-        ph.tick_fit = Some(TickFit {
-            tick_phase_us: *phase as f64 / 1000.0,
-            early_reuses: best,
-        });
-        out.0.push((name, ph));
-    }
-    out
 }
 
 /// Replay a whole trace from a reader (fed as it is buffered, so a line is as bounded as in [`ReplaySession::feed`]).
@@ -1674,11 +1514,80 @@ mod tests {
         };
         let mut s = ReplaySession::new("t", &strict).unwrap();
         s.feed(t.as_bytes()).expect("short lines");
-        s.replay_batch();
+        s.replay_batch(true);
         for r in s.model.finish().iter().flat_map(|(_, doms)| doms) {
             // The last unmap's PSI: its range and, with IH=0, the domain's walk caches.
             let n = r.dma.core.iommu.translator().pending();
             assert!(n <= 2, "{n} pending");
+        }
+    }
+
+    #[test]
+    fn firings_naming_pointers_wait_until_the_pointer_is_tied_to_a_device() {
+        // Issue 12: two devices named by the DMA API's events only, each unmapping every ms; the disk stops
+        // at 300 ms. The firings name their domain's pointer (fq_domain), which nothing in the trace pairs with
+        // a device: the network's pointer is tied when it fires with the disk quiet, the disk's then by
+        // elimination. Every firing waited for its tie and flushed its own domain; the same on any number of
+        // threads.
+        let ms = |t: u64| 1_000_000 + t * 1000;
+        let mut t = String::new();
+        for i in 0..600u64 {
+            for (dev, base, until) in [
+                ("0000:00:02.0", 0xfff0_0000u64, 600),
+                ("0000:00:03.0", 0xffe0_0000, 300),
+            ] {
+                if i >= until {
+                    continue;
+                }
+                let iova = base - (i % 200) * 0x1000;
+                t += &map(ms(i), iova, 0x10_0000 + i * 0x1000, 4096);
+                t += &line(ms(i) + 1, &format!("dma_map_page: {dev} dir=FROM_DEVICE dma_addr={iova:x} size=4096 phys_addr=0 attrs="));
+                t += &unmap(ms(i) + 200, iova, 4096);
+                t += &line(
+                    ms(i) + 201,
+                    &format!(
+                        "dma_unmap_page: {dev} dir=FROM_DEVICE dma_addr={iova:x} size=4096 attrs="
+                    ),
+                );
+            }
+            for (ptr, at, until) in [("0xaaa0", 5, 600), ("0xbbb0", 15, 310)] {
+                if i % 20 == at && i < until {
+                    t += &line(
+                        ms(i) + 300,
+                        &format!("fq_flush_timeout: (fq_flush_timeout+0x0/0x160) fq_domain={ptr}"),
+                    );
+                }
+            }
+        }
+        let lazy = ReplayOptions {
+            mode: Some(PolicyName::Lazy),
+            jiffy_phase_ns: Some(0),
+            ..Default::default()
+        };
+        let json = |cores: usize, chunk: usize| {
+            let mut s = ReplaySession::on_cores("t", &lazy, cores).unwrap();
+            for c in t.as_bytes().chunks(chunk) {
+                s.feed(c);
+            }
+            s.finish().unwrap()
+        };
+        let r = json(1, 1 << 20);
+        let rt = r.recorded_timer.clone().unwrap();
+        assert_eq!(
+            (rt.firings, rt.ignored, rt.tied, rt.own_timer_domains),
+            (30 + 15, 0, 2, 0)
+        );
+        assert_eq!(
+            dsi_by_domain(&r, OUTSIDE),
+            [("0000:00:02.0", 30), ("0000:00:03.0", 15)]
+        );
+        let one = serde_json::to_string(&r).unwrap();
+        for (cores, chunk) in [(2, 97), (3, 4096)] {
+            assert_eq!(
+                serde_json::to_string(&json(cores, chunk)).unwrap(),
+                one,
+                "{cores} threads"
+            );
         }
     }
 
@@ -1764,6 +1673,8 @@ mod tests {
         let r = s.finish().unwrap();
         assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
+        // Each domain's own counts, under the pointer its labels name (issue 17).
+        assert_eq!(dsi_by_domain(&r, OUTSIDE), [("0xaaa0", 1), ("0xbbb0", 1)]);
         // A recorded firing of the flush timer does not say whose: with two domains it is passed over.
         let timed = t.clone() + &timer_fired(1_000_200);
         let mut s = ReplaySession::new("t", &lazy).unwrap();
@@ -1775,7 +1686,9 @@ mod tests {
             Some(RecordedTimer {
                 firings: 0,
                 ignored: 1,
-                by_domain: false
+                by_domain: false,
+                tied: 0,
+                own_timer_domains: 2
             })
         );
         // A capture that names each firing's domain (its flush_iotlb_all, next on the CPU): that domain's
@@ -1793,7 +1706,9 @@ mod tests {
             Some(RecordedTimer {
                 firings: 1,
                 ignored: 0,
-                by_domain: true
+                by_domain: true,
+                tied: 0,
+                own_timer_domains: 0
             })
         );
         assert_eq!(
@@ -1823,7 +1738,9 @@ mod tests {
             Some(RecordedTimer {
                 firings: 1,
                 ignored: 1,
-                by_domain: true
+                by_domain: true,
+                tied: 0,
+                own_timer_domains: 0
             })
         );
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 1);
@@ -1887,6 +1804,14 @@ mod tests {
         assert_eq!((r.domains.count, r.domains.labelled_events), (2, 4));
         assert_eq!(r.anomalies.maps_over_live, 0);
         assert_eq!(r.phases.get(OUTSIDE).unwrap().counts.iotlb_dsi, 2);
+        assert_eq!(
+            dsi_by_domain(&r, OUTSIDE),
+            [("0000:00:02.0", 1), ("0000:00:03.0", 1)]
+        );
+        assert_eq!(
+            r.domains.devices.get("0000:00:03.0"),
+            Some(&vec!["0000:00:03.0".to_string()])
+        );
         // Devices of one IOMMU group share its domain.
         let grouped =
             "# iommulab capture: iommu group 7: 0000:00:02.0 0000:00:03.0\n".to_string() + &d;
@@ -1895,6 +1820,24 @@ mod tests {
         let r = s.finish().unwrap();
         assert_eq!(r.domains.count, 1);
         assert_eq!(r.anomalies.maps_over_live, 1);
+        assert_eq!(dsi_by_domain(&r, OUTSIDE), [("iommu group 7", 1)]);
+        assert_eq!(
+            r.domains.devices.get("iommu group 7"),
+            Some(&vec!["0000:00:02.0".to_string(), "0000:00:03.0".into()])
+        );
+        // Without labels: the one domain, unnamed.
+        let r = run(&without(&d, "dma_"), &lazy);
+        assert_eq!(dsi_by_domain(&r, OUTSIDE), [("_domain0", 1)]);
+    }
+
+    /// A phase's flushes per domain, by the domain's name.
+    fn dsi_by_domain<'a>(r: &'a ReplayResult, phase: &str) -> Vec<(&'a str, u64)> {
+        let p = r.phases.get(phase).expect("phase");
+        p.by_domain
+            .0
+            .iter()
+            .map(|(n, c)| (&**n, c.iotlb_dsi))
+            .collect()
     }
 
     #[test]
@@ -2064,7 +2007,9 @@ mod tests {
             Some(RecordedTimer {
                 firings: 3,
                 ignored: 0,
-                by_domain: false
+                by_domain: false,
+                tied: 0,
+                own_timer_domains: 0
             })
         );
         // The model's own timer, where the trace does not record it: one flush per burst too, but at its own

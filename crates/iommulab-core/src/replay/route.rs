@@ -4,6 +4,7 @@
 
 use super::ftrace::{Ctx, EventHead};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
 
 /// Which DMA domain an event belongs to. The kprobe lines of a labelled trace name it (`tb_map` /
 /// `tb_unmap` just before the event on its CPU); the DMA API's events name the device (its IOMMU group, where
@@ -77,6 +78,11 @@ impl Router {
         }
     }
 
+    /// Whether the trace names its domains by device (the DMA API's events) and has shown no pointer label.
+    pub(super) fn by_device_only(&self) -> bool {
+        !self.devs.is_empty() && self.ptrs.is_empty() && self.hints.is_empty()
+    }
+
     /// The domain a labelled pointer named, if the trace's labels have.
     pub(super) fn ptr_domain(&self, ptr: u64) -> Option<usize> {
         self.ptrs.get(&ptr).copied()
@@ -84,6 +90,44 @@ impl Router {
 
     pub(super) fn domains(&self) -> usize {
         self.live.len().max(1)
+    }
+
+    /// Each domain's name and devices, in index order (see `Domains::devices`): its pointer label, else the
+    /// device or group its DMA API events name (`groups`: a group's devices), else `_domainN`.
+    pub(super) fn names(
+        &self,
+        groups: &HashMap<String, Vec<String>>,
+    ) -> Vec<(Arc<str>, Vec<String>)> {
+        let mut out: Vec<(Option<String>, Vec<String>)> = vec![(None, Vec::new()); self.domains()];
+        let mut at = |d: usize| {
+            if out.len() <= d {
+                out.resize(d + 1, (None, Vec::new()));
+            }
+            d
+        };
+        // (domain, pointer first, name, devices), sorted: the same name whatever the hash order.
+        let mut named: Vec<(usize, bool, String, Vec<String>)> = Vec::new();
+        for (&p, &d) in &self.ptrs {
+            named.push((at(d), false, format!("{p:#x}"), Vec::new()));
+        }
+        for (n, &d) in &self.devs {
+            let devs = groups.get(n).cloned().unwrap_or_else(|| vec![n.clone()]);
+            named.push((at(d), true, n.clone(), devs));
+        }
+        named.sort();
+        for (d, _, name, devs) in named {
+            let e = &mut out[d];
+            e.0 = e.0.take().or(Some(name));
+            e.1.extend(devs);
+        }
+        out.into_iter()
+            .enumerate()
+            .map(|(i, (name, mut devs))| {
+                devs.sort();
+                devs.dedup();
+                (name.unwrap_or_else(|| format!("_domain{i}")).into(), devs)
+            })
+            .collect()
     }
 
     /// The domains whose live mapping is exactly [a, b).
