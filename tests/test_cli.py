@@ -373,6 +373,26 @@ def test_a_scenario_or_profile_that_is_a_device_or_a_fifo_is_refused_in_one_line
         assert err == f"iommulab: error: {want}", err
 
 
+def test_every_toml_file_a_command_reads_is_bounded_and_regular(tmp_path):
+    # Issue 49: a sweep file, a calibration's profile or targets file, and a report's input of /dev/zero were
+    # read without end; a FIFO blocked; a file of gigabytes was read whole. Each is refused in one line.
+    fifo, big = tmp_path / "s.toml", tmp_path / "big.toml"
+    os.mkfifo(fifo)
+    with open(big, "wb") as f:
+        f.truncate((16 << 20) + 1)  # sparse
+    cal = ["calibrate", "--param", "iommu.smmuv3.sync_ns", "--target", "C1.strict_lazy_ratio", "--range", "1:2",
+           "--profile"]
+    for args, want in [(["sweep", "/dev/zero"], "/dev/zero: a character device; expected a sweep file"),
+                       (["sweep", str(fifo)], f"{fifo}: a FIFO; expected a sweep file"),
+                       (["sweep", str(big)], f"{big}: larger than {16 << 20} bytes; expected a sweep file"),
+                       ([*cal, "/dev/zero"], "/dev/zero: a character device; expected a profile file"),
+                       ([*cal, str(fifo)], f"{fifo}: a FIFO; expected a profile file"),
+                       (["report", "/dev/zero"], "/dev/zero: a character device; expected a sweep's dataset "
+                        "directory or a Parquet file")]:
+        err = one_line_error(cli(*args, bounded=True, timeout=60))
+        assert err == f"iommulab: error: {want}", err
+
+
 def test_a_scenario_whose_path_is_not_utf8_runs(write):
     # Issue 11: a path with bytes that are not UTF-8 (as a file system allows) was a traceback.
     f = write("mini.toml", MINIMAL)

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 from . import __version__
 from ._core import ScenarioError
 from .api import flatten
+from .inputs import file_kind
 
 SPEC_FILE = "sweep.json"
 LOCK_FILE = "sweep.lock"
@@ -290,6 +291,9 @@ def load(path: str | os.PathLike, aggregate: bool = False):
         spec = spec_of(path)
     elif os.path.isfile(path):
         files = [path]
+    elif os.path.exists(path):
+        raise ScenarioError(f"{path}: {file_kind(os.stat(path).st_mode)}; expected a sweep's dataset directory or "
+                            "a Parquet file")
     else:
         raise ScenarioError(f"{path}: no such file or directory")
     frames = []

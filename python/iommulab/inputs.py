@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ._core import ScenarioError
+from ._core import MAX_INPUT_FILE_BYTES, ScenarioError
 
 
 def shown(text: str | os.PathLike) -> str:
@@ -30,3 +30,25 @@ def file_kind(mode: int) -> str:
     kinds = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
              (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
     return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def toml_text(path: str | os.PathLike, what: str = "a TOML file") -> str:
+    """The text of a TOML file the user names (a sweep, a targets file, a profile): a regular file (a FIFO or a
+    device is refused before it is opened) of at most MAX_INPUT_FILE_BYTES, as the core reads scenarios, in
+    UTF-8 (an error names the line of the first byte that is not)."""
+    name = shown(path)
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ScenarioError(f"{name}: {file_kind(st.st_mode)}; expected {what}")
+        with open(path, "rb") as f:
+            data = f.read(MAX_INPUT_FILE_BYTES + 1)
+    except OSError as e:
+        raise ScenarioError(f"{name}: cannot open: {e.strerror or e}") from None
+    if len(data) > MAX_INPUT_FILE_BYTES:
+        raise ScenarioError(f"{name}: larger than {MAX_INPUT_FILE_BYTES} bytes; expected {what}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise ScenarioError(f"{name}:{line}: not UTF-8 text (byte {e.start}: {e.reason})") from None

@@ -15,7 +15,6 @@ from typing import IO, Any, Callable
 
 from . import _core
 from ._core import ScenarioError
-from .api import newer_than_modelled
 from .inputs import file_kind, shown, utf8
 
 CHUNK = 1 << 20

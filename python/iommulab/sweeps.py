@@ -34,6 +34,7 @@ from . import __version__, _core
 from ._core import ScenarioError
 from .api import TICK_SECONDS, ProgressFn, check_jobs, override_pairs, run_each, run_one, scenario_source
 from .api import load as load_scenario
+from .inputs import shown, toml_text
 from .dataset import (META, SPEC_FILE, Numbering, Writer, aggregate_seeds, axes_of, canon, derive, derived_expr,
                       done_keys, first_line, frame, grids_of, is_dataset, load, locked, parts, printable,
                       spec_of)
@@ -182,15 +183,9 @@ def read(path: str | os.PathLike) -> Sweep:
     """A sweep file."""
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except OSError as e:
-        raise ScenarioError(f"{path}: cannot open: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        line = e.object[:e.start].count(b"\n") + 1
-        raise ScenarioError(f"{path}:{line}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+        doc = tomllib.loads(toml_text(path, "a sweep file"))
     except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"{path}: {e}") from None
+        raise ScenarioError(f"{shown(path)}: {e}") from None
     return parse(doc, path, os.path.dirname(os.path.abspath(path)))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from . import _core
 from ._core import ScenarioError
 from .api import ProgressFn, load, run_variants, toml_value
+from .inputs import toml_text
 
 TARGETS_FILE = "targets.toml"
 # Seeds each target's runs are repeated at (the scenario's seed and the next ones); the model value is their
@@ -74,10 +75,7 @@ def load_targets(path: str | os.PathLike | None = None) -> Targets:
         name = TARGETS_FILE
     else:
         name = os.fspath(path)
-        try:
-            text = open(name).read()
-        except OSError as e:
-            raise ScenarioError(f"{name}: cannot open: {e.strerror or e}") from None
+        text = toml_text(name, "a targets file")
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -270,10 +268,7 @@ def _profile_text(profile: str) -> tuple[str, str]:
     builtin = dict(_core.builtin_profiles())
     if profile in builtin and not os.path.exists(profile):
         return profile, builtin[profile]
-    try:
-        return profile, open(profile).read()
-    except OSError as e:
-        raise ScenarioError(f"{profile}: cannot open: {e.strerror or e}") from None
+    return profile, toml_text(profile, "a profile file")
 
 
 def _set_key(text: str, where: str, param: str, value: str) -> str:
