@@ -110,3 +110,20 @@ def test_firings_that_name_no_domain_leave_each_domain_its_own_timer_and_say_so(
     assert rt["firings"] == 0 and rt["ignored"] == 72 and rt["own_timer_domains"] == 2, rt
     text = format_replay(rep)
     assert "as the trace recorded it" not in text and "its own timer" in text and "72 firings" in text, text
+
+
+def test_a_fresh_boot_captured_with_device_names_and_the_timer_replays_to_qemus_flushes():
+    # Issue 49: a 6.12 VT-d guest with two vCPUs, lazy, captured with the DMA API's device events and the
+    # recorded timer but no kprobe labels (testbed/boot.py --smp 2 --devices --timer, 2026-11-27). Replay
+    # dropped every firing (nothing tied a firing's domain pointer to a device) and ran its own timer: 75
+    # flushes against QEMU's 68 on such a boot. Each firing is now tied and replayed.
+    cap = DATA.parent / "testbed-devices" / "k6.12-vtd-lazy-smp2-devices-timer"
+    res = json.loads((cap / "results.json").read_text())
+    trace = cap / "trace.txt.xz"
+    assert " tb_map: " not in lzma.open(trace, "rt").read()
+    rep = iommulab.replay(trace, kernel="6.12", cmdline=res["cmdline"])
+    rt = rep["recorded_timer"]
+    assert rt["firings"] > 100 and rt["ignored"] == 0, rt
+    for phase, q in res["phases"].items():
+        want, have = q["qemu"]["vtd_inv_desc_iotlb_domain"], rep["phases"][phase]["counts"]["iotlb_dsi"]
+        assert abs(have - want) <= max(0.10 * want, 1), f"{phase}: replay {have}, QEMU {want}"
