@@ -309,7 +309,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", iommulab_core::VERSION)?;
     let newest = iommulab_core::scenario::KERNEL_NEWEST;
     m.add("KERNEL_NEWEST", format!("{}.{}", newest.0, newest.1))?;
-    m.add("MAX_INPUT_FILE_BYTES", iommulab_core::scenario::MAX_INPUT_FILE_BYTES)?;
+    m.add(
+        "MAX_INPUT_FILE_BYTES",
+        iommulab_core::scenario::MAX_INPUT_FILE_BYTES,
+    )?;
     m.add("ScenarioError", m.py().get_type::<ScenarioError>())?;
     m.add_class::<Variant>()?;
     m.add_class::<Simulation>()?;

@@ -21,7 +21,7 @@ pub(super) struct Router {
     /// Device or IOMMU group (from the DMA API's events) → index: its own, or the one a pointer label gave
     /// an event of it.
     devs: HashMap<String, usize>,
-    /// Domain indices labels have taken.
+    /// One past the last domain index a label took.
     named: usize,
     /// The last label seen on each CPU: (map?, domain pointer, IOVA).
     pub(super) hints: HashMap<u32, (bool, u64, u64)>,
@@ -57,9 +57,9 @@ impl Router {
             Some(p) => Some(match self.ptrs.get(&p) {
                 Some(&d) => d,
                 None => {
-                    self.named += 1;
-                    self.ptrs.insert(p, self.named - 1);
-                    self.named - 1
+                    let d = self.fresh();
+                    self.ptrs.insert(p, d);
+                    d
                 }
             }),
             None => dev.and_then(|n| self.devs.get(n).copied()),
@@ -70,12 +70,20 @@ impl Router {
                 Some(d)
             }
             (None, Some(n)) if self.ptrs.is_empty() => {
-                self.named += 1;
-                self.devs.insert(n.to_string(), self.named - 1);
-                Some(self.named - 1)
+                let d = self.fresh();
+                self.devs.insert(n.to_string(), d);
+                Some(d)
             }
             (d, _) => d,
         }
+    }
+
+    /// A domain index for a label not seen before: past every index taken, by labels or by inference (an
+    /// inferred domain is not a label's).
+    fn fresh(&mut self) -> usize {
+        let d = self.named.max(self.live.len());
+        self.named = d + 1;
+        d
     }
 
     /// Whether the trace names its domains by device (the DMA API's events) and has shown no pointer label.
@@ -260,5 +268,45 @@ impl Router {
             }
         }
         d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(cpu: u32) -> EventHead {
+        EventHead {
+            pid: 1,
+            cpu,
+            ctx: Ctx::Task,
+            ts_ns: 0,
+            line: 1,
+        }
+    }
+
+    /// A map on `cpu`, labelled with domain pointer `ptr` when given.
+    fn map(r: &mut Router, cpu: u32, ptr: Option<u64>, iova: u64) -> usize {
+        if let Some(p) = ptr {
+            r.hints.insert(cpu, (true, p, iova));
+        }
+        r.route(&ev(cpu), true, iova, 4096, None)
+    }
+
+    #[test]
+    fn a_label_seen_after_an_inferred_domain_is_a_domain_of_its_own() {
+        // Issue 49: labels and inference numbered domains from separate counters, so the first new pointer
+        // after an inferred domain took that domain's number and the two merged.
+        let mut r = Router::default();
+        assert_eq!(map(&mut r, 0, Some(0xa000), 0x1000), 0);
+        // Unlabelled (the kernel skipped the kprobe hit), over IOVA domain 0 holds: another domain.
+        assert_eq!(map(&mut r, 1, None, 0x1000), 1);
+        assert_eq!(map(&mut r, 0, Some(0xb000), 0x5000), 2);
+        assert_eq!(r.domains(), 3);
+        assert_eq!(
+            map(&mut r, 0, Some(0xa000), 0x9000),
+            0,
+            "a pointer keeps its domain"
+        );
     }
 }
