@@ -370,6 +370,13 @@ def test_a_tracefs_path_with_a_space_is_written_where_it_names(shell, tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def _terminal_signals():
+    """In the child: SIGINT, SIGTERM and SIGHUP as a terminal session has them (whatever ran the tests may
+    ignore SIGHUP, as nohup does, and an ignored signal cannot be trapped)."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def _signalled(p: subprocess.Popen, sig, group: bool, s: Standin, out: pathlib.Path, read=pathlib.Path.read_text):
     # Wait until the capture is recording (its instance is there and tracing is on), then signal it.
     deadline = time.monotonic() + 30
@@ -399,7 +406,7 @@ def test_a_signal_to_the_script_restores_everything_and_keeps_the_trace(shell, s
     cmd = [BUSYBOX, "sh"] if shell == "busybox" else [shell]
     p = subprocess.Popen([*cmd, str(SCRIPT), "-o", str(out), "-k", "-t", "-p", "net", "--", "sleep", "60"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=s.env(),
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_terminal_signals)
     _signalled(p, getattr(signal, sig), False, s, out)
 
 
@@ -412,7 +419,7 @@ def test_a_signal_to_iommulab_capture_restores_everything_and_keeps_the_trace(si
     out = tmp_path / "t.txt.gz"
     p = subprocess.Popen([sys.executable, "-m", "iommulab", "capture", "-o", str(out), "--phase", "net", "--",
                           "sleep", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=s.env(),
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_terminal_signals)
     try:
         _signalled(p, getattr(signal, sig), group, s, out, lambda f: gzip.open(f, "rt").read())
     finally:

@@ -581,7 +581,8 @@ def _run_to_the_end(argv: list[str]) -> int:
         if proc.poll() is None:
             proc.send_signal(signum)
 
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    # A signal ignored here (nohup ignores SIGHUP) is ignored by the tool too: nothing to pass on.
+    sigs = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN]
     old = {s: signal.signal(s, forward) for s in sigs}
     try:
         return proc.wait()
