@@ -11,6 +11,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -24,23 +25,63 @@ pytestmark = pytest.mark.skipif(os.environ.get("IOMMULAB_TESTBED") != "1" or os.
                                 reason="the testbed boots real kernels: set IOMMULAB_TESTBED=1 (as root)")
 
 
-def prepare(arch: str, qemu: str) -> pathlib.Path:
-    """testbed/prepare.sh for `arch` (x86 or arm64); skips where its QEMU cannot be installed."""
+def prepare(arch: str, qemu: str) -> pathlib.Path | str:
+    """testbed/prepare.sh for `arch` (x86 or arm64): its directory, or why it cannot boot (its QEMU is not
+    installable here)."""
     p = subprocess.run(["bash", str(ROOT / "testbed/prepare.sh"), str(TB), arch], capture_output=True, text=True)
     if not shutil.which(qemu):
-        pytest.skip(f"{qemu} is not installable here: {p.stderr.strip()[-300:]}")
+        return f"{qemu} is not installable here: {p.stderr.strip()[-300:]}"
     assert p.returncode == 0, p.stderr[-2000:]
     return TB
 
 
-@pytest.fixture(scope="module")
-def prepared():
-    return prepare("x86", "qemu-system-x86_64")
+# Every boot the tests below check: its architecture and boot.boot()'s arguments, longest first. A TCG guest
+# keeps one core busy, so they run BOOTS_AT_ONCE at a time, all started when the first is asked for.
+BOOTS = {
+    "virtio-lazy": ("x86", dict(mode="lazy", iommu="virtio", phases="net,blk,mix", domains=True, devices=True,
+                                timer=True)),
+    "arm64-lazy-6.12": ("arm64", dict(mode="lazy", phases="net,blk,nvme", iommu="smmuv3", kernel="6.12", timer=True)),
+    "arm64-lazy-6.1-2vcpus": ("arm64", dict(mode="lazy", phases="net,blk,nvme", iommu="smmuv3", kernel="6.1", smp=2,
+                                            timer=True)),
+    "arm64-strict-6.1": ("arm64", dict(mode="strict", phases="net,blk,nvme", iommu="smmuv3", kernel="6.1",
+                                       timer=True)),
+    "arm64-mix": ("arm64", dict(mode="lazy", phases="mix", iommu="smmuv3", domains=True, timer=True, devices=True)),
+    "mix": ("x86", dict(mode="lazy", phases="mix", domains=True, timer=True)),
+    "pt": ("x86", dict(mode="pt")),
+    "lazy-caching-mode": ("x86", dict(mode="lazy", cm="on")),
+    "strict": ("x86", dict(mode="strict", cm="off")),
+    "lazy": ("x86", dict(mode="lazy", cm="off")),
+    "virtio-strict": ("x86", dict(mode="strict", iommu="virtio")),
+}
+BOOTS_AT_ONCE = max(1, min(4, os.cpu_count() or 1))
+
+
+class Boots:
+    """The boots of BOOTS, each running or done: `run(name)` waits for its directory (or skips where its
+    architecture cannot boot here)."""
+
+    def __init__(self):
+        sys.path.insert(0, str(ROOT / "testbed"))
+        import boot
+
+        self.dirs = {arch: prepare(arch, qemu) for arch, qemu in (("x86", "qemu-system-x86_64"),
+                                                                   ("arm64", "qemu-system-aarch64"))}
+        self.pool = ThreadPoolExecutor(BOOTS_AT_ONCE, thread_name_prefix="testbed-boot")
+        self.runs = {name: self.pool.submit(boot.boot, str(self.dirs[arch]), **kw)
+                     for name, (arch, kw) in BOOTS.items() if isinstance(self.dirs[arch], pathlib.Path)}
+
+    def run(self, name: str) -> pathlib.Path:
+        arch = BOOTS[name][0]
+        if name not in self.runs:
+            pytest.skip(self.dirs[arch])
+        return pathlib.Path(self.runs[name].result())
 
 
 @pytest.fixture(scope="module")
-def prepared_arm64():
-    return prepare("arm64", "qemu-system-aarch64")
+def boots():
+    b = Boots()
+    yield b
+    b.pool.shutdown(cancel_futures=True)
 
 
 # SMMUv3's command names in replay, and QEMU's (hw/arm/smmuv3.c smmuv3_cmdq_consume: one smmuv3_cmdq_opcode per
@@ -51,17 +92,13 @@ SMMUV3_KEYS = {"tlbi_nh_va": "SMMU_CMD_TLBI_NH_VA", "tlbi_nh_asid": "SMMU_CMD_TL
 
 @pytest.mark.parametrize("mode, kernel, smp", [("strict", "6.1", 1), ("lazy", "6.12", 1), ("lazy", "6.1", 2)],
                          ids=["strict-6.1", "lazy-6.12", "lazy-6.1-2vcpus"])
-def test_an_arm64_guests_capture_replays_to_the_smmuv3_commands_qemu_consumed(prepared_arm64, mode, kernel, smp):
+def test_an_arm64_guests_capture_replays_to_the_smmuv3_commands_qemu_consumed(boots, mode, kernel, smp):
     # An arm64 Debian kernel behind QEMU's SMMUv3 (virt,iommu=smmuv3), with a network, a virtio disk and an NVMe
     # drive, each in its own domain; the capture is iommulab's own script, run by the guest's busybox.
-    sys.path.insert(0, str(ROOT / "testbed"))
-    import boot
-
     # The capture also records when the flush queue's timer fires (capture -t) and replay of lazy guests runs
     # the timer from it: a TCG guest's timer runs late whenever its vCPU waits for the host
     # (tests/test_replay_timer.py).
-    rd = pathlib.Path(boot.boot(str(prepared_arm64), mode, phases="net,blk,nvme", iommu="smmuv3", kernel=kernel,
-                                smp=smp, timer=True))
+    rd = boots.run(f"arm64-{mode}-{kernel}" + ("-2vcpus" if smp == 2 else ""))
     res = json.loads((rd / "results.json").read_text())
     assert (rd / "trace.txt").read_text().startswith("# iommulab capture: flush queue timer recorded")
     rep = iommulab.replay(rd / "trace.txt", iommu="smmuv3", kernel=kernel, cmdline=res["cmdline"])
@@ -84,15 +121,11 @@ def test_an_arm64_guests_capture_replays_to_the_smmuv3_commands_qemu_consumed(pr
     assert len(ins["devices"]) == 4 and all(d["mode"] == mode == d["predicted"] for d in ins["devices"])
 
 
-def test_three_devices_at_once_on_arm64_replay_to_the_asid_flushes_qemu_consumed(prepared_arm64):
+def test_three_devices_at_once_on_arm64_replay_to_the_asid_flushes_qemu_consumed(boots):
     # virtio-net, virtio-blk and NVMe at once behind the SMMUv3, each its own domain (ASID), flush queue and
     # timer; the capture names each event's domain (capture -k) and, through the DMA API's events, its device
     # (capture -D, Linux 6.12).
-    sys.path.insert(0, str(ROOT / "testbed"))
-    import boot
-
-    rd = pathlib.Path(boot.boot(str(prepared_arm64), "lazy", phases="mix", iommu="smmuv3", domains=True, timer=True,
-                                devices=True))
+    rd = boots.run("arm64-mix")
     res = json.loads((rd / "results.json").read_text())
     trace = (rd / "trace.txt").read_text()
     # The device names alone (kprobe lines left out) place every event too.
@@ -119,11 +152,8 @@ def test_three_devices_at_once_on_arm64_replay_to_the_asid_flushes_qemu_consumed
 
 @pytest.mark.parametrize("mode, cm, dsi", [("strict", "off", False), ("lazy", "off", True), ("lazy", "on", False)],
                          ids=["strict", "lazy", "lazy-caching-mode"])
-def test_a_real_guests_capture_replays_to_qemus_counts(prepared, mode, cm, dsi):
-    sys.path.insert(0, str(ROOT / "testbed"))
-    import boot
-
-    rd = pathlib.Path(boot.boot(str(prepared), mode, cm))
+def test_a_real_guests_capture_replays_to_qemus_counts(boots, mode, cm, dsi):
+    rd = boots.run("lazy-caching-mode" if cm == "on" else mode)
     res = json.loads((rd / "results.json").read_text())
     rep = iommulab.replay(rd / "trace.txt", kernel="6.1", cmdline=res["cmdline"], caching_mode=cm == "on")
     assert rep["lines"]["bad"] == 0
@@ -144,15 +174,12 @@ def test_a_real_guests_capture_replays_to_qemus_counts(prepared, mode, cm, dsi):
     assert ins["devices"] and all(d["mode"] == want and d["predicted"] == want for d in ins["devices"])
 
 
-def test_two_devices_at_once_captured_with_their_domains_replay_to_qemus_flushes(prepared):
+def test_two_devices_at_once_captured_with_their_domains_replay_to_qemus_flushes(boots):
     # The mix phase runs the download and the disk reads together, each device in its own domain with its own
     # flush queue and timer; capture -k records each event's domain through kprobes on __iommu_map/unmap, and
     # capture -t each timer firing with its domain (the cookie's fq_domain, and VT-d's flush_iotlb_all), so
     # every domain's timer runs as the guest's did, early or late.
-    sys.path.insert(0, str(ROOT / "testbed"))
-    import boot
-
-    rd = pathlib.Path(boot.boot(str(prepared), "lazy", phases="mix", domains=True, timer=True))
+    rd = boots.run("mix")
     res = json.loads((rd / "results.json").read_text())
     trace = (rd / "trace.txt").read_text()
     assert " tb_map: " in trace and " tb_unmap: " in trace, "the capture recorded no domains"
@@ -168,18 +195,14 @@ def test_two_devices_at_once_captured_with_their_domains_replay_to_qemus_flushes
 
 
 @pytest.mark.parametrize("mode", ["strict", "lazy"])
-def test_a_virtio_iommu_guest_replays_to_qemus_requests(prepared, mode):
+def test_a_virtio_iommu_guest_replays_to_qemus_requests(boots, mode):
     # virtio-iommu (the 6.12 kernel): every unmap is an UNMAP request; 6.12 queues MAPs and syncs them in
     # iotlb_sync_map, one request per iommu_pgsize() chunk.
-    sys.path.insert(0, str(ROOT / "testbed"))
-    import boot
-
     # Lazy also runs both devices at once and records the timer: each firing's flush is virtio-iommu's
     # viommu_flush_iotlb_all, which the capture finds among the drivers an x86 kernel has built in.
     lazy = mode == "lazy"
     phases = ("net", "blk", "mix") if lazy else ("net", "blk")
-    rd = pathlib.Path(boot.boot(str(prepared), mode, iommu="virtio", phases=",".join(phases),
-                                domains=lazy, devices=lazy, timer=lazy))
+    rd = boots.run(f"virtio-{mode}")
     res = json.loads((rd / "results.json").read_text())
     rep = iommulab.replay(rd / "trace.txt", iommu="virtio", kernel="6.12", cmdline=res["cmdline"])
     if lazy:
@@ -196,11 +219,8 @@ def test_a_virtio_iommu_guest_replays_to_qemus_requests(prepared, mode):
     assert ins["devices"] and all(d["mode"] == mode == d["predicted"] for d in ins["devices"])
 
 
-def test_passthrough_guest_sends_nothing_and_inspect_says_identity(prepared):
-    sys.path.insert(0, str(ROOT / "testbed"))
-    import boot
-
-    rd = pathlib.Path(boot.boot(str(prepared), "pt"))
+def test_passthrough_guest_sends_nothing_and_inspect_says_identity(boots):
+    rd = boots.run("pt")
     res = json.loads((rd / "results.json").read_text())
     rep = iommulab.replay(rd / "trace.txt", kernel="6.1", cmdline=res["cmdline"]) if (rd / "trace.txt").stat().st_size \
         else None

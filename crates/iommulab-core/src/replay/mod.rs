@@ -1567,7 +1567,7 @@ mod tests {
         let json = |cores: usize, chunk: usize| {
             let mut s = ReplaySession::on_cores("t", &lazy, cores).unwrap();
             for c in t.as_bytes().chunks(chunk) {
-                s.feed(c);
+                s.feed(c).unwrap();
             }
             s.finish().unwrap()
         };
