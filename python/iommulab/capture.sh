@@ -120,7 +120,7 @@ add() {  # LINE FILE
 }
 nap() {  # SECONDS: a sleep that SIGINT, SIGTERM and SIGHUP cut short
   sleep "$1" & sleeper=$!
-  wait "$sleeper"
+  [ "$stopped" = 1 ] || wait "$sleeper"
   kill "$sleeper" 2>/dev/null
   sleeper=
 }
@@ -151,7 +151,9 @@ cleanup() {
   [ "$recording" = 1 ] || [ "$dry" = 1 ] || rm -f "$tmp"
 }
 trap cleanup EXIT
-trap 'stopped=1' INT TERM HUP
+# A signal's trap runs once the command in hand ends: one that lands just before a wait is seen by the
+# check before it, one that lands during it ends the wait; either way what runs is killed.
+trap 'stopped=1; for p in $child $sleeper; do kill "$p" 2>/dev/null; done' INT TERM HUP
 interrupted() {  # before recording started: nothing is kept
   [ "$stopped" = 1 ] || return 0
   echo "capture: interrupted before recording; every change undone" >&2
@@ -247,7 +249,7 @@ put 1 "$I/tracing_on" || fail "cannot turn tracing on in $I"
 status=0
 if [ $# -gt 0 ]; then
   IOMMULAB_TRACE_MARKER=$I/trace_marker IOMMULAB_TRACE_INSTANCE=$I "$@" & child=$!
-  wait "$child"; status=$?
+  [ "$stopped" = 1 ] || { wait "$child"; status=$?; }
   if [ "$stopped" = 1 ]; then
     kill "$child" 2>/dev/null
     wait "$child" 2>/dev/null
