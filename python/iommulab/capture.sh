@@ -251,7 +251,9 @@ if [ $# -gt 0 ]; then
   IOMMULAB_TRACE_MARKER=$I/trace_marker IOMMULAB_TRACE_INSTANCE=$I "$@" & child=$!
   [ "$stopped" = 1 ] || { wait "$child"; status=$?; }
   if [ "$stopped" = 1 ]; then
-    kill "$child" 2>/dev/null
+    # A TERM that reaches the command between its fork and its exec can be lost (the forked shell still has
+    # this script's trap): send it again once the command runs, so the wait below cannot outlast it.
+    kill "$child" 2>/dev/null; sleep 0.05 2>/dev/null; kill "$child" 2>/dev/null
     wait "$child" 2>/dev/null
   fi
   child=
