@@ -38,19 +38,20 @@ def test_validate_json_lists_every_target_with_model_and_error():
 
 def _doc_models(doc: str) -> dict[str, float]:
     """The model column of docs/validation.md's target table: "0.042 / 0.042" for a row of two targets
-    (`l{1,2}`), "1.42 M" for millions, "0.12 %" for a share."""
+    (`l{1,2}`), "1.42 M" for millions, "523 K" for thousands, "0.12 %" for a share."""
     import re
 
     out = {}
     for line in doc.splitlines():
         cells = [c.strip() for c in line.split("|")[1:-1]]
-        if len(cells) < 3 or not re.match(r"C\d\.", cells[0]):
+        if len(cells) < 3 or not re.match(r"[CM]\d\.", cells[0]):
             continue
         m = re.match(r"(.*)\{(.*)\}(.*)", cells[0])
         ids = [m.group(1) + x + m.group(3) for x in m.group(2).split(",")] if m else [cells[0]]
         for tid, v in zip(ids, cells[2].split(" / ")):
             num = float(re.match(r"[-+]?[0-9.]+", v.strip()).group(0))
-            out[tid] = num * 1e6 if v.strip().endswith("M") else num / 100 if v.strip().endswith("%") else num
+            scale = {"M": 1e6, "K": 1e3, "%": 0.01}.get(v.strip()[-1:], 1)
+            out[tid] = num * scale
     return out
 
 
@@ -92,7 +93,7 @@ def test_bad_input_gets_one_line(args, what):
 
 def test_calibrate_fits_the_declared_parameter_and_writes_provenance(tmp_path):
     out = tmp_path / "smmu.toml"
-    p = cli("calibrate", "--range", "200:3000", "--out", str(out), check_rc=0)
+    p = cli("calibrate", "--param", "iommu.smmuv3.sync_ns", "--range", "200:3000", "--out", str(out), check_rc=0)
     assert "iommu.smmuv3.sync_ns" in p.stdout and out.exists()
     prof = tomllib.loads(out.read_text())
     value = prof["iommu"]["smmuv3"]["sync_ns"]
@@ -104,7 +105,7 @@ def test_calibrate_fits_the_declared_parameter_and_writes_provenance(tmp_path):
     assert abs(doc["targets"][0]["error"]) < 0.01
     # Nothing a user wrote is overwritten without asking.
     out.write_text("mine\n")
-    q = cli("calibrate", "--out", str(out))
+    q = cli("calibrate", "--param", "iommu.smmuv3.sync_ns", "--out", str(out))
     assert q.returncode == 2 and "--force" in q.stderr and out.read_text() == "mine\n"
 
 
@@ -153,6 +154,15 @@ KNOWN_MISSES = {
     "C2.strict_inv_per_page": "every strict RX unmap is one page with its own PSI",
     "C2.fands_inv_per_page": "one PSI per 64-page block plus one per ACK head",
     "C2.xsmmu_inv_per_page": "more churned pages than published",
+    "M1.one_thread_4k_unmap_us": "the lone TLBI and CMD_SYNC cost less than measured: the poll's and the "
+                                 "owner's CPU-side work are not all modelled",
+    "M3.ten_threads_4k_unmap_us": "CPUs contending for the command queue's lines cost less than measured",
+    "M3.ten_threads_1m_unmap_us": "the threads' fills overlap the SMMU's work; chenxiang's -d is not stated",
+    "M4.cmdq_8_cpus_per_cpu_rate": "the cmpxchg loop runs in one event: later CPUs' reservations cannot fail it",
+    "M4.cmdq_16_cpus_per_cpu_rate": "the cmpxchg loop runs in one event: later CPUs' reservations cannot fail it",
+    "M4.cmdq_32_cpus_per_cpu_rate": "the cmpxchg loop runs in one event: later CPUs' reservations cannot fail it",
+    "M4.cmdq_64_cpus_per_cpu_rate": "the cmpxchg loop runs in one event: later CPUs' reservations cannot fail it",
+    "M4.cmdq_64_cpus_cas_attempts": "the cmpxchg loop runs in one event: later CPUs' reservations cannot fail it",
 }
 
 

@@ -37,6 +37,42 @@ LATENCY_COLUMNS = [
 ]
 
 
+def _mb(r, which: str, key: str) -> str:
+    v = getattr(r, which, None)
+    return f"{v[key]:.1f}" if v else "-"
+
+
+MAP_BENCHMARK_COLUMNS = [
+    ("map µs", 8, lambda r: _mb(r, "map_latency_us", "avg")),
+    ("±", 6, lambda r: _mb(r, "map_latency_us", "stddev")),
+    ("unmap µs", 10, lambda r: _mb(r, "unmap_latency_us", "avg")),
+    ("±", 6, lambda r: _mb(r, "unmap_latency_us", "stddev")),
+    ("k/s/thread", 11, lambda r: f"{r.map_benchmark['loops_per_sec_per_thread'] / 1e3:.1f}"),
+    ("CPU busy", 9, lambda r: f"{r.cpu_busy * 100:.1f}%"),
+    ("inv wait", 9, lambda r: f"{r.cpu_inv_wait_share * 100:.1f}%"),
+    ("syncs", 10, lambda r: f"{r.syncs}"),
+    ("invalidations", 14, lambda r: f"{r.invalidations['total']}"),
+    ("cas/ok", 7, lambda r: f"{r.cmdq_cas_attempts_per_success:.2f}" if r.cmdq_cas_attempts_per_success else "-"),
+    ("  by type", 0, _by_type),
+]
+
+
+def map_benchmark_lines(r) -> list[str]:
+    """What tools/testing/selftests/dma/dma_map_benchmark prints for one run (seconds: the measured window)."""
+    o = r.map_benchmark
+    if o["map_failures"]:
+        # A failed dma_map_single() ends its thread with -ENOMEM and the ioctl fails (perror("ioctl")).
+        return [f"ioctl: Cannot allocate memory ({o['map_failures']} maps failed: no IOVA space left below the "
+                "DMA mask)"]
+    return [
+        f"dma mapping benchmark: threads:{o['threads']} seconds:{o['seconds']:g} node:{o['node']} "
+        f"dir:{o['dma_dir']} granule: {o['granule']}",
+        f"average map latency(us):{r.map_latency_us['avg']:.1f} standard deviation:{r.map_latency_us['stddev']:.1f}",
+        f"average unmap latency(us):{r.unmap_latency_us['avg']:.1f} "
+        f"standard deviation:{r.unmap_latency_us['stddev']:.1f}",
+    ]
+
+
 def set_lines(sets: list[tuple[str, str]] | None) -> list[str]:
     """What the command line changed in the scenario (its description is the scenario's own)."""
     return ["set: " + " ".join(f"{k}={v}" for k, v in sets)] if sets else []
@@ -95,7 +131,10 @@ IOPS_COLUMNS = [
 
 def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, str]] | None = None) -> str:
     columns = COLUMNS
-    if any(getattr(r, "latency", None) for r in results):
+    bench = bool(scenario.get("workload", {}).get("dma_map_benchmark"))
+    if bench:
+        columns = MAP_BENCHMARK_COLUMNS
+    elif any(getattr(r, "latency", None) for r in results):
         columns = COLUMNS[:1] + LATENCY_COLUMNS + COLUMNS[1:]
     elif scenario.get("workload", {}).get("nvme"):
         columns = COLUMNS[:1] + IOPS_COLUMNS + COLUMNS[1:]
@@ -116,11 +155,22 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
     for r in results:
         lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in columns[:-1])
                      + "  " + _by_type(r))
+    if bench:
+        for r in results:
+            lines += ["", f"{r.label}:"] + ["  " + x for x in map_benchmark_lines(r)]
     notes = note_lines(results)
     if notes:
         lines += [""] + notes
     lines += _contention(results, lw)
     lines += _vm_exits(results, lw)
+    if bench:
+        lines += [
+            "",
+            "map µs, unmap µs: average latency ± standard deviation, in whole 0.1 µs as the kernel sums them · "
+            "k/s/thread: map+unmap loops per second per thread · syncs: CMD_SYNCs or wait descriptors · cas/ok: "
+            "cmpxchg attempts on the SMMUv3 queue per slot reserved",
+        ]
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         "Gbps: application goodput · CPU busy: mean over the workload's CPUs · inv wait: share of CPU busy time "

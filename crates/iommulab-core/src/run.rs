@@ -9,8 +9,8 @@ use crate::metrics::{RunInfo, RunResult, Snapshot};
 use crate::scenario::{PolicyName, Scenario, Variant};
 use crate::sim::{Ctx, Rng, Time, NS_PER_MS};
 use crate::workload::{
-    nic_rx::NicRxWorkload, nic_tx::NicTxWorkload, nvme::NvmeWorkload, rr::RrWorkload,
-    virtio_net::VirtioNetWorkload, Workload,
+    map_benchmark::MapBenchmarkWorkload, nic_rx::NicRxWorkload, nic_tx::NicTxWorkload,
+    nvme::NvmeWorkload, rr::RrWorkload, virtio_net::VirtioNetWorkload, Workload,
 };
 
 /// The malicious device replays in rounds this far apart (a modelling batch like the wire chunk, not a device
@@ -34,6 +34,8 @@ pub struct Simulation {
     /// What the user should know about the policy on this workload (empty: nothing).
     policy_note: String,
     seed: u64,
+    /// The DMA map benchmark's options, as its results report them.
+    map_benchmark: Option<crate::scenario::MapBenchmark>,
     /// Entries of the platform's last walk cache (PTcache-L3), for the IOVA locality result.
     walk_cache_entries: u64,
     /// Events processed so far, and why the run stopped early (see [`MAX_EVENTS_PER_SIM_MS`]).
@@ -54,6 +56,19 @@ pub const WATCHDOG_MIN_EVENTS: u64 = 2_000_000;
 
 fn ms_to_ns(ms: f64) -> Time {
     (ms * NS_PER_MS as f64).round() as Time
+}
+
+/// The measured window: the run's duration, or the map benchmark's `seconds`.
+fn window_ns(sc: &Scenario) -> Time {
+    match sc
+        .workload
+        .dma_map_benchmark
+        .as_ref()
+        .and_then(|m| m.seconds)
+    {
+        Some(s) => s as Time * crate::sim::NS_PER_SEC,
+        None => ms_to_ns(sc.run.duration_ms),
+    }
 }
 
 /// A device on real hardware (a NIC, an NVMe drive) rather than the VMM's software: on a guest platform it is
@@ -201,6 +216,13 @@ impl Simulation {
             Box::new(RrWorkload::new(rr, link, slots))
         } else if let Some(nvme) = &w.nvme {
             Box::new(NvmeWorkload::new(nvme, link, slots))
+        } else if let Some(mb) = &w.dma_map_benchmark {
+            host.lend(0).core.set_dma_mask_bits(mb.dma_bits);
+            Box::new(MapBenchmarkWorkload::new(
+                mb,
+                p.cpu.socket_cores,
+                p.cpu.memset_ns_per_byte,
+            ))
         } else if let (Some(vn), Some(h)) = (&w.virtio_net, &p.hypervisor) {
             Box::new(VirtioNetWorkload::new(vn, h, p.cpu.cores as usize))
         } else {
@@ -227,7 +249,7 @@ impl Simulation {
             workload,
             now: 0,
             warmup_end,
-            end: warmup_end + ms_to_ns(sc.run.duration_ms),
+            end: warmup_end + window_ns(sc),
             start: None,
             attack_rate,
             attack_owed: 0.0,
@@ -237,6 +259,7 @@ impl Simulation {
             policy_reason,
             policy_note,
             seed: sc.run.seed,
+            map_benchmark: sc.workload.dma_map_benchmark.clone(),
             walk_cache_entries: p.iommu.last_walk_cache_entries(),
             events: 0,
             stopped: None,
@@ -430,6 +453,7 @@ impl Simulation {
             walk_cache_entries: self.walk_cache_entries,
             line_rate_gbps: self.workload.line_rate_gbps(),
             translated: self.host.dma.policy.translated(),
+            map_benchmark: self.map_benchmark.as_ref(),
         };
         RunResult::from_snapshots(&info, &a, &b)
     }

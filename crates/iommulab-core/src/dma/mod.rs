@@ -62,6 +62,8 @@ pub struct DmaCore {
     granule: u64,
     /// dev->iommu->pci_32bit_workaround: try below 4 GiB first until that fails once.
     pci_32bit_workaround: bool,
+    /// log2 of the 4 KiB pages one leaf table maps.
+    leaf_table_shift: u32,
     /// A timer the policy armed, for the engine to schedule: (expiry, CPU that armed it).
     pub timer_request: Option<(Time, usize)>,
     /// IOVAs come from a replayed trace (the traced kernel's allocator), not from `iovad`: freeing them is
@@ -96,12 +98,33 @@ impl DmaCore {
             dma_limit: fmt.max_gpfn(),
             granule: fmt.granule_pages(),
             pci_32bit_workaround: true,
+            leaf_table_shift: fmt.walk_entry_shift(),
             timer_request: None,
             iova_from_trace: false,
             safety: safety::SafetyLog::default(),
             locality: locality::ReuseDistance::new(fmt.walk_entry_shift()),
             dma_locality: locality::ReuseDistance::new(fmt.walk_entry_shift()),
         }
+    }
+
+    /// dma_set_mask(DMA_BIT_MASK(bits)): IOVAs from below 2^bits (iommu_dma_alloc_iova's dma_limit), the
+    /// 32-bit first try only where the mask reaches above 4 GiB.
+    pub fn set_dma_mask_bits(&mut self, bits: u32) {
+        let pages = 1u128 << bits.min(64).saturating_sub(12);
+        let limit = (pages / self.granule as u128).saturating_sub(1);
+        self.dma_limit = self.dma_limit.min(limit.min(u64::MAX as u128) as u64);
+    }
+
+    /// The page-table walks of a map or unmap of `len` pages at `iova` that wrote or cleared `entries` leaf
+    /// entries: map_pages/unmap_pages (Linux 5.15, before every kernel the model follows) walk down once per
+    /// leaf table the range spans (arm_lpae_map_pages' loop over __arm_lpae_map).
+    fn pgtable_walks(&self, iova: u64, len: u64, entries: u64) -> u64 {
+        if len == 0 {
+            return 0;
+        }
+        let s = self.leaf_table_shift;
+        let tables = ((iova + len - 1) >> s) - (iova >> s) + 1;
+        tables.min(entries.max(1))
     }
 
     /// iova_offset / iova_align: [pfn, pfn + pages) as whole granules: (first 4 KiB pfn, offset, granules).
@@ -172,7 +195,8 @@ impl DmaCore {
         let iova = iova * self.granule;
         let len = n * self.granule;
         let written = self.iommu.map_pages(self.dom, iova, phys_base, len);
-        let t = t + written * self.costs.pte_ns;
+        let walks = self.pgtable_walks(iova, len, written);
+        let t = t + walks * self.costs.pgtable_walk_ns + written * self.costs.pte_ns;
         let t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, len);
         self.stats.maps += 1;
         self.stats.pages_mapped += len;
@@ -196,7 +220,9 @@ impl DmaCore {
         };
         for (i, &p) in phys.iter().enumerate() {
             let written = self.iommu.map_pages(self.dom, iova + i as u64, p, 1);
-            t += self.costs.dma_iommu_op_ns + written * self.costs.pte_ns;
+            t += self.costs.dma_iommu_op_ns
+                + self.costs.pgtable_walk_ns
+                + written * self.costs.pte_ns;
             if i == 0 {
                 t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, n);
             }
@@ -226,7 +252,9 @@ impl DmaCore {
         self.stats.unmaps += 1;
         self.stats.iova_pages_unmapped += un;
         let ptes = self.iommu.counters().ptes_cleared - before;
-        let t = t + ptes * self.costs.pte_ns;
+        // iommu_dma_unmap_page() first looks the range up (iommu_iova_to_phys: one walk), then unmap_pages.
+        let walks = 1 + self.pgtable_walks(base, n * self.granule, ptes);
+        let t = t + walks * self.costs.pgtable_walk_ns + ptes * self.costs.pte_ns;
         let ticket = self.safety.unmapped(base, n * self.granule, t);
         (g, t, ticket)
     }
@@ -481,6 +509,8 @@ pub(crate) mod tests {
             tx_packet_ns: 0,
             nvme_submit_ns: 0,
             nvme_complete_ns: 0,
+            memset_ns_per_byte: 0.0,
+            pgtable_walk_ns: 0,
         }
     }
 
@@ -517,6 +547,30 @@ pub(crate) mod tests {
             iova - 1 + 8,
             "the freed granule comes back from the rcache"
         );
+    }
+
+    #[test]
+    fn a_map_walks_once_per_leaf_table_and_writes_each_entry() {
+        // 4 KiB granule: a leaf table maps 512 pages. 256 pages inside one table take one walk and 256 entry
+        // writes; 256 pages across a table boundary take two walks; an unmap adds the iova_to_phys lookup.
+        let io = crate::hw::smmuv3::tests::cfg(true, false);
+        let mut costs = costs(1);
+        (
+            costs.dma_iommu_op_ns,
+            costs.iova_rcache_ns,
+            costs.iova_rbtree_ns,
+            costs.lock_ns,
+        ) = (0, 0, 0, 0);
+        (costs.pgtable_walk_ns, costs.pte_ns) = (60, 2);
+        let mut c = DmaCore::new(Box::new(crate::hw::smmuv3::tests::smmu(&io, 1)), 1, &costs);
+        assert_eq!(c.pgtable_walks(512, 256, 256), 1);
+        assert_eq!(c.pgtable_walks(384, 256, 256), 2);
+        assert_eq!(c.pgtable_walks(0, 1, 1), 1);
+        let (iova, t) = c.iommu_map(0, 0, 1 << 20, 256).unwrap();
+        let walks = c.pgtable_walks(iova, 256, 256);
+        assert_eq!(t, walks * 60 + 256 * 2);
+        let (_, t, _) = c.unmap_ptes(0, 0, iova, 256);
+        assert_eq!(t, (1 + walks) * 60 + 256 * 2);
     }
 
     mod props {

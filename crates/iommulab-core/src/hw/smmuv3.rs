@@ -118,6 +118,9 @@ pub struct Smmuv3 {
     /// cmpxchg'd to reserve slots, fetch_andnot'd by the owner), the line of `lock` and `owner_prod` (the
     /// shared lock taken around a CMD_SYNC wait, the owner hand-off), and the valid bitmap word.
     llq: SpinLock,
+    /// When llq's value changed (a cmpxchg that reserved slots, an owner's fetch_andnot), in time order over
+    /// the last LOOKBEHIND_NS: a cmpxchg fails if llq changed after the CPU last saw it.
+    llq_writes: std::collections::VecDeque<Time>,
     lock_owner: SpinLock,
     valid_map: SpinLock,
     /// Each command queue as the SMMU consumes it, in the order commands reach it (the shared one, or one
@@ -165,6 +168,7 @@ impl Smmuv3 {
             tr,
             ats_inv_ns,
             llq: SpinLock::new(coh),
+            llq_writes: Default::default(),
             lock_owner: SpinLock::new(coh),
             valid_map: SpinLock::new(coh),
             // The SMMU's side moves no CPU cache lines.
@@ -326,28 +330,47 @@ impl Smmuv3 {
         }
         t = self.lock_owner.rmw_on(t, cpu);
         let closed = self.llq.rmw_on(t, cpu);
+        self.llq_written(closed);
         t = self.valid_map.rmw_on(closed, cpu);
         let rung = self.lock_owner.rmw_on(t, cpu);
         self.gathering = (reserved, closed, rung);
         rung
     }
 
-    /// The cmpxchg loop on llq: a CPU that read llq and then found the line taken by another writer before
-    /// its cmpxchg landed fails and retries with the value it got back.
+    /// The cmpxchg loop on llq (arm_smmu_cmdq_issue_cmdlist step 1): READ_ONCE(llq), then cmpxchg it forward
+    /// from the value read. Each attempt pulls the line over exclusively (attempts by many CPUs queue for it).
+    /// A cmpxchg fails when llq changed since the CPU last saw it (another CPU's reservation, an owner's
+    /// fetch_andnot) and retries with the value it got back. Simplification: the loop runs in one event, so
+    /// it fails only on changes the calendar already holds; attempts of CPUs whose events come later cannot
+    /// fail it, and the storm of failures many CPUs contending make (each reservation costing a line
+    /// transfer per contender) does not form.
     fn cmpxchg_llq(&mut self, now: Time, cpu: u32) -> Time {
-        let mut t = now;
+        let mut seen = self.llq.read_on(now, cpu);
         for attempt in 1.. {
             self.tr.c.cas_attempts += 1;
-            let before = self.llq.stats.contended;
-            let done = self.llq.rmw_on(t, cpu);
+            let done = self.llq.rmw_on(seen, cpu);
+            let lo = self.llq_writes.partition_point(|&w| w <= seen);
+            let changed = self.llq_writes.get(lo).is_some_and(|&w| w <= done);
             // A bound the kernel does not have: the model's clock only moves forward, so it always ends.
-            if self.llq.stats.contended == before || attempt >= 64 {
+            if !changed || attempt >= 64 {
                 self.tr.c.cas_successes += 1;
+                self.llq_written(done);
                 return done;
             }
-            t = done;
+            seen = done;
         }
         unreachable!("the loop returns")
+    }
+
+    /// llq's value changed at `at`.
+    fn llq_written(&mut self, at: Time) {
+        let i = self.llq_writes.partition_point(|&w| w <= at);
+        self.llq_writes.insert(i, at);
+        let latest = self.llq_writes.back().map_or(at, |&w| w);
+        let floor = latest.saturating_sub(crate::sim::LOOKBEHIND_NS);
+        while self.llq_writes.front().is_some_and(|&w| w < floor) {
+            self.llq_writes.pop_front();
+        }
     }
 
     /// One command of `what` with its CMD_SYNC; `inv` acts when the SMMU has consumed the command.
@@ -788,8 +811,9 @@ pub(crate) mod tests {
         let reserved: Vec<Time> = (0..cpus as u32)
             .map(|cpu| s.cmpxchg_llq(10_000, cpu))
             .collect();
-        // CPU 0 holds the line and CPU 1 pulls it over while nobody writes it: both succeed at once.
-        // Each of CPUs 2-15 finds it taken by the CPU before it, fails once, and succeeds on the retry.
+        // CPU 0 holds the line and CPU 1 reads llq after CPU 0's reservation: both succeed at once. Each of
+        // CPUs 2-15 read llq before the reservation of the CPU ahead of it in the line's queue landed, so its
+        // cmpxchg fails once and succeeds on the retry with the value it got back.
         assert_eq!(s.tr.c.cas_successes - successes, cpus as u64);
         assert_eq!(s.tr.c.cas_attempts - attempts, 2 + 2 * (cpus as u64 - 2));
         // Each reservation follows the one before it: no two CPUs claim the same slots.

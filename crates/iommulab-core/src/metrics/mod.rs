@@ -386,12 +386,56 @@ pub struct RunResult {
     /// Request latency percentiles (request/response workloads only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency: Option<hist::Latency>,
+    /// The DMA map benchmark's average map and unmap latency with their standard deviations, as
+    /// dma_map_benchmark prints them (only for `[workload.dma_map_benchmark]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub map_latency_us: Option<AvgStddev>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmap_latency_us: Option<AvgStddev>,
+    /// The map benchmark's loops (one map and one unmap each) and failed maps in the window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub map_benchmark: Option<MapBenchmarkCounts>,
     /// Malicious-device replay counts (only with `attack.replay_per_sec`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attack: Option<Attack>,
     /// A guest's exits to the hypervisor (only on a platform with `[hypervisor]`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vm_exits: Option<VmExits>,
+}
+
+/// An average and a standard deviation, µs.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct AvgStddev {
+    pub avg: f64,
+    pub stddev: f64,
+}
+
+impl AvgStddev {
+    /// From the kernel's 100 ns units (dma_map_benchmark prints them divided by 10.0).
+    fn of_100ns((avg, stddev): (u64, u64)) -> Self {
+        AvgStddev {
+            avg: avg as f64 / 10.0,
+            stddev: stddev as f64 / 10.0,
+        }
+    }
+}
+
+/// The DMA map benchmark's options (as dma_map_benchmark prints them; `seconds` the window) and counts in a
+/// window.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct MapBenchmarkCounts {
+    pub threads: u32,
+    pub seconds: f64,
+    pub node: i32,
+    pub dma_dir: &'static str,
+    pub granule: u32,
+    /// Map-and-unmap loops completed, over every thread.
+    pub loops: u64,
+    /// Maps that failed over the whole run, warm-up included (the kernel's thread then stops and its ioctl
+    /// fails: the tool prints no figures).
+    pub map_failures: u64,
+    /// Loops per second per thread (the per-CPU map+unmap rate).
+    pub loops_per_sec_per_thread: f64,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -427,6 +471,8 @@ pub struct RunInfo<'a> {
     pub line_rate_gbps: f64,
     /// The device's DMA goes through translation (not an identity domain).
     pub translated: bool,
+    /// The DMA map benchmark's options (its workload only).
+    pub map_benchmark: Option<&'a crate::scenario::MapBenchmark>,
 }
 
 impl RunResult {
@@ -435,6 +481,9 @@ impl RunResult {
     /// sweep can check the columns its derived expressions name before it runs anything.
     pub fn with_every_part(mut self) -> Self {
         self.latency.get_or_insert_with(Default::default);
+        self.map_latency_us.get_or_insert_with(Default::default);
+        self.unmap_latency_us.get_or_insert_with(Default::default);
+        self.map_benchmark.get_or_insert_with(Default::default);
         self.attack.get_or_insert_with(Default::default);
         self.vm_exits.get_or_insert_with(Default::default);
         self.rx_cache_reuse_slack
@@ -446,6 +495,9 @@ impl RunResult {
     pub fn from_snapshots(info: &RunInfo<'_>, a: &Snapshot, b: &Snapshot) -> Self {
         let dt = (b.time - a.time).max(1);
         let secs = dt as f64 / 1e9;
+        let map_bench =
+            b.wl.map_bench
+                .map(|y| y.since(&a.wl.map_bench.unwrap_or_default()));
         let io = |f: fn(&IommuCounters) -> u64| f(&b.iommu) - f(&a.iommu);
         let wl = |f: fn(&WorkloadStats) -> u64| f(&b.wl) - f(&a.wl);
         let total = b.iommu.invalidations() - a.iommu.invalidations();
@@ -601,6 +653,22 @@ impl RunResult {
                 }
             },
             latency: b.wl.latency.since(&a.wl.latency).latency(r6),
+            map_latency_us: map_bench.map(|m| AvgStddev::of_100ns(m.map_100ns())),
+            unmap_latency_us: map_bench.map(|m| AvgStddev::of_100ns(m.unmap_100ns())),
+            map_benchmark: map_bench
+                .zip(info.map_benchmark)
+                .map(|(m, o)| MapBenchmarkCounts {
+                    threads: o.threads,
+                    seconds: r6(secs),
+                    node: o.node,
+                    dma_dir: o.dma_dir.as_str(),
+                    granule: o.granule,
+                    loops: m.loops,
+                    map_failures: m.map_failures,
+                    loops_per_sec_per_thread: r6(m.loops as f64
+                        / secs
+                        / b.cpus.len().max(1) as f64),
+                }),
             attack: b.attack.as_ref().map(|y| {
                 let x = a.attack.clone().unwrap_or_default();
                 let unmapped = y.reached_unmapped - x.reached_unmapped;

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 mod load;
+mod map_benchmark;
 mod nic_rx;
 mod nic_tx;
 mod nvme;
@@ -19,6 +20,7 @@ mod platform;
 mod rr;
 mod virtio_net;
 pub use load::*;
+pub use map_benchmark::*;
 pub use nic_rx::*;
 pub use nic_tx::*;
 pub use nvme::*;
@@ -33,6 +35,10 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
     ("c2", include_str!("../../data/scenarios/c2.toml")),
     ("c3", include_str!("../../data/scenarios/c3.toml")),
     ("nvme", include_str!("../../data/scenarios/nvme.toml")),
+    (
+        "map-benchmark",
+        include_str!("../../data/scenarios/map-benchmark.toml"),
+    ),
     ("seed004", include_str!("../../data/scenarios/seed004.toml")),
     (
         "seed001-x86",
@@ -54,6 +60,10 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
         "smmuv3-server",
         include_str!("../../data/profiles/smmuv3-server.toml"),
+    ),
+    (
+        "kunpeng920",
+        include_str!("../../data/profiles/kunpeng920.toml"),
     ),
     (
         "virtio-guest",
@@ -189,6 +199,7 @@ pub struct Workload {
     pub rr: Option<Rr>,
     pub nvme: Option<Nvme>,
     pub virtio_net: Option<VirtioNet>,
+    pub dma_map_benchmark: Option<MapBenchmark>,
 }
 
 /// Estimate: a round trip between hosts in one rack (two NIC and one switch traversals, the peer's stack).
@@ -387,6 +398,11 @@ impl Scenario {
             "expected a finite cost >= 0",
         )?;
         check(
+            cpu.memset_ns_per_byte >= 0.0 && cpu.memset_ns_per_byte.is_finite(),
+            "platform.cpu.memset_ns_per_byte",
+            "expected a finite cost >= 0",
+        )?;
+        check(
             (1..=10_000).contains(&self.os.hz),
             "os.hz",
             "expected CONFIG_HZ in 1..=10000 (e.g. 100, 250, 1000)",
@@ -441,13 +457,15 @@ impl Scenario {
             + w.nic_tx.is_some() as u32
             + w.rr.is_some() as u32
             + w.nvme.is_some() as u32
-            + w.virtio_net.is_some() as u32;
+            + w.virtio_net.is_some() as u32
+            + w.dma_map_benchmark.is_some() as u32;
         check(
             sections == 1,
             "workload",
             format!(
                 "expected exactly one workload section ([workload.nic_rx], [workload.nic_tx], \
-                 [workload.rr], [workload.nvme] or [workload.virtio_net]), found {sections}"
+                 [workload.rr], [workload.nvme], [workload.virtio_net] or [workload.dma_map_benchmark]), \
+                 found {sections}"
             ),
         )?;
         // A physical device behind an emulated VT-d or SMMUv3 is VFIO's, every guest mapping shadowed into
@@ -548,6 +566,9 @@ impl Scenario {
         }
         if let Some(nvme) = &w.nvme {
             nvme.validate(cpu.cores)?;
+        }
+        if let Some(mb) = &w.dma_map_benchmark {
+            mb.validate(cpu.cores, cpu.socket_cores, self.run.warmup_ms)?;
         }
         Ok(())
     }
@@ -930,7 +951,8 @@ pub(crate) mod tests {
     #[test]
     fn every_builtin_profile_runs_the_minimal_scenario() {
         for (name, _) in BUILTIN_PROFILES {
-            let arch = if name.contains("smmuv3") {
+            let arm = builtin_platform(name).is_some_and(|p| p.vendor == Vendor::Smmuv3);
+            let arch = if arm || name.contains("smmuv3") {
                 "arm64"
             } else {
                 "x86_64"

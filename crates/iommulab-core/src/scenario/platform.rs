@@ -275,6 +275,10 @@ pub struct CpuProfile {
     pub dma_direct_op_ns: u64,
     /// Write or clear one leaf PTE (plus its cache-line flush where not coherent).
     pub pte_ns: u64,
+    /// One walk down the I/O page table to a leaf table (io-pgtable's __arm_lpae_map/__arm_lpae_unmap,
+    /// VT-d's pfn_to_dma_pte): once per leaf table a map or unmap spans (map_pages/unmap_pages), and once
+    /// more for the iova_to_phys lookup that begins an unmap.
+    pub pgtable_walk_ns: u64,
     /// IOVA allocation or free served by the per-CPU rcache.
     pub iova_rcache_ns: u64,
     /// IOVA allocation or free on the rbtree (under the domain's iova_rbtree_lock).
@@ -303,6 +307,8 @@ pub struct CpuProfile {
     /// Completing one block I/O: the interrupt, nvme_irq()/blk_mq_complete_request() and the application's
     /// reap, without the DMA unmapping.
     pub nvme_complete_ns: u64,
+    /// memset() of a buffer, per byte (the DMA map benchmark fills its buffer before each map).
+    pub memset_ns_per_byte: f64,
 }
 impl CpuProfile {
     /// What moving a line between two of these cores costs.

@@ -2,6 +2,7 @@
 
 pub mod desc_ring;
 mod dim;
+pub mod map_benchmark;
 pub mod napi;
 /// Ethernet, IP and TCP sizes live below the workloads (the schema reads them too).
 pub use crate::net;
@@ -114,6 +115,8 @@ pub struct WorkloadStats {
     /// Latency of each request served (request/response workloads), ns.
     #[serde(skip)]
     pub latency: Histogram,
+    /// The DMA map benchmark's sums (kernel/dma/map_benchmark.c); only that workload has them.
+    pub map_bench: Option<map_benchmark::MapBenchSums>,
 }
 
 pub trait Workload: Send + Sync {
