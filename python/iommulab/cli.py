@@ -122,6 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--no-plot", action="store_true", help="do not write a plot")
     c.add_argument("--force", action="store_true", help="overwrite an existing plot file")
 
+    se = sub.add_parser("sensitivity", help="each profile constant scaled alone: what it changes in each run",
+                        description="Run a scenario (a file, a built-in name, or the built-in default), then again "
+                        "with each constant of its platform profile scaled alone by each factor, and print, per "
+                        "run, the constants that move its goodput, CPU busy or exposure most, with how the profile "
+                        "knows each (sourced, fitted or estimate): the constants to measure first.")
+    _scenario_args(se, "override a scenario key (repeatable; pins a compared key)")
+    se.add_argument("--factor", type=_factor_list, default=None, metavar="F,F,...",
+                    help="factors each constant is scaled by (default: 0.5,2)")
+    se.add_argument("--top", type=int, default=15, metavar="N",
+                    help="constants shown per run (default 15; --json lists every one)")
+
     s = sub.add_parser("scenarios", help="list the built-in scenarios, or print one",
                        description="List built-in scenarios; with a NAME, print its TOML (a starting point for your own).")
     s.add_argument("name", nargs="?", help="built-in scenario to print")
@@ -321,6 +332,16 @@ def _policy_list(text: str) -> list[str]:
     return ps
 
 
+def _factor_list(text: str) -> list[float]:
+    try:
+        fs = [float(f) for f in text.split(",") if f.strip()]
+    except ValueError:
+        fs = []
+    if not fs or any(not (0 < f < float("inf")) or f == 1 for f in fs):
+        raise argparse.ArgumentTypeError(f"expected positive factors other than 1, e.g. 0.5,2; got {text!r}")
+    return fs
+
+
 def _fresh(path: str | None, force: bool, what: str) -> None:
     """Refuse, before anything is written, to overwrite a file the user has or to write through a link to a
     file not there (unless --force), and a path no file can be written at."""
@@ -382,6 +403,22 @@ def _write_parquet(path: str, results: list) -> None:
         frame(rows).write_parquet(path)
     except OSError as e:
         raise ScenarioError(f"--parquet {path}: cannot write: {e.strerror or e}") from None
+
+
+def _cmd_sensitivity(a: argparse.Namespace) -> int:
+    from .sensitivity import DEFAULT_FACTORS, format_sensitivity, sensitivity
+
+    if a.top < 1:
+        raise ScenarioError(f"--top {a.top}: expected 1 or more")
+    with _progress(a) as progress:
+        doc = sensitivity(a.scenario, dict(a.sets), a.factor or DEFAULT_FACTORS, progress, raw_strings=True,
+                          jobs=a.jobs)
+    if a.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(format_sensitivity(doc, list(a.sets), a.top))
+    return 0
 
 
 def _cmd_compare(a: argparse.Namespace) -> int:
@@ -666,6 +703,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if a.cmd == "run":
             return _cmd_run(a)
+        if a.cmd == "sensitivity":
+            return _cmd_sensitivity(a)
         if a.cmd == "compare":
             return _cmd_compare(a)
         if a.cmd == "scenarios":

@@ -1,0 +1,182 @@
+"""``iommulab sensitivity``: each constant of a run's platform profile varied alone, and what that changes.
+
+A run's results rest on the profile's constants, most of them estimates. Scaling one constant at a time (by each
+factor, the others as the profile has them) and running again shows which constants a result depends on:
+the ones to measure first. A constant whose every scaled run gives the baseline's results is off the run's
+path and left out of the table."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping
+
+from . import __version__
+from .api import ProgressFn, load, run_variants
+from ._core import ScenarioError
+from .report import set_lines
+
+# Keys of a profile that describe the machine's structure, not a cost or a size to be measured: scaling them
+# changes what is simulated (how many CPUs, the page-table format), not how fast it is.
+STRUCTURE = {"cores", "cluster_cores", "socket_cores", "pages", "ias_bits", "granule_kb", "stage", "mamv",
+             "iotlb_ways", "pwc_ways", "atc_ways"}
+
+# What each run is read by: (result key path, column header, format).
+METRICS = [
+    (("throughput_gbps",), "Gbps", "{:.2f}"),
+    (("cpu_busy",), "CPU", "{:.1%}"),
+    (("safety", "exposed_share"), "exposed", "{:.1%}"),
+]
+
+DEFAULT_FACTORS = (0.5, 2.0)
+
+
+def constants(platform: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """The profile's numeric constants as (dotted key under `platform.`, value): numbers and lists of numbers,
+    structure keys left out."""
+    out = []
+    for k, v in platform.items():
+        key = f"{prefix}{k}"
+        if k in ("sources", "profile", "description", "vendor") or k in STRUCTURE:
+            continue
+        if isinstance(v, Mapping):
+            out += constants(v, f"{key}.")
+        elif _number(v) or (isinstance(v, list) and v and all(_number(x) for x in v)):
+            out.append((key, v))
+    return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def scaled(v: Any, f: float) -> Any:
+    """`v` times `f`, integers staying integers."""
+    if isinstance(v, list):
+        return [scaled(x, f) for x in v]
+    return round(v * f) if isinstance(v, int) else v * f
+
+
+def _get(d: Mapping[str, Any], path: tuple[str, ...]) -> float:
+    for p in path:
+        d = d[p]
+    return float(d)
+
+
+def _kind(source: str | None) -> str:
+    """How a constant is known, from its profile's [sources] line."""
+    if not source:
+        return "-"
+    s = source.lower()
+    if s.startswith("calibrated"):
+        return "fitted"
+    # "estimate, borrowed from ...", "... ; estimate inside that range": a source that bounds it, no more.
+    if "estimate" in s:
+        return "estimate"
+    return "sourced"
+
+
+def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, factors=DEFAULT_FACTORS,
+                progress: ProgressFn | None = None, raw_strings: bool = False, jobs: int | None = None
+                ) -> dict[str, Any]:
+    """Every run of the scenario, then each of its profile's constants scaled by each factor alone: the results'
+    changes, relative to the run's baseline, for the constants that change anything."""
+    if not factors or any(not _number(f) or f <= 0 or f == 1 for f in factors):
+        raise ScenarioError(f"factors {list(factors)!r}: expected positive numbers other than 1")
+    sets = dict(sets or {})
+    bases = load(scenario, sets, raw_strings=raw_strings)
+    todo, slots = [], []
+    runs = []
+    for b in bases:
+        pinned = {**sets, **{k: x for k, x in b.overrides}}
+        sc = json.loads(b.scenario_json())
+        sources = sc["platform"].get("sources") or {}
+        run = {"label": b.label, "profile": sc["platform"]["profile"], "constants": []}
+        runs.append(run)
+        todo.append(b)
+        slots.append((run, None, None))
+        for key, value in constants(sc["platform"]):
+            c = {"key": key, "value": value, "source": _kind(sources.get(key)), "scaled": []}
+            run["constants"].append(c)
+            for f in factors:
+                v = scaled(value, f)
+                try:
+                    [var] = load(scenario, {**pinned, f"platform.{key}": v}, raw_strings=True)
+                except ScenarioError as e:
+                    c["scaled"].append({"factor": f, "value": v, "invalid": str(e)})
+                    continue
+                todo.append(var)
+                slots.append((run, c, {"factor": f, "value": v}))
+    results = run_variants(todo, progress, jobs)
+    for (run, c, entry), r in zip(slots, results):
+        d = r.to_dict()
+        if c is None:
+            run["baseline"] = {h: _get(d, path) for path, h, _ in METRICS}
+        else:
+            entry.update({h: _get(d, path) for path, h, _ in METRICS})
+            c["scaled"].append(entry)
+    for run in runs:
+        base = run["baseline"]
+        for c in run["constants"]:
+            for e in c["scaled"]:
+                if "invalid" not in e:
+                    e["change"] = {h: _rel(e[h], base[h]) for _, h, _ in METRICS}
+        run["constants"] = sorted((c for c in run["constants"] if _moves(c)), key=lambda c: -_reach(c))
+    return {"scenario": json.loads(bases[0].scenario_json()).get("name") or "scenario", "factors": list(factors),
+            "runs": runs}
+
+
+def _rel(x: float, base: float) -> float | None:
+    """(x - base) / base; None where the baseline is 0 and x is not."""
+    if x == base:
+        return 0.0
+    return (x - base) / base if base else None
+
+
+def _moves(c: dict[str, Any]) -> bool:
+    return any(v != 0.0 for e in c["scaled"] for v in e.get("change", {}).values())
+
+
+def _reach(c: dict[str, Any]) -> float:
+    """How far the constant moves throughput, then CPU (the sort key)."""
+    ch = [e["change"] for e in c["scaled"] if "change" in e]
+    gbps = max((abs(x["Gbps"]) for x in ch if x["Gbps"] is not None), default=0.0)
+    cpu = max((abs(x["CPU"]) for x in ch if x["CPU"] is not None), default=0.0)
+    return gbps + cpu * 1e-3
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.1f}%"
+
+
+def format_sensitivity(doc: dict[str, Any], sets: list[tuple[str, str]] | None = None, top: int = 15) -> str:
+    """The table: per run, the constants that move it most, each factor's change to each metric."""
+    fs = doc["factors"]
+    lines = [f"iommulab {__version__} · sensitivity · {doc['scenario']}: each profile constant scaled alone by "
+             + ", ".join(f"×{f:g}" for f in fs)]
+    lines += set_lines(sets)
+    heads = [f"{h} ×{f:g}" for _, h, _ in METRICS for f in fs]
+    for run in doc["runs"]:
+        base = run["baseline"]
+        shown = "  ".join(f"{h} {fmt.format(base[h])}" for _, h, fmt in METRICS)
+        lines += ["", f"{run['label'] or 'run'} (profile {run['profile']}): {shown}"]
+        if not run["constants"]:
+            lines.append("  no constant moves this run")
+            continue
+        kw = max(len("constant"), *(len(c["key"]) for c in run["constants"][:top]))
+        lines.append(f"  {'constant':<{kw}}  {'value':>12}" + "".join(f"{h:>13}" for h in heads) + "  source")
+        for c in run["constants"][:top]:
+            cells = []
+            for _, h, _ in METRICS:
+                for f in fs:
+                    e = next(e for e in c["scaled"] if e["factor"] == f)
+                    cells.append("invalid" if "invalid" in e else _pct(e["change"][h]))
+            value = json.dumps(c["value"]) if isinstance(c["value"], (list, int)) else f"{c['value']:g}"
+            lines.append(f"  {c['key']:<{kw}}  {value:>12}" + "".join(f"{x:>13}" for x in cells) + f"  {c['source']}")
+        more = len(run["constants"]) - top
+        if more > 0:
+            lines.append(f"  … {more} more constants move this run (--json lists them all)")
+    lines += ["", "change: (scaled - baseline) / baseline of the run's goodput, CPU busy and share of unmapped pages "
+              "exposed · source: how the profile knows the constant ([sources]: sourced, fitted or estimate) · "
+              "structure keys (cores, table format, ways) are not scaled"]
+    return "\n".join(lines) + "\n"
