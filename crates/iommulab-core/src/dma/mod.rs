@@ -451,6 +451,21 @@ impl DmaLayer {
     pub fn batch_end(&mut self, now: Time, cpu: usize) -> Time {
         self.policy.batch_end(&mut self.core, now, cpu)
     }
+    /// dma_iova_unlink() then dma_iova_free() of a range the IOVA API mapped: __iommu_dma_iova_unlink() with
+    /// free_iova false clears it and syncs the IOTLB at once, in a lazy domain too. (dma_iova_destroy() in
+    /// one call, free_iova true, queues it in a lazy domain as any unmap.) Other policies unmap it as they
+    /// unmap anything.
+    pub fn iova_unlink_free(&mut self, now: Time, cpu: usize, iova_pfn: u64, pages: u64) -> Time {
+        if self.policy.name() != PolicyName::Lazy {
+            return self.unmap(now, cpu, iova_pfn, pages);
+        }
+        if let Some(a) = self.attack.as_mut() {
+            a.unmapped(iova_pfn, pages);
+        }
+        let t = strict::Strict.unmap(&mut self.core, now, cpu, iova_pfn, pages);
+        self.core.release(iova_pfn, t);
+        t
+    }
     /// The malicious device, if any, replays `n` IOVAs at `now`.
     pub fn replay(&mut self, n: u64, now: Time) {
         if let Some(mut a) = self.attack.take() {

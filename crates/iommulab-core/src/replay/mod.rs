@@ -38,8 +38,7 @@ mod warnings;
 
 use crate::dma::flush_queue::{FlushQueue, FqOptions};
 use crate::dma::locality::ReuseDistance;
-use crate::dma::strict::Strict;
-use crate::dma::{default_domain, DmaCore, DmaLayer, DmaPolicy};
+use crate::dma::{default_domain, DmaCore, DmaLayer};
 use crate::hw::{self, PAGE_SHIFT};
 use crate::input::InputError;
 use crate::metrics::IovaLocality;
@@ -362,11 +361,8 @@ impl Replayer {
             }
         }
         if synced {
-            // dma_iova_unlink(): __iommu_dma_iova_unlink() with free_iova false syncs the IOTLB at once, in a
-            // lazy domain too, and dma_iova_free() frees the IOVA: a strict unmap, nothing queued.
-            let c = &mut self.dma.core;
-            let t = Strict.unmap(c, ts, cpu as usize, first, n);
-            c.release(first, t);
+            // dma_iova_unlink(): synced at once, in a lazy domain too, nothing queued.
+            self.dma.iova_unlink_free(ts, cpu as usize, first, n);
             return;
         }
         self.dma.unmap(ts, cpu as usize, first, n);
