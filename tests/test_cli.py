@@ -25,8 +25,9 @@ def documented_keys():
 
 DOCUMENTED_KEYS = documented_keys()
 # Keys only some runs report (docs/scenarios.md says which): request/response latency, the malicious device's counts,
-# mlx5's RX cache reuse slack, a guest's exits.
-WORKLOAD_KEYS = {"latency", "attack", "rx_cache_reuse_slack", "vm_exits"}
+# mlx5's RX cache reuse slack, a guest's exits, the DMA map benchmark's figures.
+WORKLOAD_KEYS = {"latency", "attack", "rx_cache_reuse_slack", "vm_exits", "map_latency_us", "unmap_latency_us",
+                 "map_benchmark"}
 
 
 def test_version_and_help_everywhere():
