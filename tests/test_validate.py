@@ -109,8 +109,26 @@ def test_calibrate_fits_the_declared_parameter_and_writes_provenance(tmp_path):
     assert q.returncode == 2 and "--force" in q.stderr and out.read_text() == "mine\n"
 
 
+def test_calibrate_lists_each_fitted_constant_with_its_target_and_kind():
+    rows = json.loads(cli("calibrate", "--list", "--json", check_rc=0).stdout)["calibrations"]
+    by = {(r["profile"], r["param"]): r for r in rows}
+    # The one constant still fitted on a throughput says so; kunpeng920's is fitted on a micro-target.
+    assert by[("smmuv3-server", "iommu.smmuv3.sync_ns")]["kind"] == "macro"
+    k = by[("kunpeng920", "iommu.smmuv3.cmd_ns")]
+    assert k["kind"] == "micro" and k["target"] == "M2.one_thread_1m_unmap_us" and k["value"] == 69
+    text = cli("calibrate", "--list", check_rc=0).stdout
+    assert "kunpeng920: iommu.smmuv3.cmd_ns = 69  fitted on M2.one_thread_1m_unmap_us" in text
+    # Every micro-target is marked as one, and validate's rows carry the kind.
+    ts = load_targets()
+    assert {t.id for t in ts.targets if t.kind == "micro"} == {t.id for t in ts.targets if t.id.startswith("M")}
+
+
 def test_targets_file_errors_name_the_key(tmp_path):
     bad = tmp_path / "t.toml"
+    bad.write_text('[[target]]\nid = "X.y"\npublished = 1\ntolerance = 0.1\nscenario = "c1"\nvalue = "a.cpu_busy"\n'
+                   'runs.a = {}\nkind = "tiny"\n')
+    with pytest.raises(Exception, match=r"target X.y.kind: expected"):
+        load_targets(bad)
     bad.write_text('[[target]]\nid = "X.y"\npublished = "high"\nruns.a = {}\n')
     with pytest.raises(Exception, match=r"target X.y.published: expected"):
         load_targets(bad)

@@ -241,6 +241,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", metavar="FILE", help="write the calibrated profile here (one calibration only)")
     c.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     c.add_argument("--json", action="store_true", help="print the fitted values as JSON")
+    c.add_argument("--list", action="store_true",
+                   help="list the declared calibrations (each fitted constant, its profile value and its target, "
+                   "micro or macro) without running anything")
     _runner_args(c)
 
     sw = sub.add_parser("sweep", help="run every point of a sweep file into a Parquet dataset (resumable)",
@@ -330,6 +333,31 @@ def _policy_list(text: str) -> list[str]:
     if not ps or bad:
         raise argparse.ArgumentTypeError(f"expected policies from {','.join(POLICIES)}, got {text!r}")
     return ps
+
+
+def _list_calibrations(ts, as_json: bool) -> int:
+    """Each declared calibration: the constant, its value in the profile, the target and what kind it is."""
+    rows = []
+    for c in ts.calibrations:
+        t = ts.get(c.target)
+        prof = dict(_core.builtin_profiles()).get(c.profile)
+        value = None
+        if prof is not None:
+            node = tomllib.loads(prof)
+            for part in c.param.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            value = node
+        rows.append({"param": c.param, "profile": c.profile, "value": value, "target": t.id, "kind": t.kind,
+                     "published": t.published, "source": t.source})
+    if as_json:
+        json.dump({"calibrations": rows}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    for r in rows:
+        what = "a micro-target" if r["kind"] == "micro" else "a throughput or workload count (macro)"
+        print(f"{r['profile']}: {r['param']} = {r['value']}  fitted on {r['target']} = {r['published']:g}, "
+              f"{what}: {r['source']}")
+    return 0
 
 
 def _factor_list(text: str) -> list[float]:
@@ -661,6 +689,8 @@ def _cmd_validate(a: argparse.Namespace) -> int:
 
 def _cmd_calibrate(a: argparse.Namespace) -> int:
     ts = load_targets()
+    if a.list:
+        return _list_calibrations(ts, a.json)
     cals = [c for c in ts.calibrations if a.param in (None, c.param)]
     if a.param and not cals:
         if not (a.target_id and a.rng and a.profile):

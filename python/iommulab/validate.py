@@ -36,6 +36,9 @@ class Target:
     value: str
     runs: dict[str, dict[str, Any]]
     fitted: str | None = None
+    # "micro": one operation's cost (a map's latency, a sync's time); "macro": a throughput or a count of a
+    # whole workload. Profile constants are to be fitted on micro-targets only.
+    kind: str = "macro"
 
 
 @dataclass
@@ -85,7 +88,7 @@ def load_targets(path: str | os.PathLike | None = None) -> Targets:
         where = f"{name}: target[{i}]"
         tid = _need(where, t, "id", str)
         where = f"{name}: target {tid}"
-        unknown = set(t) - {"id", "source", "published", "tolerance", "scenario", "value", "runs", "fitted"}
+        unknown = set(t) - {"id", "source", "published", "tolerance", "scenario", "value", "runs", "fitted", "kind"}
         if unknown:
             raise ScenarioError(f"{where}: unknown key {sorted(unknown)[0]!r}")
         runs = _need(where, t, "runs", dict)
@@ -95,7 +98,9 @@ def load_targets(path: str | os.PathLike | None = None) -> Targets:
         tgt = Target(id=tid, source=str(t.get("source", "")), published=float(_need(where, t, "published", (int, float))),
                      tolerance=float(_need(where, t, "tolerance", (int, float))),
                      scenario=_need(where, t, "scenario", str), value=_need(where, t, "value", str), runs=runs,
-                     fitted=t.get("fitted"))
+                     fitted=t.get("fitted"), kind=t.get("kind", "macro"))
+        if tgt.kind not in ("micro", "macro"):
+            raise ScenarioError(f"{where}.kind: expected \"micro\" or \"macro\", got {tgt.kind!r}")
         for term in _terms(tgt):
             if term[0] not in runs:
                 raise ScenarioError(f"{where}.value: run {term[0]!r} is not in runs ({', '.join(runs)})")
@@ -223,7 +228,7 @@ def check(t: Target, values: list[float], assumed: list[str] | None = None) -> d
     err = (model - t.published) / t.published if t.published else math.inf
     return {"id": t.id, "published": t.published, "model": float(f"{model:.7g}"), "error": round(err, 6),
             "ok": bool(abs(err) <= t.tolerance), "tolerance": t.tolerance, "source": t.source,
-            "fitted": t.fitted, "assumed": list(assumed or []), "seeds": len(values),
+            "fitted": t.fitted, "kind": t.kind, "assumed": list(assumed or []), "seeds": len(values),
             "spread": [float(f"{min(values):.7g}"), float(f"{max(values):.7g}")]}
 
 
