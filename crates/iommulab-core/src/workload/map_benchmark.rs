@@ -70,14 +70,11 @@ fn avg_stddev(sum: u64, sum_sq: u64, loops: u64) -> (u64, u64) {
     (avg, var.isqrt())
 }
 
-/// One kernel thread: its CPU, its buffer, and the loop's map in progress (DMA pfn, when the map began and
-/// how long it took).
+/// One kernel thread (on CPU `cpus[i]`): its buffer, and the loop's map in progress (its DMA pfn and how long
+/// the map took). A thread whose map failed schedules nothing more: it has ended.
 struct Thread {
-    cpu: usize,
     phys: u64,
     mapped: Option<(u64, Time)>,
-    /// The thread ended (a failed map).
-    stopped: bool,
 }
 
 pub struct MapBenchmarkWorkload {
@@ -115,15 +112,13 @@ impl MapBenchmarkWorkload {
 
     /// The top of the loop: the fill, then the timed dma_map_single().
     fn map(&mut self, host: &mut Host, now: Time, i: usize) {
-        let th = &self.threads[i];
-        let (cpu, phys) = (th.cpu, th.phys);
-        if th.stopped || !host.cpu_acquire(cpu, now, event(EV_MAP, i), Ctx::Task) {
+        let (cpu, phys) = (self.cpus[i], self.threads[i].phys);
+        if !host.cpu_acquire(cpu, now, event(EV_MAP, i), Ctx::Task) {
             return;
         }
         let start = now + self.fill_ns;
         let Some((dma, t)) = host.dma_map(start, cpu, phys, self.pages()) else {
             self.sums.map_failures += 1;
-            self.threads[i].stopped = true;
             host.cpus[cpu].account(now, start);
             return;
         };
@@ -136,7 +131,7 @@ impl MapBenchmarkWorkload {
 
     /// The timed dma_unmap_single(), the sums, and the next loop.
     fn unmap(&mut self, host: &mut Host, now: Time, i: usize) {
-        let cpu = self.threads[i].cpu;
+        let cpu = self.cpus[i];
         if !host.cpu_acquire(cpu, now, event(EV_UNMAP, i), Ctx::Task) {
             return;
         }
@@ -156,17 +151,12 @@ impl MapBenchmarkWorkload {
 
 impl Workload for MapBenchmarkWorkload {
     fn start(&mut self, host: &mut Host, now: Time) -> Time {
-        for (i, &cpu) in self.cpus.iter().enumerate() {
+        for i in 0..self.cpus.len() {
             // alloc_pages_exact(): physically contiguous, once per thread.
             let Some(phys) = host.pages.alloc_contiguous(self.cfg.granule as u64) else {
                 return now;
             };
-            self.threads.push(Thread {
-                cpu,
-                phys,
-                mapped: None,
-                stopped: false,
-            });
+            self.threads.push(Thread { phys, mapped: None });
             host.schedule(now, event(EV_MAP, i));
         }
         now
