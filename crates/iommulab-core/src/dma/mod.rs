@@ -369,6 +369,30 @@ pub struct DmaLayer {
     pub attack: Option<attack::Replay>,
 }
 
+/// What every unmap of a layer does around `policy`'s: the malicious device learns the ranges, and pages the
+/// policy does not hold go back to their owners when it returns.
+fn unmap_by(
+    policy: &mut dyn DmaPolicy,
+    core: &mut DmaCore,
+    attack: &mut Option<attack::Replay>,
+    now: Time,
+    cpu: usize,
+    segs: &[(u64, u64)],
+) -> Time {
+    if let Some(a) = attack.as_mut() {
+        for &(iova, pages) in segs {
+            a.unmapped(iova, pages);
+        }
+    }
+    let t = policy.unmap_desc(core, now, cpu, segs);
+    if !policy.holds_pages() {
+        for &(iova, _) in segs {
+            core.release(iova, t);
+        }
+    }
+    t
+}
+
 impl DmaLayer {
     /// `fq`: the flush queue the device gets if the domain is lazy.
     pub fn new(
@@ -435,18 +459,14 @@ impl DmaLayer {
     }
     /// The segments `(iova, pages)` of one completed descriptor (one segment: a plain dma_unmap).
     pub fn unmap_desc(&mut self, now: Time, cpu: usize, segs: &[(u64, u64)]) -> Time {
-        if let Some(a) = self.attack.as_mut() {
-            for &(iova, pages) in segs {
-                a.unmapped(iova, pages);
-            }
-        }
-        let t = self.policy.unmap_desc(&mut self.core, now, cpu, segs);
-        if !self.policy.holds_pages() {
-            for &(iova, _) in segs {
-                self.core.release(iova, t);
-            }
-        }
-        t
+        unmap_by(
+            self.policy.as_mut(),
+            &mut self.core,
+            &mut self.attack,
+            now,
+            cpu,
+            segs,
+        )
     }
     pub fn batch_end(&mut self, now: Time, cpu: usize) -> Time {
         self.policy.batch_end(&mut self.core, now, cpu)
@@ -459,12 +479,15 @@ impl DmaLayer {
         if self.policy.name() != PolicyName::Lazy {
             return self.unmap(now, cpu, iova_pfn, pages);
         }
-        if let Some(a) = self.attack.as_mut() {
-            a.unmapped(iova_pfn, pages);
-        }
-        let t = strict::Strict.unmap(&mut self.core, now, cpu, iova_pfn, pages);
-        self.core.release(iova_pfn, t);
-        t
+        let segs = [(iova_pfn, pages)];
+        unmap_by(
+            &mut strict::Strict,
+            &mut self.core,
+            &mut self.attack,
+            now,
+            cpu,
+            &segs,
+        )
     }
     /// The malicious device, if any, replays `n` IOVAs at `now`.
     pub fn replay(&mut self, n: u64, now: Time) {
