@@ -45,6 +45,15 @@ def test_the_table_shows_the_baseline_and_each_factor():
     assert "more constants move this run (--json lists them all)" in out
 
 
+def test_the_python_api_takes_python_values():
+    from iommulab.sensitivity import sensitivity
+
+    d = sensitivity("default", {"os.policy": "strict", "run.duration_ms": 5, "run.warmup_ms": 2,
+                                "workload.nic_rx.page_pool": False})
+    assert [r["label"] for r in d["runs"]] == ["strict"]
+    assert any(c["key"].startswith("iommu.vtd.") for c in d["runs"][0]["constants"])
+
+
 @pytest.mark.parametrize("args, want", [
     (["--factor", "1"], "--factor"),
     (["--factor", "-2"], "--factor"),

@@ -16,7 +16,8 @@ from .inputs import shown, utf8
 from .invlog import inv_log
 from .replay import format_replay, replay
 from .report import format_table
-from .validate import DEFAULT_SEEDS, Calibration, calibrate, format_validate, load_targets, validate
+from .validate import (DEFAULT_SEEDS, Calibration, calibrate, declared_calibrations, format_validate,
+                       load_targets, validate)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -337,18 +338,7 @@ def _policy_list(text: str) -> list[str]:
 
 def _list_calibrations(ts, as_json: bool) -> int:
     """Each declared calibration: the constant, its value in the profile, the target and what kind it is."""
-    rows = []
-    for c in ts.calibrations:
-        t = ts.get(c.target)
-        prof = dict(_core.builtin_profiles()).get(c.profile)
-        value = None
-        if prof is not None:
-            node = tomllib.loads(prof)
-            for part in c.param.split("."):
-                node = node.get(part) if isinstance(node, dict) else None
-            value = node
-        rows.append({"param": c.param, "profile": c.profile, "value": value, "target": t.id, "kind": t.kind,
-                     "published": t.published, "source": t.source})
+    rows = declared_calibrations(ts)
     if as_json:
         json.dump({"calibrations": rows}, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -12,7 +12,7 @@ import math
 from typing import Any, Mapping
 
 from . import __version__
-from .api import ProgressFn, load, run_variants
+from .api import ProgressFn, load, override_pairs, run_variants, toml_value
 from ._core import ScenarioError
 from .report import set_lines
 
@@ -88,7 +88,8 @@ def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, fac
     todo, slots = [], []
     runs = []
     for b in bases:
-        pinned = {**sets, **{k: x for k, x in b.overrides}}
+        # Every key as TOML text: the user's (as `raw_strings` says they are given) and the variant's own.
+        pinned = {**dict(override_pairs(sets, raw_strings)), **dict(b.overrides)}
         sc = json.loads(b.scenario_json())
         sources = sc["platform"].get("sources") or {}
         run = {"label": b.label, "profile": sc["platform"]["profile"], "constants": []}
@@ -101,7 +102,7 @@ def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, fac
             for f in factors:
                 v = scaled(value, f)
                 try:
-                    [var] = load(scenario, {**pinned, f"platform.{key}": v}, raw_strings=True)
+                    [var] = load(scenario, {**pinned, f"platform.{key}": toml_value(v)}, raw_strings=True)
                 except ScenarioError as e:
                     c["scaled"].append({"factor": f, "value": v, "invalid": str(e)})
                     continue

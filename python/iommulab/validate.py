@@ -276,6 +276,23 @@ def _profile_text(profile: str) -> tuple[str, str]:
     return profile, toml_text(profile, "a profile file")
 
 
+def declared_calibrations(ts: Targets) -> list[dict[str, Any]]:
+    """Each declared calibration: the constant, its value in the profile now, and its target with its kind."""
+    rows = []
+    for c in ts.calibrations:
+        t = ts.get(c.target)
+        name, text = _profile_text(c.profile)
+        try:
+            node: Any = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ScenarioError(f"{name}: {e}") from None
+        for part in c.param.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        rows.append({"param": c.param, "profile": c.profile, "value": node, "target": t.id, "kind": t.kind,
+                     "published": t.published, "source": t.source})
+    return rows
+
+
 def _set_key(text: str, where: str, param: str, value: str) -> str:
     """Replace `param` (dotted, under its table) in TOML text, keeping every other line as it was."""
     *table, key = param.split(".")
