@@ -381,7 +381,7 @@ def test_every_toml_file_a_command_reads_is_bounded_and_regular(tmp_path):
     os.mkfifo(fifo)
     with open(big, "wb") as f:
         f.truncate((16 << 20) + 1)  # sparse
-    cal = ["calibrate", "--param", "iommu.smmuv3.sync_ns", "--target", "C1.strict_lazy_ratio", "--range", "1:2",
+    cal = ["calibrate", "--param", "iommu.smmuv3.cmd_ns", "--target", "M2.one_thread_1m_unmap_us", "--range", "1:2",
            "--profile"]
     for args, want in [(["sweep", "/dev/zero"], "/dev/zero: a character device; expected a sweep file"),
                        (["sweep", str(fifo)], f"{fifo}: a FIFO; expected a sweep file"),

@@ -22,8 +22,8 @@ def test_validate_json_lists_every_target_with_model_and_error():
         # model has 7 significant digits, error 6 decimals: a large error carries the model's rounding.
         assert r["error"] == pytest.approx((r["model"] - r["published"]) / r["published"], rel=1e-6, abs=1e-5)
         assert r["ok"] == (abs(r["error"]) <= r["tolerance"])
-    # C1: strict/lazy within 10% of 2.67 with lazy at the 40 Gbps line rate.
-    assert rows["C1.strict_lazy_ratio"]["ok"] and rows["C1.lazy_line_rate_share"]["ok"]
+    # C1: lazy at the 40 Gbps line rate (strict's ratio is a known miss since it is no longer fitted).
+    assert rows["C1.lazy_line_rate_share"]["ok"]
     text = cli("validate", "C1.strict_lazy_ratio", check_rc=0).stdout
     assert "C1.strict_lazy_ratio" in text and "C3." not in text
     # docs/validation.md's table shows these figures (to its rounding) and the count within tolerance.
@@ -79,8 +79,11 @@ def test_validate_overrides_move_the_model():
     (["validate", "C9.nothing"], "no such target"),
     (["validate", "--set", "platform.iommu.smmuv3.sync_ns=x"], "sync_ns"),
     (["validate", "--seeds", "0"], "at least 1"),
-    (["calibrate", "--param", "iommu.nope", "--target", "C1.strict_lazy_ratio", "--profile", "smmuv3-server",
+    (["calibrate", "--param", "iommu.nope", "--target", "M2.one_thread_1m_unmap_us", "--profile", "kunpeng920",
       "--range", "1:2"], "iommu.nope"),
+    # Micro-measurements in, macro predictions out: a throughput is never a constant's source.
+    (["calibrate", "--param", "iommu.smmuv3.sync_ns", "--target", "C1.strict_lazy_ratio", "--profile",
+      "smmuv3-server", "--range", "100:3000"], "C1.strict_lazy_ratio is a macro target"),
     (["calibrate", "--range", "5:1"], "LOW < HIGH"),
     (["calibrate", "--range", "1:2"], "not between"),
 ])
@@ -93,27 +96,27 @@ def test_bad_input_gets_one_line(args, what):
 
 def test_calibrate_fits_the_declared_parameter_and_writes_provenance(tmp_path):
     out = tmp_path / "smmu.toml"
-    p = cli("calibrate", "--param", "iommu.smmuv3.sync_ns", "--range", "200:3000", "--out", str(out), check_rc=0)
-    assert "iommu.smmuv3.sync_ns" in p.stdout and out.exists()
+    p = cli("calibrate", "--param", "iommu.smmuv3.cmd_ns", "--range", "20:300", "--out", str(out), check_rc=0)
+    assert "iommu.smmuv3.cmd_ns" in p.stdout and out.exists()
     prof = tomllib.loads(out.read_text())
-    value = prof["iommu"]["smmuv3"]["sync_ns"]
-    assert isinstance(value, int) and 200 < value < 3000
-    assert prof["sources"]["iommu.smmuv3.sync_ns"].startswith("calibrated on C1.strict_lazy_ratio")
+    value = prof["iommu"]["smmuv3"]["cmd_ns"]
+    assert isinstance(value, int) and 20 < value < 300
+    assert prof["sources"]["iommu.smmuv3.cmd_ns"].startswith("calibrated on M2.one_thread_1m_unmap_us")
     # The written profile meets the target it was fitted to.
-    doc = json.loads(cli("validate", "C1.strict_lazy_ratio", "--json", "--set", f"platform.profile={out}",
+    doc = json.loads(cli("validate", "M2.one_thread_1m_unmap_us", "--json", "--set", f"platform.profile={out}",
                          check_rc=0).stdout)
     assert abs(doc["targets"][0]["error"]) < 0.01
     # Nothing a user wrote is overwritten without asking.
     out.write_text("mine\n")
-    q = cli("calibrate", "--param", "iommu.smmuv3.sync_ns", "--out", str(out))
+    q = cli("calibrate", "--param", "iommu.smmuv3.cmd_ns", "--out", str(out))
     assert q.returncode == 2 and "--force" in q.stderr and out.read_text() == "mine\n"
 
 
 def test_calibrate_lists_each_fitted_constant_with_its_target_and_kind():
     rows = json.loads(cli("calibrate", "--list", "--json", check_rc=0).stdout)["calibrations"]
     by = {(r["profile"], r["param"]): r for r in rows}
-    # The one constant still fitted on a throughput says so; kunpeng920's is fitted on a micro-target.
-    assert by[("smmuv3-server", "iommu.smmuv3.sync_ns")]["kind"] == "macro"
+    # No constant is fitted on a throughput: every declared calibration's target is a micro-target.
+    assert rows and all(r["kind"] == "micro" for r in rows)
     k = by[("kunpeng920", "iommu.smmuv3.cmd_ns")]
     assert k["kind"] == "micro" and k["target"] == "M2.one_thread_1m_unmap_us" and k["value"] == 69
     text = cli("calibrate", "--list", check_rc=0).stdout
@@ -135,6 +138,12 @@ def test_targets_file_errors_name_the_key(tmp_path):
     bad.write_text('[[target]]\nid = "X.y"\npublished = 1\ntolerance = 0.1\nscenario = "c1"\n'
                    'value = "a.throughput_gbps / b.throughput_gbps"\nruns.a = {}\n')
     with pytest.raises(Exception, match=r"run 'b' is not in runs"):
+        load_targets(bad)
+    # A declared calibration on a throughput is refused where it is declared.
+    bad.write_text('[[target]]\nid = "X.y"\npublished = 1\ntolerance = 0.1\nscenario = "c1"\nvalue = "a.cpu_busy"\n'
+                   'runs.a = {}\n[[calibration]]\nparam = "cpu.lock_ns"\nprofile = "smmuv3-server"\n'
+                   'target = "X.y"\nrange = [1, 2]\n')
+    with pytest.raises(Exception, match=r"calibration\[0\].target: X.y is a macro target"):
         load_targets(bad)
 
 
@@ -165,6 +174,8 @@ def test_the_locality_target_is_the_median_of_fs_figure_3e():
 # fails the run too (strict xfail), so an improvement is seen and this list updated; every other target must
 # stay within its tolerance.
 KNOWN_MISSES = {
+    "C1.strict_lazy_ratio": "with Hi1620's CMD_SYNC times strict reaches the line rate; Graviton4's SMMU "
+                            "timings are unpublished (docs/validation.md, C1 without the fit)",
     "C3.strict_pwc_l3_misses_per_page": "the rings' IOVA layout does not age as F&S's Figure 3d needs",
     "C3.strict_throughput_share": "fewer walk reads than measured leave the DMA engine less held back",
     "C3.strict_drop_rate": "DCTCP senders back off on fewer losses than F&S measured",

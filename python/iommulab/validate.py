@@ -112,8 +112,16 @@ def load_targets(path: str | os.PathLike | None = None) -> Targets:
             raise ScenarioError(f"{where}.range: expected [low, high] with low < high, got {rng!r}")
         out.calibrations.append(Calibration(param=_need(where, c, "param", str), profile=_need(where, c, "profile", str),
                                             target=_need(where, c, "target", str), range=(rng[0], rng[1])))
-        out.get(out.calibrations[-1].target)
+        _micro_only(out.get(out.calibrations[-1].target), f"{where}.target")
     return out
+
+
+def _micro_only(t: Target, where: str) -> None:
+    """Micro-measurements in, macro predictions out: a profile constant is fitted on one operation's cost, never
+    on a throughput or a count of a whole workload (those are what the model predicts)."""
+    if t.kind != "micro":
+        raise ScenarioError(f"{where}: {t.id} is a macro target (a throughput or a count of a whole workload); "
+                            "a profile constant is fitted only on a kind = \"micro\" target")
 
 
 def _terms(t: Target) -> list[tuple[str, str, int | None, str]]:
@@ -331,6 +339,7 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24,
     {"param", "value", "target", "published", "model", "error", "profile_text"}."""
     ts = targets or load_targets()
     t = ts.get(c.target)
+    _micro_only(t, "--target")
     name, text = _profile_text(c.profile)
     # The profile as TOML decides whether the parameter is an integer.
     try:
