@@ -5,7 +5,7 @@ reached its IOMMU.
 
     python3 testbed/boot.py DIR --mode strict|lazy|pt [--iommu intel|virtio|smmuv3|none] [--cm on|off]
                             [--kernel 6.1|6.12] [--smp N] [--phases net,blk,nvme,mix] [--domains] [--devices]
-                            [--timer] [--probes SYM,SYM]
+                            [--timer] [--probes SYM,SYM] [--measure]
 
 DIR is what prepare.sh made (`prepare.sh DIR arm64` for smmuv3). Writes DIR/runs/NAME/: results.json (per phase:
 QEMU's invalidation descriptors, requests or commands between the guest's phase markers), trace.txt (the guest's
@@ -81,14 +81,15 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
 
 def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: int = 600,
          iommu: str = "intel", domains: bool = False, kernel: str | None = None, smp: int = 1,
-         probes: str = "", timer: bool = False, devices: bool = False) -> str:
+         probes: str = "", timer: bool = False, devices: bool = False, measure: bool = False) -> str:
     """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel by default), virtio (virtio-iommu-pci, the
     6.12 backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU), smmuv3 (an arm64 guest on `virt,iommu=smmuv3`,
     6.12 by default) or none (an x86 machine without an IOMMU). Phases: net, blk, nvme (arm64's machine has an
     NVMe drive) and mix (all of them at once). `domains`: the capture records each event's domain (kprobes);
     `devices`: and the DMA API's events, which name each mapping's device (6.12); `timer`: and when the
     flush queue's timer fires; `probes`: comma-separated kernel functions whose calls the
-    trace records too (diagnostics). Returns the run's directory."""
+    trace records too (diagnostics); `measure`: the capture records the latencies of the DMA map/unmap path
+    instead (capture -M, for `iommulab profile measure --trace`). Returns the run's directory."""
     kernel = kernel or ("6.1" if iommu == "intel" else "6.12")
     arm = iommu == "smmuv3"
     name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}",
@@ -96,6 +97,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     name += f"-k{kernel}" if kernel == "7.3" and not arm else ""
     name += f"-smp{smp}" if smp != 1 else ""
     name += "-" + phases.replace(",", "-") if phases != "net,blk" else ""
+    name += "-measure" if measure else ""
     rd = os.path.join(tb, "runs", name)
     shutil.rmtree(rd, ignore_errors=True)  # the last boot of this configuration: nothing of it may linger
     os.makedirs(rd)
@@ -115,7 +117,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
               f"{'intel_iommu=on ' if iommu == 'intel' else ''}"
               f"{MODES[mode]} tb.phases={phases} tb.port={port}{' tb.domains=1' if domains else ''}"
               f"{' tb.probes=' + probes if probes else ''}{' tb.timer=1' if timer else ''}"
-              f"{' tb.devices=1' if devices else ''}")
+              f"{' tb.devices=1' if devices else ''}{' tb.measure=1' if measure else ''}")
     ip = "iommu_platform=on,disable-legacy=on"
     machine = {"intel": ["-machine", "q35,kernel-irqchip=split", "-device",
                          f"intel-iommu,intremap=on,caching-mode={cm}"],
@@ -172,7 +174,8 @@ if __name__ == "__main__":
     ap.add_argument("--devices", action="store_true", help="record the DMA API's events, which name each mapping's "
                     "device (capture -D, Linux 6.12+)")
     ap.add_argument("--timer", action="store_true", help="record when the flush queue's timer fires (capture -t)")
+    ap.add_argument("--measure", action="store_true", help="record the map/unmap path's latencies (capture -M)")
     a = ap.parse_args()
     rd = boot(a.dir, a.mode, a.cm, a.phases, iommu=a.iommu, domains=a.domains, kernel=a.kernel, smp=a.smp,
-              probes=a.probes, timer=a.timer, devices=a.devices)
+              probes=a.probes, timer=a.timer, devices=a.devices, measure=a.measure)
     print(json.dumps(json.load(open(os.path.join(rd, "results.json"))), indent=1))

@@ -20,6 +20,9 @@ K=; [ "$(arg domains 0)" = 1 ] && K=-k
 [ "$(arg devices 0)" = 1 ] && K="$K -D"
 # tb.timer=1: and when the flush queue's timer fires (capture.sh -t, a kprobe on fq_flush_timeout).
 [ "$(arg timer 0)" = 1 ] && K="$K -t"
+# tb.measure=1: the capture records only the latencies of the DMA map/unmap path (capture.sh -M, for
+# `iommulab profile measure --trace`), in place of the domains, devices and timer.
+[ "$(arg measure 0)" = 1 ] && K=-M
 say() { echo "TB: $*" > /dev/console; }
 # tb.probes=SYM,SYM: a kprobe on each kernel function, recorded with the capture (a diagnostic; tb.timer
 # already records fq_flush_timeout): enabled in the capture's own tracing instance by each captured command.

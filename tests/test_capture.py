@@ -120,8 +120,8 @@ class Standin:
         """The kprobe events registered now: what was written to kprobe_events, taken as the kernel does."""
         probes = set()
         for line in self.kprobe_log.read_text().splitlines() if self.kprobe_log.exists() else []:
-            name = line.split()[0][2:]
-            (probes.add if line.startswith("p:") else probes.discard)(name)
+            name = line.split()[0].split(":", 1)[1]
+            (probes.discard if line.startswith("-:") else probes.add)(name)
         return probes
 
     def assert_untouched(self):

@@ -52,6 +52,7 @@ BOOTS = {
     "strict": ("x86", dict(mode="strict", cm="off")),
     "lazy": ("x86", dict(mode="lazy", cm="off")),
     "virtio-strict": ("x86", dict(mode="strict", iommu="virtio")),
+    "measure": ("x86", dict(mode="lazy", cm="off", phases="net", measure=True)),
 }
 BOOTS_AT_ONCE = max(1, min(4, os.cpu_count() or 1))
 
@@ -229,3 +230,32 @@ def test_passthrough_guest_sends_nothing_and_inspect_says_identity(boots):
     assert rep is None or rep["policy"] == "passthrough"
     ins = json.loads(cli("inspect", "--root", str(rd / "root"), "--json", check_rc=0).stdout)
     assert ins["devices"] and all(d["mode"] == "passthrough" == d["predicted"] for d in ins["devices"])
+
+
+def test_profile_measure_and_fit_on_a_guests_own_latencies(boots, tmp_path):
+    # The guest's capture (-M) timed its own map/unmap path under TCG (not hardware's timings: this checks the
+    # plumbing, and that the profile fitted to it gives back the latencies it was fitted on and predicts the
+    # whole map and unmap it composes).
+    from iommulab import measure
+
+    rd = boots.run("measure")
+    m = tmp_path / "m.json"
+    cli("profile", "measure", "--trace", str(rd / "trace.txt"), "-o", str(m), check_rc=0)
+    doc = json.loads(m.read_text())
+    assert doc["kernel"].startswith("6.1.") and doc["iommus"] == ["dmar0"] and measure.policy_of(doc) == "lazy"
+    fns = doc["functions"]
+    for fn in ("iommu_dma_map_page", "iommu_dma_unmap_page", "alloc_iova_fast", "free_iova_fast",
+               "iommu_map_atomic", "iommu_unmap_fast", "iommu_iova_to_phys"):
+        assert fns[fn]["calls"] > 1000, (fn, fns[fn]["calls"])
+    prof = tmp_path / "guest.toml"
+    res = json.loads(cli("profile", "fit", str(m), "--base", "vtd-server", "-o", str(prof), "--json",
+                         check_rc=0).stdout)
+    assert {"cpu.iova_rcache_ns", "cpu.pgtable_walk_ns", "cpu.pte_ns", "cpu.dma_iommu_op_ns"} <= set(res["fitted"])
+    rows = {r["function"]: r for r in res["functions"]}
+    for fn in ("iommu_iova_to_phys", "iommu_map_atomic"):
+        assert abs(rows[fn]["error"]) < 0.01, rows[fn]
+    # The model's map benchmark on the fitted profile, lazy as the guest ran: the whole map and unmap it
+    # composes (an unmap's own path is priced as the map's, which the guest's is not quite).
+    for fn in ("iommu_dma_map_page", "iommu_dma_unmap_page"):
+        assert abs(rows[fn]["error"]) < 0.35, rows[fn]
+

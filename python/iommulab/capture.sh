@@ -17,6 +17,15 @@
 #   -t          also record when the flush queue's timer fires (a kprobe on fq_flush_timeout) and whose domain
 #               it flushes (a kprobe on the IOMMU driver's flush_iotlb_all), where the kernel allows it; replay
 #               then runs each domain's lazy flush timer as it ran
+#   -L 'FUNC [ARGS]'  measure FUNC's latency: a kprobe at its entry (recording ARGS, kprobe_events fetch args
+#               such as size=$arg4:u64) and a kretprobe at its return (iommulab/lat_FUNC, lat_FUNC_r); repeat -L
+#               for more functions. A function not in kallsyms, or one the kernel refuses, is left out with a note.
+#               With -L only these probes are recorded (not iommu:map/unmap, whose tracepoints would add their
+#               own time to what is measured); `iommulab profile measure` reads the trace
+#   -M          measure the DMA map/unmap path (as -L for each): iommu_dma_map_page, iommu_dma_unmap_page,
+#               alloc_iova_fast, free_iova_fast, iommu_map (iommu_map_atomic before 6.3), iommu_unmap_fast,
+#               iommu_iova_to_phys, queue_iova, intel_iommu_iotlb_sync_map, qi_submit_sync,
+#               arm_smmu_cmdq_issue_cmdlist, viommu_sync_req, each with the argument that sizes its work
 #   -n          dry run: print what would be done, change nothing
 #
 # It records into a tracing instance of its own (instances/iommulab: its own ring buffer, events and
@@ -30,9 +39,28 @@
 # A capture killed with SIGKILL cannot clean up: the next one names what was left and how to remove it.
 set -u
 
-out= dur= phase= bufkb=65536 kprobes=0 dmaev=0 timerprobe=0 dry=0 timer=0
+out= dur= phase= bufkb=65536 kprobes=0 dmaev=0 timerprobe=0 dry=0 timer=0 latfns=
+nl='
+'
 while [ $# -gt 0 ]; do
   case "$1" in
+    # The argument positions are 6.1's and 6.12's (arm_smmu_cmdq_issue_cmdlist gained its cmdq argument in
+    # 6.12: its 3rd to 5th are recorded, and read by the kernel version).
+    -M) latfns="$latfns${latfns:+$nl}iommu_dma_map_page size=\$arg4:u64
+iommu_dma_unmap_page size=\$arg3:u64
+alloc_iova_fast pages=\$arg2:u64
+free_iova_fast pages=\$arg3:u64
+iommu_map size=\$arg4:u64
+iommu_map_atomic size=\$arg4:u64
+iommu_unmap_fast size=\$arg3:u64
+iommu_iova_to_phys
+queue_iova pages=\$arg3:u64
+intel_iommu_iotlb_sync_map size=\$arg3:u64
+qi_submit_sync count=\$arg3:u32
+arm_smmu_cmdq_issue_cmdlist a3=\$arg3:s32 a4=\$arg4:s32 a5=\$arg5:u8
+viommu_sync_req"; shift ;;
+    -L) [ -n "${2-}" ] || { echo "capture: -L needs 'FUNC [ARGS]'" >&2; exit 2; }
+        latfns="$latfns${latfns:+$nl}$2"; shift 2 ;;
     -o) out=${2-}; shift 2 ;;
     -d) dur=${2-}; shift 2 ;;
     -p) phase=${2-}; shift 2 ;;
@@ -50,6 +78,13 @@ fail() { echo "capture: $*" >&2; exit 2; }
 case "$bufkb" in ''|*[!0-9]*|0) fail "-b $bufkb: expected a size in KiB" ;; esac
 case "$dur" in ''|*[!0-9.]*) [ -z "$dur" ] || fail "-d $dur: expected seconds" ;; esac
 case "$phase" in *[!A-Za-z0-9_.-]*) fail "-p $phase: expected one word" ;; esac
+if [ -n "$latfns" ]; then
+  while IFS= read -r l; do
+    case "${l%% *}" in ''|[0-9]*|*[!A-Za-z0-9_]*) fail "-L '$l': expected a kernel function name, then its fetch args" ;; esac
+  done <<EOF
+$latfns
+EOF
+fi
 
 T=${IOMMULAB_TRACEFS-}  # another tracefs (tests)
 KALLSYMS=${IOMMULAB_KALLSYMS-/proc/kallsyms}  # another kallsyms (tests)
@@ -57,7 +92,12 @@ KALLSYMS=${IOMMULAB_KALLSYMS-/proc/kallsyms}  # another kallsyms (tests)
   [ -e "$d/trace_marker" ] && { T=$d; break; }
 done
 [ -n "$T" ] && [ -e "$T/trace_marker" ] || fail "no tracefs (mount -t tracefs nodev /sys/kernel/tracing)"
-[ -d "$T/events/iommu/map" ] || fail "this kernel has no iommu:map tracepoint"
+if [ -n "$latfns" ]; then
+  [ "$kprobes$dmaev$timerprobe" = 000 ] || fail "-L cannot be combined with -k, -D or -t (their events would add to what is measured)"
+  [ -w "$T/kprobe_events" ] || [ "$dry" = 1 ] || fail "-L needs kprobes: $T/kprobe_events is not writable (CONFIG_KPROBE_EVENTS)"
+else
+  [ -d "$T/events/iommu/map" ] || fail "this kernel has no iommu:map tracepoint"
+fi
 [ "$dry" = 1 ] || [ -w "$T/trace_marker" ] || fail "needs root (writing $T)"
 [ -d "$T/instances" ] || fail "$T has no instances/ (tracing instances, Linux 3.10+)"
 case "$out" in
@@ -78,6 +118,7 @@ I=$T/instances/iommulab
 
 events="iommu/map iommu/unmap"
 [ -d "$T/events/iommu/io_page_fault" ] && events="$events iommu/io_page_fault"
+[ -n "$latfns" ] && events=
 # The DMA API's calls that map or unmap (kernel/dma/mapping.c), each naming its device.
 dma_events=
 # (dma_map_phys and dma_unmap_phys replace dma_map_page/dma_unmap_page and the resource pair in newer kernels.)
@@ -160,10 +201,11 @@ interrupted() {  # before recording started: nothing is kept
   exit 130
 }
 
-# kprobe NAME FUNCTION 'ARGS': a kprobe event on FUNCTION, enabled in the instance. One that cannot be
-# registered or enabled is left out (and removed) with a note; the capture goes on without it.
+# kprobe NAME FUNCTION 'ARGS' [TYPE]: a kprobe event on FUNCTION (TYPE r64: a kretprobe on its return, up to 64
+# calls in flight at once), enabled in the instance. One that cannot be registered or enabled is left out (and
+# removed) with a note; the capture goes on without it.
 kprobe() {
-  if ! add "p:iommulab/$1 $2${3:+ $3}" "$T/kprobe_events"; then
+  if ! add "${4:-p}:iommulab/$1 $2${3:+ $3}" "$T/kprobe_events"; then
     echo "capture: kprobe iommulab/$1 on $2 refused by the kernel: recording without it" >&2
     return 1
   fi
@@ -223,6 +265,20 @@ if [ "$timerprobe" = 1 ]; then
     echo "capture: no kprobe on fq_flush_timeout here: the trace will not record the flush queue's timer" >&2
   fi
 fi
+latprobed=
+if [ -n "$latfns" ]; then
+  # Each -L function: its entry with the args asked for, and its return (its latency is the time between).
+  while IFS= read -r l; do
+    f=${l%% *}; fa=${l#"$f"}; fa=${fa# }
+    ksym "$f" || { echo "capture: latency of $f: not in kallsyms (not in this kernel, or inlined): measuring without it" >&2; continue; }
+    kprobe "lat_$f" "$f" "$fa" || continue
+    if kprobe "lat_${f}_r" "$f" '' r64; then latprobed="$latprobed$nl$l"
+    else echo "capture: latency of $f: no return probe: measuring without it" >&2; put 0 "$I/events/iommulab/lat_$f/enable"; fi
+  done <<EOF
+$latfns
+EOF
+  [ -n "$latprobed" ] || [ "$dry" = 1 ] || fail "-L: none of the functions could be probed"
+fi
 interrupted
 
 if [ "$dry" = 1 ]; then
@@ -234,6 +290,19 @@ fi
 {
   [ "$timer" != 0 ] && echo "# iommulab capture: flush queue timer recorded (kprobe fq_flush_timeout)"
   [ "$timer" = 2 ] && echo "# iommulab capture: flush queue timer's domain recorded (kprobes$flushers)"
+  # With -L: where the latencies were measured, and what (`iommulab profile measure` reads these lines).
+  if [ -n "$latprobed" ]; then
+    echo "# iommulab measure: host $(uname -n 2>/dev/null)"
+    echo "# iommulab measure: kernel $(uname -r 2>/dev/null)"
+    echo "# iommulab measure: machine $(uname -m 2>/dev/null)"
+    echo "# iommulab measure: date $(date -u +%Y-%m-%dT%H:%M:%SZ 2>/dev/null)"
+    echo "# iommulab measure: cmdline $(cat /proc/cmdline 2>/dev/null)"
+    for i in /sys/class/iommu/*; do [ -e "$i" ] && echo "# iommulab measure: iommu ${i##*/}"; done
+    for g in /sys/kernel/iommu_groups/*; do
+      [ -d "$g/devices" ] && echo "# iommulab measure: group ${g##*/} type $(cat "$g/type" 2>/dev/null) devices $(ls "$g/devices" | tr '\n' ' ')"
+    done
+    printf '%s\n' "$latprobed" | while IFS= read -r l; do [ -n "$l" ] && echo "# iommulab measure: probe $l"; done
+  fi
   # With the DMA API's events, which devices share a domain: their IOMMU group.
   if [ "$dmaev" = 1 ] && [ -n "$dma_events" ]; then
     for g in /sys/kernel/iommu_groups/*; do
@@ -283,6 +352,11 @@ done
 stop_reader
 lost=$(stat_sum overrun)
 unread=$(stat_sum entries)
+# A kretprobe misses returns when more calls are in flight than it has instances for (kprobe_profile: name, hits,
+# misses); a missed one leaves its entry unpaired.
+[ -n "$latprobed" ] && while read -r name hits miss; do
+  case "$name" in lat_*) [ "${miss:-0}" != 0 ] && echo "# iommulab measure: missed $name $miss" >> "$tmp" ;; esac
+done 2>/dev/null < "$T/kprobe_profile"
 [ "$lost" -gt 0 ] && echo "# iommulab capture: $lost events lost to ring-buffer overruns (raise -b)" >> "$tmp"
 [ "$unread" -gt 0 ] && echo "# iommulab capture: $unread events lost: recorded, not read before the reader stopped" >> "$tmp"
 cleanup

@@ -6,7 +6,9 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
+import tempfile
 import tomllib
 
 from . import __version__, _core
@@ -16,8 +18,8 @@ from .inputs import shown, utf8
 from .invlog import inv_log
 from .replay import format_replay, replay
 from .report import format_table
-from .validate import (DEFAULT_SEEDS, Calibration, calibrate, declared_calibrations, format_validate,
-                       load_targets, validate)
+from .validate import (DEFAULT_SEEDS, Calibration, _profile_text, calibrate, declared_calibrations,
+                       format_validate, load_targets, validate)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -275,6 +277,42 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("profiles", help="list the built-in platform profiles, or print one",
                        description="List built-in platform profiles; with a NAME, print it with the source of every number.")
     f.add_argument("name", nargs="?", help="built-in profile to print")
+
+    pf = sub.add_parser("profile", help="measure the kernel's map/unmap path on this host, and fit a profile to it",
+                        description="measure: record the latency of the kernel's own DMA map/unmap path functions "
+                        "(kprobes at their entry and return, in a tracing instance of the capture script's own, "
+                        "removed on every exit) while a workload runs, into a JSON summary. fit: write a platform "
+                        "profile whose CPU-path and invalidation constants come from that summary, and print what "
+                        "the model then gives for each measured function beside what was measured.")
+    psub = pf.add_subparsers(dest="profile_cmd", metavar="measure|fit")
+    pm = psub.add_parser("measure", help="record the map/unmap path's latencies (root; or read a trace)",
+                         description="Record how long the kernel's DMA map/unmap path functions take (capture "
+                         "script -M: iommu_dma_map_page, alloc_iova_fast, iommu_map, qi_submit_sync, ...) while "
+                         "COMMAND runs (or for --duration), and write per-function latencies as JSON. With --trace, "
+                         "summarise a trace recorded elsewhere with `iommulab capture --print-script` run as "
+                         "`sh capture.sh -M -o TRACE` (a host without Python).")
+    pm.add_argument("-o", dest="out", metavar="M.json", required=True, help="the measurement (never overwritten "
+                    "without --force)")
+    pm.add_argument("--trace", metavar="TRACE", help="summarise this trace (capture.sh -M or -L) instead of recording")
+    pm.add_argument("--duration", type=float, metavar="S", help="record S seconds (default: while COMMAND runs, "
+                    "or 10 s)")
+    pm.add_argument("--functions", metavar="F,F", help="also measure these kernel functions")
+    pm.add_argument("--keep-trace", metavar="FILE", help="keep the recorded trace here")
+    pm.add_argument("--force", action="store_true", help="overwrite -o if it exists")
+    pm.add_argument("--json", action="store_true", help="print the measurement as JSON")
+    pm.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+    pm.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARG...]: record while it runs")
+    pt = psub.add_parser("fit", help="write a profile from a measurement, and compare its model with it",
+                         description="Write PROFILE (a copy of --base) with the constants the measurement sets, "
+                         "each with its provenance (measured on HOST, DATE, KERNEL) in [sources], then print, per "
+                         "measured function, the measured mean latency beside what the model gives with it.")
+    pt.add_argument("measurement", metavar="M.json")
+    pt.add_argument("--base", required=True, metavar="PROFILE", help="built-in profile name or profile file to start "
+                    "from (the closest platform: vtd-server, smmuv3-server, kunpeng920, ...)")
+    pt.add_argument("-o", dest="out", required=True, metavar="FILE.toml", help="the fitted profile (never "
+                    "overwritten without --force)")
+    pt.add_argument("--force", action="store_true", help="overwrite -o if it exists")
+    pt.add_argument("--json", action="store_true", help="print the fitted values and the comparison as JSON")
     return p
 
 
@@ -623,6 +661,65 @@ def _cmd_capture(a: argparse.Namespace) -> int:
     return _run_to_the_end(["sh", "-c", script, "capture", *args])
 
 
+def _cmd_profile(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from . import measure
+
+    if a.profile_cmd == "fit":
+        _fresh(a.out, a.force, "-o")
+        m = measure.load(a.measurement)
+        name, text = _profile_text(a.base)
+        f = measure.fit(text, m)
+        _write(a.out, measure.profile_text(text, name, f), "-o")
+        rows = measure.modelled(f, a.out, m.get("kernel"))
+        if a.json:
+            json.dump({"profile": a.out, "fitted": {k: {"value": round(v, 4), "how": f.how[k]}
+                                                    for k, v in sorted(f.values.items())},
+                       "functions": rows, "not_fitted": f.skipped}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(measure.format_fit(f, rows, a.out))
+        return 0
+    if a.profile_cmd != "measure":
+        parser.parse_args(["profile", "--help"])
+        return 2
+    _fresh(a.out, a.force, "-o")
+    _fresh(a.keep_trace, a.force, "--keep-trace")
+    if a.trace:
+        m = measure.summarize(a.trace)
+    else:
+        if a.duration is not None and not (0 < a.duration <= 86400):
+            raise ScenarioError(f"--duration {a.duration}: expected 0 < seconds <= 86400")
+        fns = [x for x in (a.functions or "").split(",") if x]
+        for fn in fns:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", fn):
+                raise ScenarioError(f"--functions {fn}: expected kernel function names, separated by commas")
+        cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+        with tempfile.TemporaryDirectory(prefix="iommulab-measure-") as d:
+            trace = a.keep_trace or os.path.join(d, "trace.txt")
+            args = ["-M", "-o", trace, *(x for fn in fns for x in ("-L", fn))]
+            if a.duration is not None:
+                args += ["-d", str(int(math.ceil(a.duration)))]
+            if a.dry_run:
+                args.append("-n")
+            if cmd:
+                args += ["--", *cmd]
+            from importlib.resources import files
+
+            script = files("iommulab").joinpath("capture.sh").read_text()
+            rc = _run_to_the_end(["sh", "-c", script, "capture", *args])
+            if a.dry_run or not os.path.exists(trace):
+                return rc
+            m = measure.summarize(trace)
+    _write(a.out, json.dumps(m, indent=1) + "\n", "-o")
+    if a.json:
+        json.dump(m, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(measure.format_measure(m, a.out))
+    # A recording the user interrupted keeps what it read, and says so in its exit status.
+    return 0 if a.trace else rc
+
+
 def _run_to_the_end(argv: list[str]) -> int:
     """Run a host tool that undoes its changes when signalled: SIGINT, SIGTERM and SIGHUP reach it (forwarded,
     where they were sent to this process alone), and it is waited for however long its cleanup takes, never
@@ -747,6 +844,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_report(a)
         if a.cmd == "profiles":
             return _cmd_list("profile", _core.builtin_profiles(), a.name)
+        if a.cmd == "profile":
+            return _cmd_profile(a, parser)
         parser.print_help()
         return 0
     except ScenarioError as e:

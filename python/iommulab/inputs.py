@@ -3,8 +3,13 @@ are not (a file system takes any), and files that must be regular ones."""
 
 from __future__ import annotations
 
+import bz2
+import gzip
+import lzma
 import os
 import stat
+import sys
+from typing import IO
 
 from ._core import MAX_INPUT_FILE_BYTES, ScenarioError
 
@@ -52,3 +57,23 @@ def toml_text(path: str | os.PathLike, what: str = "a TOML file") -> str:
     except UnicodeDecodeError as e:
         line = data[:e.start].count(b"\n") + 1
         raise ScenarioError(f"{name}:{line}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
+def open_trace(path: str | os.PathLike) -> tuple[IO[bytes], IO[bytes] | None]:
+    """The trace's bytes, and the file under them (whose position is the progress; None for stdin): '-' is
+    standard input; .xz, .gz and .bz2 files are decompressed on the fly. Any other path must name a regular
+    file: a device (/dev/zero), a directory or a FIFO is refused before it is opened (a pipe comes in as -).
+    How much of a line is buffered is bounded where the lines are cut, in the core."""
+    p = os.fspath(path)
+    if p == "-":
+        return sys.stdin.buffer, None
+    opener = {".xz": lzma.open, ".lzma": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}.get(os.path.splitext(p)[1])
+    try:
+        mode = os.stat(p).st_mode
+        if not stat.S_ISREG(mode):
+            raise ScenarioError(f"{shown(p)}: {file_kind(mode)}; expected a trace file (ftrace text, or .xz/.gz/.bz2) "
+                                "or - for standard input")
+        raw = open(p, "rb")
+    except OSError as e:
+        raise ScenarioError(f"{shown(p)}: cannot open: {e.strerror or e}") from None
+    return (opener(raw, "rb") if opener else raw), raw

@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import json
 import lzma
 import os
 import queue
-import stat
-import sys
 import threading
 from typing import IO, Any, Callable
 
 from . import _core
 from ._core import ScenarioError
-from .inputs import file_kind, shown, utf8
+from .inputs import open_trace, shown, utf8
 
 CHUNK = 1 << 20
 # Chunks read and decompressed ahead of the replay at most.
@@ -23,26 +19,6 @@ READ_AHEAD = 4
 
 COUNT_KEYS = ("map_events", "unmap_events", "map_syncs", "iotlb_psi", "iotlb_dsi", "iotlb_global", "wait", "devtlb",
               "virtio_map", "virtio_unmap")
-
-
-def _open(path: str | os.PathLike) -> tuple[IO[bytes], IO[bytes] | None]:
-    """The trace's bytes, and the file under them (whose position is the progress; None for stdin): '-' is
-    standard input; .xz, .gz and .bz2 files are decompressed on the fly. Any other path must name a regular
-    file: a device (/dev/zero), a directory or a FIFO is refused before it is opened (a pipe comes in as -).
-    How much of a line is buffered is bounded where the lines are cut, in the core."""
-    p = os.fspath(path)
-    if p == "-":
-        return sys.stdin.buffer, None
-    opener = {".xz": lzma.open, ".lzma": lzma.open, ".gz": gzip.open, ".bz2": bz2.open}.get(os.path.splitext(p)[1])
-    try:
-        mode = os.stat(p).st_mode
-        if not stat.S_ISREG(mode):
-            raise ScenarioError(f"{shown(p)}: {file_kind(mode)}; expected a trace file (ftrace text, or .xz/.gz/.bz2) "
-                                "or - for standard input")
-        raw = open(p, "rb")
-    except OSError as e:
-        raise ScenarioError(f"{shown(p)}: cannot open: {e.strerror or e}") from None
-    return (opener(raw, "rb") if opener else raw), raw
 
 
 def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool = False, ats: bool = False,
@@ -75,7 +51,7 @@ def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool =
         raise ScenarioError(f"--tick-phase-us {tick_phase_us}: expected a time in µs >= 0")
     phase_ns = None if tick_phase_us is None else int(round(tick_phase_us * 1000))
     r = _core.Replay(name, iommu, caching_mode, ats, kernel, cmdline, mode, hz, phase_ns, list(ats_phases or []))
-    f, raw = _open(trace)
+    f, raw = open_trace(trace)
     size = os.fstat(raw.fileno()).st_size if raw is not None else 0
     try:
         for chunk, pos in _read_ahead(f, raw, name):

@@ -301,6 +301,12 @@ def declared_calibrations(ts: Targets) -> list[dict[str, Any]]:
     return rows
 
 
+def set_profile_value(text: str, where: str, param: str, value: Any, note: str) -> str:
+    """Profile TOML `text` with `param` (dotted) set to `value` and its [sources] entry set to `note`, every
+    other line kept as it was."""
+    return _set_source(_set_key(text, where, param, toml_value(value)), param, note)
+
+
 def _set_key(text: str, where: str, param: str, value: str) -> str:
     """Replace `param` (dotted, under its table) in TOML text, keeping every other line as it was."""
     *table, key = param.split(".")
@@ -389,6 +395,6 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24,
     _, value, model = best
     note = (f"calibrated on {t.id} with scenario {t.scenario} (published {t.published:g}: {t.source}); "
             f"model {model:.4g} at this value")
-    new = _set_source(_set_key(text, name, c.param, toml_value(value)), c.param, note)
+    new = set_profile_value(text, name, c.param, value, note)
     return {"param": c.param, "profile": c.profile, "value": value, "target": t.id, "published": t.published,
             "model": float(f"{model:.7g}"), "error": round((model - t.published) / t.published, 6), "profile_text": new}

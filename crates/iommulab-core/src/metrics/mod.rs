@@ -436,6 +436,9 @@ pub struct MapBenchmarkCounts {
     pub map_failures: u64,
     /// Loops per second per thread (the per-CPU map+unmap rate).
     pub loops_per_sec_per_thread: f64,
+    /// Mean map and unmap times in ns, exact (the kernel's figures above truncate each loop to 100 ns).
+    pub map_ns_mean: f64,
+    pub unmap_ns_mean: f64,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -668,6 +671,8 @@ impl RunResult {
                     loops_per_sec_per_thread: r6(m.loops as f64
                         / secs
                         / b.cpus.len().max(1) as f64),
+                    map_ns_mean: r6(ratio(m.sum_map_ns, m.loops)),
+                    unmap_ns_mean: r6(ratio(m.sum_unmap_ns, m.loops)),
                 }),
             attack: b.attack.as_ref().map(|y| {
                 let x = a.attack.clone().unwrap_or_default();

@@ -25,6 +25,9 @@ pub struct MapBenchSums {
     pub sum_sq_unmap: u64,
     /// dma_map_single() calls that failed (the kernel's thread then ends with -ENOMEM).
     pub map_failures: u64,
+    /// The same times in ns before the kernel's division by 100 (to compare with a host's own measurement).
+    pub sum_map_ns: u64,
+    pub sum_unmap_ns: u64,
 }
 
 impl MapBenchSums {
@@ -36,6 +39,8 @@ impl MapBenchSums {
         self.sum_sq_map += m * m;
         self.sum_unmap_100ns += u;
         self.sum_sq_unmap += u * u;
+        self.sum_map_ns += map_ns;
+        self.sum_unmap_ns += unmap_ns;
     }
 
     pub fn since(&self, a: &MapBenchSums) -> MapBenchSums {
@@ -47,6 +52,8 @@ impl MapBenchSums {
             sum_sq_unmap: self.sum_sq_unmap - a.sum_sq_unmap,
             // Over the whole run: any failed map fails the kernel's ioctl, warm-up or not.
             map_failures: self.map_failures,
+            sum_map_ns: self.sum_map_ns - a.sum_map_ns,
+            sum_unmap_ns: self.sum_unmap_ns - a.sum_unmap_ns,
         }
     }
 

@@ -1,0 +1,512 @@
+"""Profiles measured on the user's own host. `iommulab profile measure` records how long the kernel's own DMA
+map/unmap path functions take (a kprobe at each one's entry and a kretprobe at its return, through the capture
+script's -M) while a workload runs, and summarises them per function; `iommulab profile fit` writes a platform
+profile whose CPU-path and invalidation constants come from those latencies, and sets what the model then
+predicts for each measured function beside what was measured (docs/measure.md)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import tomllib
+from typing import IO, Any
+
+from ._core import ScenarioError
+from .inputs import open_trace, shown
+
+MEASURE_FORMAT = 1
+# Per function, at most this many latencies are kept for its percentiles (every other one is dropped when full,
+# so the sample stays spread over the whole recording); the means use every call.
+SAMPLE_MAX = 1 << 16
+# A pid's open calls deeper than this are given up as unpaired (a return probe that missed): bounded memory.
+STACK_MAX = 64
+# Distinct argument values kept per function (a size, a descriptor count); the rest are summed under "other".
+KEYS_MAX = 64
+# A regression over an argument needs this many calls at each of at least two values.
+FIT_MIN_CALLS = 20
+PAGE = 4096
+# A trace line longer than this is an error, as replay's (replay/ftrace.rs MAX_LINE_BYTES).
+MAX_LINE_BYTES = 1 << 20
+# The IOVA rcache serves allocations of up to 2^(IOVA_RANGE_CACHE_MAX_SIZE - 1) pages (drivers/iommu/iova.c).
+RCACHE_MAX_PAGES = 32
+
+# ` task-pid [cpu] flags ts: lat_FUNC: (site) args` as tracefs prints an event (the flags and a tgid column are
+# options a host may have turned off).
+_EVENT = re.compile(rb"^\s*.*?-(\d+)\s+(?:\(\s*[\d-]+\)\s+)?\[(\d+)\]\s+(?:\S+\s+)?(\d+)\.(\d{6}):\s+lat_(\w+?)(_r)?:"
+                    rb"\s*\([^)]*\)\s*(.*)$")
+_ARG = re.compile(rb"(\w+)=(0x[0-9a-fA-F]+|-?\d+)")
+_HEADER = "# iommulab measure: "
+
+
+class _Fn:
+    """One function's calls: counts, sums for the means, a bounded sample for percentiles, and per argument
+    value (`key`) the same sums."""
+
+    def __init__(self):
+        self.n = 0
+        self.sum = self.sumsq = self.self_sum = 0.0
+        self.sample: list[int] = []
+        self.stride = 1
+        self.by: dict[str, list[float]] = {}  # key -> [calls, sum, self_sum]
+
+    def add(self, dur: int, own: int, key: str | None):
+        self.n += 1
+        self.sum += dur
+        self.sumsq += dur * dur
+        self.self_sum += own
+        if self.n % self.stride == 0:
+            self.sample.append(dur)
+            if len(self.sample) >= SAMPLE_MAX:
+                self.sample = self.sample[1::2]
+                self.stride *= 2
+        if key is not None:
+            if key not in self.by and len(self.by) >= KEYS_MAX:
+                key = "other"
+            b = self.by.setdefault(key, [0, 0.0, 0.0])
+            b[0] += 1
+            b[1] += dur
+            b[2] += own
+
+    def summary(self) -> dict[str, Any]:
+        s = sorted(self.sample)
+        mean = self.sum / self.n
+        pct = (lambda q: s[min(len(s) - 1, int(q * len(s)))])
+        return {"calls": self.n, "mean_ns": round(mean, 1), "self_mean_ns": round(self.self_sum / self.n, 1),
+                "stddev_ns": round(math.sqrt(max(0.0, self.sumsq / self.n - mean * mean)), 1),
+                "p50_ns": pct(0.5), "p99_ns": pct(0.99),
+                "by": {k: {"calls": int(c), "mean_ns": round(t / c, 1), "self_mean_ns": round(o / c, 1)}
+                       for k, (c, t, o) in sorted(self.by.items(), key=lambda kv: -kv[1][0])}}
+
+
+def _key(fn: str, args: dict[str, int], kernel: tuple[int, int]) -> str | None:
+    """What sizes a call's work, as `name=value`: pages mapped or unmapped, descriptors, commands and sync."""
+    if "size" in args:
+        return f"pages={max(1, -(-args['size'] // PAGE))}"
+    if "pages" in args:
+        return f"pages={args['pages']}"
+    if "count" in args:
+        return f"count={args['count']}"
+    if fn == "arm_smmu_cmdq_issue_cmdlist" and {"a3", "a4", "a5"} <= set(args):
+        # (smmu, cmds, n, sync) until 6.11; (smmu, cmdq, cmds, n, sync) from 6.12.
+        n, sync = (args["a4"], args["a5"]) if kernel >= (6, 12) else (args["a3"], args["a4"] & 0xff)
+        return f"n={n},sync={int(bool(sync))}"
+    return None
+
+
+def _kernel_version(release: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", release)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def summarize(path: str | os.PathLike) -> dict[str, Any]:
+    """A trace recorded with the capture script's -M or -L, as per-function latencies: for each function its
+    calls, mean, standard deviation, p50 and p99 (inclusive, ns), its self time (less the probed functions it
+    called) and the same by its sizing argument; with the host, kernel, date, command line, IOMMUs and IOMMU
+    groups the script recorded."""
+    f, raw = open_trace(path)
+    name = shown(path)
+    meta: dict[str, Any] = {"iommus": [], "groups": [], "probes": [], "missed": {}}
+    fns: dict[str, _Fn] = {}
+    stacks: dict[tuple[int, int], list[list]] = {}  # (pid, cpu for pid 0) -> open calls [fn, t0, key, child ns]
+    unpaired = 0
+    kernel = (0, 0)
+    try:
+        with f:
+            for lineno, line in enumerate(_lines(f, name), 1):
+                if line.startswith(b"#"):
+                    text = line.decode("utf-8", "replace").rstrip("\n")
+                    if text.startswith(_HEADER):
+                        kernel = _header(meta, text[len(_HEADER):]) or kernel
+                    continue
+                m = _EVENT.match(line)
+                if not m:
+                    continue
+                pid, cpu = int(m.group(1)), int(m.group(2))
+                t = int(m.group(3)) * 1_000_000_000 + int(m.group(4)) * 1000
+                fn, ret = m.group(5).decode(), m.group(6) is not None
+                st = stacks.setdefault((pid, cpu if pid == 0 else -1), [])
+                if not ret:
+                    args = {k.decode(): int(v, 16) if v.startswith(b"0x") else int(v)
+                            for k, v in _ARG.findall(m.group(7))}
+                    st.append([fn, t, _key(fn, args, kernel), 0])
+                    if len(st) > STACK_MAX:
+                        st.pop(0)
+                        unpaired += 1
+                    continue
+                # A return closes the innermost open call of its function; calls opened above it lost theirs.
+                for i in range(len(st) - 1, -1, -1):
+                    if st[i][0] == fn:
+                        break
+                else:
+                    unpaired += 1
+                    continue
+                unpaired += len(st) - 1 - i
+                _, t0, key, child = st[i]
+                del st[i:]
+                dur = max(0, t - t0)
+                fns.setdefault(fn, _Fn()).add(dur, max(0, dur - child), key)
+                if st:
+                    st[-1][3] += dur
+    except (OSError, EOFError, ValueError) as e:
+        raise ScenarioError(f"{name}: cannot read: {e}") from None
+    finally:
+        if raw is not None:
+            raw.close()
+    unpaired += sum(len(s) for s in stacks.values())
+    if not fns:
+        raise ScenarioError(f"{name}: no measured calls (lat_* events); expected a trace recorded with "
+                            "`iommulab profile measure` or the capture script's -M or -L")
+    return {"format": MEASURE_FORMAT, **meta, "unpaired": unpaired,
+            "functions": {k: fns[k].summary() for k in sorted(fns)}}
+
+
+def _lines(f: IO[bytes], name: str):
+    """The trace's lines, each bounded: one longer than MAX_LINE_BYTES is an error naming it."""
+    lineno = 0
+    while True:
+        line = f.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        lineno += 1
+        if len(line) > MAX_LINE_BYTES:
+            raise ScenarioError(f"{name}:{lineno}: a line longer than {MAX_LINE_BYTES} bytes; expected ftrace text")
+        yield line
+
+
+def _header(meta: dict[str, Any], text: str) -> tuple[int, int] | None:
+    """One `# iommulab measure:` line into `meta`; the kernel's version when the line gives it."""
+    key, _, value = text.partition(" ")
+    if key in ("host", "kernel", "machine", "date", "cmdline"):
+        meta[key] = value
+        return _kernel_version(value) if key == "kernel" else None
+    if key == "iommu":
+        meta["iommus"].append(value)
+    elif key == "group":
+        m = re.match(r"(\S+) type (\S*) devices ?(.*)", value)
+        if m:
+            meta["groups"].append({"group": m.group(1), "type": m.group(2), "devices": m.group(3).split()})
+    elif key == "probe":
+        meta["probes"].append(value)
+    elif key == "missed":
+        fn, _, n = value.partition(" ")
+        meta["missed"][fn] = int(n) if n.isdigit() else n
+    return None
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """A measurement `profile measure` wrote (JSON), checked for what `fit` reads."""
+    name = shown(path)
+    from .inputs import toml_text  # the same bounded, regular-file read
+
+    try:
+        doc = json.loads(toml_text(path, "a measurement (JSON from iommulab profile measure)"))
+    except json.JSONDecodeError as e:
+        raise ScenarioError(f"{name}:{e.lineno}: not JSON ({e.msg}); expected a measurement from "
+                            "iommulab profile measure") from None
+    if not isinstance(doc, dict) or doc.get("format") != MEASURE_FORMAT or not isinstance(doc.get("functions"), dict):
+        raise ScenarioError(f"{name}: expected a measurement from iommulab profile measure (format "
+                            f"{MEASURE_FORMAT}, with functions)")
+    for fn, s in doc["functions"].items():
+        if not isinstance(s, dict) or not all(isinstance(s.get(k), (int, float)) for k in ("calls", "mean_ns",
+                                                                                          "self_mean_ns")):
+            raise ScenarioError(f"{name}: functions.{fn}: expected calls, mean_ns and self_mean_ns numbers")
+    return doc
+
+
+# --- fit -------------------------------------------------------------------------------------------------------
+
+
+def _line(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """Weighted least squares y = a + b x over (x, y, weight); None without two x values."""
+    w = sum(p[2] for p in points)
+    if len({p[0] for p in points}) < 2 or w <= 0:
+        return None
+    mx = sum(x * c for x, _, c in points) / w
+    my = sum(y * c for _, y, c in points) / w
+    sxx = sum(c * (x - mx) ** 2 for x, _, c in points)
+    sxy = sum(c * (x - mx) * (y - my) for x, y, c in points)
+    b = sxy / sxx
+    return my - b * mx, b
+
+
+def _by(s: dict[str, Any], name: str, field: str = "self_mean_ns", **where: int) -> list[tuple[float, float, float]]:
+    """(argument value, mean, calls) of the calls keyed `name=value` (and `where`'s other values)."""
+    out = []
+    for k, b in s.get("by", {}).items():
+        kv = dict(p.split("=", 1) for p in k.split(",") if "=" in p)
+        if name in kv and kv[name].isdigit() and all(kv.get(a) == str(v) for a, v in where.items()):
+            out.append((float(kv[name]), float(b[field]), float(b["calls"])))
+    return out
+
+
+class Fit:
+    """The constants a measurement sets in a base profile, each with how it was derived."""
+
+    def __init__(self, base: dict[str, Any], m: dict[str, Any]):
+        self.base, self.m = base, m
+        self.fns = m["functions"]
+        self.values: dict[str, float] = {}
+        self.how: dict[str, str] = {}
+        self.skipped: list[str] = []
+
+    def get(self, key: str) -> float:
+        if key in self.values:
+            return self.values[key]
+        cur: Any = self.base
+        for part in key.split("."):
+            cur = cur[part]
+        return float(cur)
+
+    def has(self, key: str) -> bool:
+        cur: Any = self.base
+        for part in key.split("."):
+            if not isinstance(cur, dict) or part not in cur:
+                return False
+            cur = cur[part]
+        return True
+
+    def set(self, key: str, value: float, how: str):
+        if value < 0:
+            self.skipped.append(f"{key}: the measurement gives {value:.0f} ns (< 0); kept the base's")
+            return
+        self.values[key] = value
+        self.how[key] = how
+
+    def calls(self, fn: str) -> float:
+        return float(self.fns.get(fn, {}).get("calls", 0))
+
+
+def fit(base_text: str, m: dict[str, Any]) -> Fit:
+    """The constants of a profile (`base_text`, TOML) that `m` (from summarize) measures. Each comes from one
+    function's mean latency, less what the model charges inside it from other constants; where a function was
+    called with several sizes, a line over the sizes gives the per-size and the fixed cost apart."""
+    f = Fit(tomllib.loads(base_text), m)
+    fns = f.fns
+    # The IOVA allocator's per-CPU caches: alloc_iova_fast and free_iova_fast of up to 32 pages (cpu.iova_rcache_ns
+    # is charged once per allocation and once per free, dma/iova.rs).
+    pts = [(x, y, c) for fn in ("alloc_iova_fast", "free_iova_fast")
+           for x, y, c in _by(fns.get(fn, {}), "pages") if x <= RCACHE_MAX_PAGES]
+    if pts:
+        n = sum(c for _, _, c in pts)
+        f.set("cpu.iova_rcache_ns", sum(y * c for _, y, c in pts) / n,
+              f"alloc_iova_fast and free_iova_fast self time, {n:.0f} calls of up to {RCACHE_MAX_PAGES} pages")
+    # A walk of the page table to a leaf: iommu_iova_to_phys is one and nothing else (the unmap path's lookup).
+    if f.calls("iommu_iova_to_phys"):
+        s = fns["iommu_iova_to_phys"]
+        f.set("cpu.pgtable_walk_ns", s["self_mean_ns"], f"iommu_iova_to_phys self time, {s['calls']} calls")
+    # Writing the page table: iommu_map (iommu_map_atomic before 6.3) self time = a walk + a PTE per page. Over
+    # several sizes a line gives both (its slope the PTE); at one size the PTE is what the walk leaves.
+    mapfn = next((fn for fn in ("iommu_map", "iommu_map_atomic") if f.calls(fn)), None)
+    if mapfn:
+        pts = [p for p in _by(fns[mapfn], "pages") if p[2] >= FIT_MIN_CALLS]
+        ab = _line(pts)
+        if ab and ab[1] > 0:
+            f.set("cpu.pte_ns", ab[1], f"{mapfn} self time, slope per page of a line over {len(pts)} sizes")
+            if not f.calls("iommu_iova_to_phys"):
+                f.set("cpu.pgtable_walk_ns", ab[0], f"{mapfn} self time, intercept of a line over {len(pts)} sizes")
+        elif pts:
+            # No slope to read (one size, or sizes too noisy to order): the mean over every call, less a walk
+            # each, per page mapped.
+            walk, n = f.get("cpu.pgtable_walk_ns"), sum(c for *_, c in pts)
+            f.set("cpu.pte_ns", sum(c * (y - walk) for _, y, c in pts) / sum(c * x for x, _, c in pts),
+                  f"{mapfn} self time over {n:.0f} calls of {len(pts)} size(s), less one walk each "
+                  "(cpu.pgtable_walk_ns), per page")
+    # The rest of iommu_dma_map_page's own path: its self time, the probed calls under it taken out.
+    if f.calls("iommu_dma_map_page"):
+        s = fns["iommu_dma_map_page"]
+        f.set("cpu.dma_iommu_op_ns", s["self_mean_ns"], f"iommu_dma_map_page self time, {s['calls']} calls")
+    if f.calls("queue_iova"):
+        s = fns["queue_iova"]
+        f.set("cpu.fq_entry_ns", s["self_mean_ns"], f"queue_iova self time, {s['calls']} calls")
+    _fit_invalidation(f)
+    return f
+
+
+def _fit_invalidation(f: Fit):
+    """The vendor's synchronous invalidation on bare metal: VT-d's qi_submit_sync, SMMUv3's command list with a
+    CMD_SYNC. In a guest it is a trap into the hypervisor, priced by the guest's exit and handler costs: not
+    fitted here."""
+    guest = f.has("hypervisor")
+    if f.has("iommu.vtd") and f.calls("qi_submit_sync"):
+        if guest:
+            f.skipped.append("qi_submit_sync: in a guest its time is the exit to the VMM and QEMU's work (the "
+                             "hypervisor's costs), not the hardware's: not fitted")
+            return
+        # qi_submit_sync(): q_lock, (count + 1) descriptors written, count processed and the wait's, q_lock again.
+        fixed = 2 * f.get("cpu.lock_ns") + f.get("iommu.vtd.submit_desc_ns")
+        per = f.get("iommu.vtd.submit_desc_ns")
+        pts = [p for p in _by(f.fns["qi_submit_sync"], "count", field="mean_ns") if p[2] >= FIT_MIN_CALLS]
+        _fixed_and_per(f, "qi_submit_sync", pts, fixed, per, "iommu.vtd.inv_desc_ns", "iommu.vtd.inv_wait_ns",
+                       "descriptor")
+    if f.has("iommu.smmuv3") and f.calls("arm_smmu_cmdq_issue_cmdlist"):
+        if guest:
+            f.skipped.append("arm_smmu_cmdq_issue_cmdlist: in a guest its CMD_SYNC is an exit to the VMM: not fitted")
+            return
+        # A command list with its CMD_SYNC: (n + 1) commands written, n consumed, the CMD_SYNC, its signal seen.
+        sub = f.get("iommu.smmuv3.submit_cmd_ns")
+        pts = [p for p in _by(f.fns["arm_smmu_cmdq_issue_cmdlist"], "n", field="mean_ns", sync=1)
+               if p[2] >= FIT_MIN_CALLS]
+        _fixed_and_per(f, "arm_smmu_cmdq_issue_cmdlist with sync", pts, sub + f.get("iommu.smmuv3.sync_signal_ns"),
+                       sub, "iommu.smmuv3.cmd_ns", "iommu.smmuv3.sync_ns", "command")
+
+
+def _fixed_and_per(f: Fit, what: str, pts: list[tuple[float, float, float]], fixed: float, per: float,
+                   per_key: str, fixed_key: str, unit: str):
+    """`what`'s mean = fixed + fixed_key + x (per + per_key) over x units: over several sizes a line gives both
+    constants; at one size, fixed_key at the commonest."""
+    ab = _line(pts)
+    if ab and ab[1] > per:
+        f.set(per_key, ab[1] - per, f"{what}, slope per {unit} less its write")
+        f.set(fixed_key, ab[0] - fixed, f"{what}, intercept less the locks and writes the model charges around it")
+    elif pts:
+        x, y, c = max(pts, key=lambda p: p[2])
+        f.set(fixed_key, y - fixed - x * (per + f.get(per_key)),
+              f"{what} at {x:.0f} {unit}(s) ({c:.0f} calls), less the locks and writes the model charges, and "
+              f"{per_key} each")
+
+
+def profile_text(base_text: str, base_name: str, f: Fit) -> str:
+    """`base_text` with the fitted values and, in [sources], where each came from."""
+    from .validate import set_profile_value
+
+    m = f.m
+    where = f"measured on {m.get('host', '?')}, {m.get('date', '?')}, Linux {m.get('kernel', '?')}"
+    text = f"# Fitted by iommulab profile fit from {base_name}: {where}.\n" + base_text
+    for key in sorted(f.values):
+        v = f.values[key]
+        integer = isinstance(_lookup(f.base, key), int)
+        text = set_profile_value(text, base_name, key, int(round(v)) if integer else round(v, 4),
+                                 f"{where} ({f.how[key]})")
+    return text
+
+
+def _lookup(d: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        d = d[part]
+    return d
+
+
+def policy_of(m: dict[str, Any]) -> str | None:
+    """The DMA domains' policy on the measured host (its IOMMU groups' type), when they agree."""
+    kinds = {g["type"] for g in m.get("groups", [])} & {"DMA", "DMA-FQ", "identity"}
+    if len(kinds) != 1:
+        return "lazy" if "DMA-FQ" in kinds else ("strict" if "DMA" in kinds else None)
+    return {"DMA": "strict", "DMA-FQ": "lazy", "identity": "passthrough"}[kinds.pop()]
+
+
+def modelled(f: Fit, profile: str, kernel: str | None) -> list[dict[str, Any]]:
+    """Per measured function: its mean measured latency and what the model gives for it with the fitted
+    profile (file `profile`). The DMA API's map and unmap come from the model's dma_map_benchmark (one thread,
+    the host's policy, the most common size); the others from the constants that price them."""
+    from . import api
+
+    fns = f.fns
+    rows = []
+
+    def row(fn: str, field: str, model: float | None, role: str):
+        if fn not in fns:
+            return
+        meas = float(fns[fn][field])
+        rows.append({"function": fn, "calls": fns[fn]["calls"], "measured_ns": round(meas, 1),
+                     "time": "self" if field == "self_mean_ns" else "whole",
+                     "modelled_ns": None if model is None else round(model, 1),
+                     "error": None if model is None or meas == 0 else round((model - meas) / meas, 4), "role": role})
+
+    g = f.get
+    for fn in ("alloc_iova_fast", "free_iova_fast"):
+        row(fn, "self_mean_ns", g("cpu.iova_rcache_ns"), "sets cpu.iova_rcache_ns")
+    for fn in ("iommu_map", "iommu_map_atomic"):
+        pts = _by(fns.get(fn, {}), "pages")
+        if pts:
+            n = sum(c for *_, c in pts)
+            model = sum((g("cpu.pgtable_walk_ns") + x * g("cpu.pte_ns")) * c for x, _, c in pts) / n
+            row(fn, "self_mean_ns", model, "sets cpu.pte_ns: a walk + a PTE per page")
+    pts = _by(fns.get("iommu_unmap_fast", {}), "pages")
+    if pts:
+        n = sum(c for *_, c in pts)
+        model = sum((g("cpu.pgtable_walk_ns") + x * g("cpu.pte_ns")) * c for x, _, c in pts) / n
+        row("iommu_unmap_fast", "self_mean_ns", model, "predicted: walk + a PTE per page")
+    row("iommu_iova_to_phys", "self_mean_ns", g("cpu.pgtable_walk_ns"), "sets cpu.pgtable_walk_ns: one walk")
+    row("queue_iova", "self_mean_ns", g("cpu.fq_entry_ns"), "sets cpu.fq_entry_ns")
+    # The whole map and unmap, as the model's map benchmark times them on this profile.
+    sizes = _by(fns.get("iommu_dma_map_page", {}), "pages")
+    if sizes:
+        pages = int(max(sizes, key=lambda p: p[2])[0])
+        keys = {"platform.profile": profile, "workload.dma_map_benchmark.threads": 1,
+                "workload.dma_map_benchmark.granule": pages, "workload.dma_map_benchmark.dma_dir": "from_device",
+                "run.duration_ms": 2, "run.warmup_ms": 1}
+        arch = {"x86_64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}.get(f.m.get("machine", ""))
+        arch = arch or ("x86_64" if f.base.get("vendor") == "vtd" else "arm64")
+        keys["os.arch"] = arch
+        pol = policy_of(f.m)
+        if pol in ("strict", "lazy"):
+            keys["os.policy"] = pol
+        ver = _kernel_version(kernel or "")
+        if ver != (0, 0):
+            keys["os.kernel"] = _nearest_kernel(ver)
+        try:
+            mb = api.run("map-benchmark", **keys).map_benchmark
+            mp, um = mb["map_ns_mean"], mb["unmap_ns_mean"]
+        except ScenarioError as e:
+            f.skipped.append(f"the model's map benchmark did not run on this profile: {e}")
+            mp = um = None
+        row("iommu_dma_map_page", "mean_ns", mp, f"predicted: the model's dma_map_benchmark, {pages} page(s), "
+            f"{keys.get('os.policy', 'the scenario policy')}")
+        row("iommu_dma_unmap_page", "mean_ns", um, "predicted: the same benchmark's unmap")
+    return rows
+
+
+def _nearest_kernel(ver: tuple[int, int]) -> str:
+    """`ver` within the kernels the model follows (os.kernel: 5.15 to the newest)."""
+    from ._core import KERNEL_NEWEST
+
+    newest = _kernel_version(KERNEL_NEWEST)
+    return "%d.%d" % min(max(ver, (5, 15)), newest)
+
+
+# --- output ----------------------------------------------------------------------------------------------------
+
+
+def _us(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1000:.3f}"
+
+
+def format_measure(m: dict[str, Any], out: str) -> str:
+    """The measurement as a table: per function its calls, mean, self time, p50 and p99 in µs."""
+    lines = [f"measured on {m.get('host', '?')}, Linux {m.get('kernel', '?')}, {m.get('date', '?')}"
+             + (f" · IOMMU {', '.join(m['iommus'])}" if m.get("iommus") else " · no IOMMU in sysfs")
+             + (f" · {policy_of(m)}" if policy_of(m) else ""), "",
+             f"{'function':<30} {'calls':>9} {'mean µs':>9} {'self µs':>9} {'p50 µs':>9} {'p99 µs':>9}",
+             "-" * 80]
+    for fn, s in m["functions"].items():
+        lines.append(f"{fn:<30} {s['calls']:>9} {_us(s['mean_ns']):>9} {_us(s['self_mean_ns']):>9} "
+                     f"{_us(s['p50_ns']):>9} {_us(s['p99_ns']):>9}")
+    lines += ["", "mean: entry to return, as the trace's clock gives it (µs resolution: a mean over many calls is "
+              "finer) · self: less the measured functions it called · each probe adds its own time to its "
+              "caller's"]
+    if m.get("unpaired"):
+        lines.append(f"{m['unpaired']} calls left out: an entry or return without the other (a missed kretprobe, "
+                     "or the recording's edges)")
+    for fn, n in m.get("missed", {}).items():
+        lines.append(f"{fn}: the kernel missed {n} probe hits")
+    lines.append(f"wrote {shown(out)}")
+    return "\n".join(lines) + "\n"
+
+
+def format_fit(f: Fit, rows: list[dict[str, Any]], out: str) -> str:
+    """The constants written, then measured against modelled latency per function."""
+    lines = [f"wrote {shown(out)}: {len(f.values)} constants from the measurement", ""]
+    for k in sorted(f.values):
+        lines.append(f"  {k} = {f.values[k]:.1f}  ({f.how[k]})")
+    lines += ["", f"{'function':<28} {'calls':>9} {'time':>5} {'measured µs':>12} {'model µs':>9} {'error':>8}  role",
+              "-" * 100]
+    for r in rows:
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        lines.append(f"{r['function']:<28} {r['calls']:>9} {r['time']:>5} {_us(r['measured_ns']):>12} "
+                     f"{_us(r['modelled_ns']):>9} {err:>8}  {r['role']}")
+    lines += ["", "sets: the measurement fixed a constant from this function (its error shows only rounding) · "
+              "predicted: composed by the model from constants set elsewhere (a check)"]
+    lines += [f"not fitted: {s}" for s in f.skipped]
+    return "\n".join(lines) + "\n"

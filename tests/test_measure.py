@@ -1,0 +1,261 @@
+"""`iommulab profile measure` and `profile fit`: latencies of the kernel's map/unmap path from kprobe/kretprobe
+pairs (the capture script's -M and -L), summarised per function with self times, and a profile fitted to them
+whose model is compared with what was measured. The capture side runs against capture tests' stand-in tracefs;
+tests/test_testbed.py runs it in a real guest."""
+
+import json
+import tomllib
+
+import pytest
+
+import iommulab
+from conftest import cli
+from iommulab import measure
+from test_capture import SHELLS, Standin
+
+HEADER = """# iommulab measure: host box
+# iommulab measure: kernel 6.12.9-amd64
+# iommulab measure: machine x86_64
+# iommulab measure: date 2026-11-27T20:00:00Z
+# iommulab measure: cmdline ro intel_iommu=on
+# iommulab measure: iommu dmar0
+# iommulab measure: group 7 type DMA-FQ devices 0000:00:03.0
+# iommulab measure: probe iommu_dma_map_page size=$arg4:u64
+"""
+
+
+def ev(pid, cpu, us, fn, ret=False, args=""):
+    """One event line as tracefs prints it (`us`: microseconds since boot, printed with six decimals)."""
+    site = f"(caller+0x10/0x40 <- {fn})" if ret else f"({fn}+0x0/0x90)"
+    return (f"        task-{pid}    [{cpu:03d}] d..1.  {us // 1_000_000}.{us % 1_000_000:06d}: "
+            f"lat_{fn}{'_r' if ret else ''}: {site}{' ' + args if args else ''}\n")
+
+
+def map_call(pid, cpu, t, pages=1):
+    """iommu_dma_map_page over `t`..`t`+9 µs: alloc_iova_fast 2 µs and iommu_map 1 + pages µs inside it."""
+    size = pages * 4096
+    return [ev(pid, cpu, t, "iommu_dma_map_page", args=f"size={size}"),
+            ev(pid, cpu, t + 1, "alloc_iova_fast", args=f"pages={pages}"),
+            ev(pid, cpu, t + 3, "alloc_iova_fast", ret=True),
+            ev(pid, cpu, t + 4, "iommu_map", args=f"size={hex(size)}"),
+            ev(pid, cpu, t + 5 + pages, "iommu_map", ret=True),
+            ev(pid, cpu, t + 9, "iommu_dma_map_page", ret=True)]
+
+
+def test_calls_pair_per_task_and_self_time_leaves_out_the_measured_callees(tmp_path):
+    lines = [HEADER]
+    t = 100_000_000
+    for i in range(40):
+        # Two tasks interleave on two CPUs; the idle task (pid 0) runs on both at once, paired per CPU.
+        a, b = map_call(10, 0, t), map_call(20, 1, t + 1, pages=2)
+        lines += [x for pair in zip(a, b) for x in pair]
+        lines += [ev(0, 0, t + 20, "free_iova_fast", args="pages=1"), ev(0, 1, t + 21, "free_iova_fast", args="pages=1"),
+                  ev(0, 0, t + 22, "free_iova_fast", ret=True), ev(0, 1, t + 25, "free_iova_fast", ret=True)]
+        t += 100
+    # A return whose entry is not in the trace (the recording began mid-call) is left out, and counted.
+    lines.append(ev(30, 2, t, "iommu_map", ret=True))
+    p = tmp_path / "t.txt"
+    p.write_text("".join(lines))
+    m = measure.summarize(p)
+    assert m["host"] == "box" and m["kernel"] == "6.12.9-amd64" and m["iommus"] == ["dmar0"]
+    assert m["groups"] == [{"group": "7", "type": "DMA-FQ", "devices": ["0000:00:03.0"]}]
+    assert measure.policy_of(m) == "lazy" and m["unpaired"] == 1
+    f = m["functions"]
+    assert f["iommu_dma_map_page"]["calls"] == 80 and f["iommu_dma_map_page"]["mean_ns"] == 9000
+    # 9 µs, less 2 in alloc_iova_fast and 2 (or 3) in iommu_map.
+    assert f["iommu_dma_map_page"]["by"]["pages=1"]["self_mean_ns"] == 5000
+    assert f["iommu_dma_map_page"]["by"]["pages=2"]["self_mean_ns"] == 4000
+    assert f["iommu_map"]["by"]["pages=2"]["mean_ns"] == 3000 and f["iommu_map"]["by"]["pages=1"]["mean_ns"] == 2000
+    assert f["free_iova_fast"]["calls"] == 80 and f["free_iova_fast"]["mean_ns"] == 3000
+    assert f["alloc_iova_fast"]["p50_ns"] == 2000 and f["alloc_iova_fast"]["stddev_ns"] == 0
+
+
+def test_fit_sets_each_constant_from_its_function_and_predicts_the_rest(tmp_path):
+    lines = [HEADER]
+    t = 100_000_000
+    for i in range(60):
+        lines += map_call(10, 0, t, pages=1 + i % 2)
+        lines += [ev(10, 0, t + 12, "iommu_dma_unmap_page", args="size=4096"),
+                  ev(10, 0, t + 13, "iommu_iova_to_phys"), ev(10, 0, t + 14, "iommu_iova_to_phys", ret=True),
+                  ev(10, 0, t + 15, "iommu_unmap_fast", args="size=4096"),
+                  ev(10, 0, t + 17, "iommu_unmap_fast", ret=True),
+                  ev(10, 0, t + 20, "iommu_dma_unmap_page", ret=True)]
+        t += 100
+    p = tmp_path / "t.txt"
+    p.write_text("".join(lines))
+    mfile = tmp_path / "m.json"
+    out = cli("profile", "measure", "--trace", str(p), "-o", str(mfile), check_rc=0).stdout
+    assert "iommu_dma_map_page" in out and "wrote" in out
+    prof = tmp_path / "mine.toml"
+    res = json.loads(cli("profile", "fit", str(mfile), "--base", "vtd-server", "-o", str(prof), "--json",
+                         check_rc=0).stdout)
+    fitted = {k: v["value"] for k, v in res["fitted"].items()}
+    # iommu_map is 1 µs + 1 µs a page: the walk and the PTE; alloc_iova_fast 2 µs; iommu_dma_map_page's own 5
+    # or 4 µs.
+    assert fitted["cpu.pgtable_walk_ns"] == pytest.approx(1000) and fitted["cpu.pte_ns"] == pytest.approx(1000)
+    assert fitted["cpu.iova_rcache_ns"] == 2000 and fitted["cpu.dma_iommu_op_ns"] == pytest.approx(4500)
+    doc = tomllib.loads(prof.read_text())
+    assert doc["cpu"]["pte_ns"] == 1000
+    assert doc["sources"]["cpu.pte_ns"].startswith("measured on box, 2026-11-27T20:00:00Z, Linux 6.12.9-amd64")
+    rows = {r["function"]: r for r in res["functions"]}
+    # What the model composes from them: one walk for iommu_iova_to_phys (measured 1 µs), walk + PTE for the
+    # unmap (2 µs), and the whole map and unmap from its map benchmark on the fitted profile, lazy as measured.
+    assert rows["iommu_iova_to_phys"]["modelled_ns"] == pytest.approx(1000)
+    assert rows["iommu_unmap_fast"]["modelled_ns"] == pytest.approx(2000)
+    assert rows["iommu_dma_map_page"]["modelled_ns"] == pytest.approx(9000, rel=0.1)
+    assert rows["iommu_dma_unmap_page"]["modelled_ns"] > 4500 + 2000
+    assert "lazy" in rows["iommu_dma_map_page"]["role"]
+    # The fitted profile is a profile: anything runs on it.
+    r = iommulab.run(**{"platform.profile": str(prof), "os.policy": "strict", "workload.nic_rx.page_pool": True,
+                        "run.duration_ms": 2,
+                        "run.warmup_ms": 1})
+    assert r.throughput_gbps > 0
+    # Nothing a user wrote is overwritten.
+    q = cli("profile", "fit", str(mfile), "--base", "vtd-server", "-o", str(prof))
+    assert q.returncode == 2 and "--force" in q.stderr
+
+
+def test_in_a_guest_the_invalidation_is_not_fitted(tmp_path):
+    lines = [HEADER]
+    t = 100_000_000
+    for _ in range(30):
+        lines += [ev(10, 0, t, "qi_submit_sync", args="count=1"), ev(10, 0, t + 50, "qi_submit_sync", ret=True)]
+        t += 100
+    p = tmp_path / "t.txt"
+    p.write_text("".join(lines))
+    m = measure.summarize(p)
+    base = dict(iommulab._core.builtin_profiles())
+    guest = measure.fit(base["kvm-vtd-guest"], m)
+    assert "iommu.vtd.inv_wait_ns" not in guest.values and any("guest" in s for s in guest.skipped)
+    host = measure.fit(base["vtd-server"], m)
+    # 50 µs a call: less two q_lock turns, the two descriptors' writes and inv_desc_ns.
+    assert host.values["iommu.vtd.inv_wait_ns"] == pytest.approx(50_000 - 2 * 20 - 2 * 40 - 400)
+
+
+@pytest.mark.parametrize("text, what", [
+    ("", "no measured calls"),
+    ("garbage\n" * 3, "no measured calls"),
+])
+def test_a_trace_without_measurements_is_one_line(tmp_path, text, what):
+    p = tmp_path / "t.txt"
+    p.write_text(text)
+    r = cli("profile", "measure", "--trace", str(p), "-o", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and what in r.stderr and "\n" not in r.stderr.strip(), r.stderr
+    assert not (tmp_path / "m.json").exists()
+
+
+@pytest.mark.parametrize("content, what", [
+    ("{", "not JSON"),
+    ('{"format": 9}', "expected a measurement"),
+    ('{"format": 1, "functions": {"f": {"calls": "x"}}}', "functions.f"),
+])
+def test_a_bad_measurement_is_one_line(tmp_path, content, what):
+    m = tmp_path / "m.json"
+    m.write_text(content)
+    r = cli("profile", "fit", str(m), "--base", "vtd-server", "-o", str(tmp_path / "p.toml"))
+    assert r.returncode == 2 and what in r.stderr and "\n" not in r.stderr.strip(), r.stderr
+    assert not (tmp_path / "p.toml").exists()
+
+
+LAT_SYMS = ["ffffffff81000100 T iommu_dma_map_page", "ffffffff81000110 T alloc_iova_fast",
+            "ffffffff81000120 T iommu_map"]
+
+
+def standin(tmp_path, unenabled=()) -> Standin:
+    """The capture tests' stand-in tracefs with kprobes, the map path's functions in kallsyms, and their
+    events (entry and return) in the instance template; its trace_pipe holds a recording of them."""
+    s = Standin(tmp_path, kprobes=True)
+    with open(tmp_path / "kallsyms", "a") as k:
+        k.write("\n".join(LAT_SYMS) + "\n")
+    for fn in ("iommu_dma_map_page", "alloc_iova_fast", "iommu_map"):
+        for name in (f"lat_{fn}", f"lat_{fn}_r"):
+            if name not in unenabled:
+                s.write(s.inst / "events/iommulab" / name / "enable", "0\n")
+    t = 100_000_000
+    lines = []
+    for _ in range(25):
+        lines += map_call(10, 0, t)
+        t += 100
+    (s.inst / "trace_pipe").write_text("".join(lines))
+    s.before = s.snapshot()
+    return s
+
+
+def test_measure_records_through_the_capture_script_and_leaves_the_tracefs_as_it_was(tmp_path):
+    s = standin(tmp_path)
+    out = tmp_path / "m.json"
+    p = subprocess_cli(s, "profile", "measure", "-o", str(out), "--duration", "1")
+    assert p.returncode == 0, p.stderr
+    s.assert_untouched()
+    log = s.kprobe_log.read_text()
+    assert "p:iommulab/lat_iommu_map iommu_map size=$arg4:u64" in log
+    assert "r64:iommulab/lat_iommu_map_r iommu_map" in log and "-:iommulab/lat_iommu_map_r" in log
+    # Functions this kernel does not have are named and left out; the iommu tracepoints are not recorded.
+    assert "latency of qi_submit_sync: not in kallsyms" in p.stderr
+    m = json.loads(out.read_text())
+    assert m["functions"]["iommu_dma_map_page"]["calls"] == 25 and m["probes"][0].startswith("iommu_dma_map_page")
+    assert "iommu_dma_map_page" in p.stdout
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_function_whose_return_cannot_be_probed_is_left_out(tmp_path, shell):
+    s = standin(tmp_path, unenabled=("lat_iommu_map_r",))
+    p = s.script(shell, "-M", "-o", str(tmp_path / "t.txt"), "-d", "1")
+    assert p.returncode == 0 and "latency of iommu_map: no return probe" in p.stderr, p.stderr
+    s.assert_untouched()
+    m = measure.summarize(tmp_path / "t.txt")
+    assert not any(x.startswith("iommu_map ") for x in m["probes"]) and "alloc_iova_fast" in m["functions"]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("args, what", [
+    (["-L", "9bad"], "-L '9bad': expected a kernel function name"),
+    (["-L", "iommu_map", "-k"], "-L cannot be combined with -k"),
+    (["-L", "nothere"], "-L: none of the functions could be probed"),
+])
+def test_capture_latency_errors_are_one_line_and_change_nothing(tmp_path, args, what, shell):
+    s = standin(tmp_path)
+    p = s.script(shell, "-o", str(tmp_path / "t.txt"), "-d", "1", *args)
+    assert p.returncode == 2 and what in p.stderr, p.stderr
+    s.assert_untouched()
+    assert not (tmp_path / "t.txt").exists()
+
+
+def test_measure_refuses_a_bad_function_name_before_anything_is_touched(tmp_path):
+    s = standin(tmp_path)
+    p = subprocess_cli(s, "profile", "measure", "-o", str(tmp_path / "m.json"), "--functions", "a b")
+    assert p.returncode == 2 and "--functions a b: expected kernel function names" in p.stderr
+    s.assert_untouched()
+
+
+def subprocess_cli(s: Standin, *args):
+    import subprocess
+
+    return subprocess.run(["iommulab", *args], capture_output=True, text=True, env=s.env(), timeout=120)
+
+
+@pytest.mark.parametrize("kernel, args, nosync", [("6.12.9", "a3={cmds} a4={n} a5=1", "a3=99 a4=1 a5=0"),
+                                                  ("6.1.0", "a3={n} a4=1 a5=0", "a3=1 a4=0 a5=7")])
+def test_smmuv3_command_lists_with_a_sync_give_its_time_and_each_commands(tmp_path, kernel, args, nosync):
+    # arm_smmu_cmdq_issue_cmdlist(smmu, [cmdq,] cmds, n, sync): the cmdq argument came in 6.12. Lists of 1 and 3
+    # commands with their CMD_SYNC take 8 and 12 µs (a slow SMMU, and the trace's clock has µs steps): 2 µs a
+    # command and 6 µs for the rest.
+    lines = [HEADER.replace("6.12.9-amd64", kernel)]
+    t = 100_000_000_000
+    for i in range(60):
+        n = 1 + 2 * (i % 2)
+        lines.append(ev(10, 0, t // 1000, "arm_smmu_cmdq_issue_cmdlist", args=args.format(cmds=99, n=n)))
+        lines.append(ev(10, 0, (t + 6000 + 2000 * n) // 1000, "arm_smmu_cmdq_issue_cmdlist", ret=True))
+        # A list without a sync is not a CMD_SYNC's time.
+        lines.append(ev(10, 0, (t + 20_000) // 1000, "arm_smmu_cmdq_issue_cmdlist", args=nosync))
+        lines.append(ev(10, 0, (t + 29_000) // 1000, "arm_smmu_cmdq_issue_cmdlist", ret=True))
+        t += 100_000
+    p = tmp_path / "t.txt"
+    p.write_text("".join(lines))
+    m = measure.summarize(p)
+    assert {k for k in m["functions"]["arm_smmu_cmdq_issue_cmdlist"]["by"]} == {"n=1,sync=1", "n=3,sync=1", "n=1,sync=0"}
+    base = dict(iommulab._core.builtin_profiles())["kunpeng920"]
+    f = measure.fit(base, m)
+    # Per command: the 2 µs slope less the 10 ns write; the CMD_SYNC: 6 µs less the writes and the 90 ns signal.
+    assert f.values["iommu.smmuv3.cmd_ns"] == pytest.approx(1990)
+    assert f.values["iommu.smmuv3.sync_ns"] == pytest.approx(6000 - 10 - 90)
