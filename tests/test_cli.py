@@ -141,6 +141,9 @@ def test_bad_scenario_gets_one_line_naming_file_line_and_expectation(write, edit
     (("run", "--set", "workload.nic_rx.readers=elsewhere"), "expected `queue` or `own`"),
     (("run", "--set", "workload.nic_rx.sender=reno"), "expected `window` or `dctcp`"),
     (("run", "--set", "workload.nic_rx.rtt_us=-1"), "workload.nic_rx.rtt_us"),
+    # A virtio-iommu whose smallest page is larger than the guest's: Linux refuses the domain (it panicked here).
+    (("run", "seed001-x86", "--set", "platform.profile=virtio-guest", "--set", "platform.iommu.virtio.min_page_kb=8"),
+     "platform.iommu.virtio.min_page_kb"),
 ])
 def test_bad_flags_get_one_line(args, what):
     err = one_line_error(cli(*args))
@@ -246,7 +249,9 @@ def test_smmuv3_strict_issues_tlbi_per_unmap_with_cmd_sync_and_lazy_flushes_by_a
     assert list(strict["invalidations"]) == ["total", "tlbi_nh_va", "tlbi_nh_asid", "atc_inv", "cfgi_ste", "cfgi_cd"]
     assert strict["invalidations"]["tlbi_nh_va"] == strict["iova_pages_unmapped"] == strict["syncs"]
     assert lazy["invalidations"]["tlbi_nh_va"] == 0 and lazy["invalidations"]["tlbi_nh_asid"] > 0
-    assert strict["throughput_gbps"] < lazy["throughput_gbps"]
+    # Each strict unmap waits for its TLBI and CMD_SYNC (with Hi1620's measured times both reach 40 Gbps here:
+    # docs/validation.md, "C1 without the fit").
+    assert strict["cpu_busy"] > lazy["cpu_busy"] and strict["cpu_inv_wait_share"] > 10 * lazy["cpu_inv_wait_share"]
     p = cli("profiles", check_rc=0)
     assert "smmuv3-server" in p.stdout and "vtd-server" in p.stdout
 

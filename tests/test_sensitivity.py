@@ -64,3 +64,25 @@ def test_the_python_api_takes_python_values():
 def test_bad_arguments_get_one_line(args, want):
     p = cli("sensitivity", "default", *args)
     assert p.returncode == 2 and want in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_the_models_list_of_estimates_is_each_profiles_own():
+    # docs/model.md's "Estimates, and what each moves" (tools/estimates.py --write): every built-in profile,
+    # its count of constants marked "estimate", and only estimates among the constants it lists.
+    import pathlib
+    import re
+    import tomllib
+
+    from iommulab import _core
+
+    text = (pathlib.Path(__file__).parents[1] / "docs/model.md").read_text()
+    section = text[text.index("<!-- estimates:begin -->"):text.index("<!-- estimates:end -->")]
+    profiles = dict(_core.builtin_profiles())
+    blocks = re.split(r"\n\*\*([\w-]+)\*\* \((\d+) estimates;", section)[1:]
+    assert {blocks[i] for i in range(0, len(blocks), 3)} == set(profiles)
+    for name, count, body in zip(blocks[0::3], blocks[1::3], blocks[2::3]):
+        sources = tomllib.loads(profiles[name])["sources"]
+        estimates = {k for k, v in sources.items() if "estimate" in v.lower()}
+        assert int(count) == len(estimates), name
+        listed = re.findall(r"^\| `([\w.]+)` \|", body, re.M)
+        assert set(listed) <= estimates, (name, set(listed) - estimates)

@@ -28,7 +28,15 @@ METRICS = [
     (("safety", "exposed_share"), "exposed", "{:.1%}"),
 ]
 
+# The DMA map benchmark's own figure, on its runs (they move no data: no goodput to read).
+BENCH_METRIC = (("map_benchmark", "loops_per_sec_per_thread"), "loops/s", "{:.0f}")
+
 DEFAULT_FACTORS = (0.5, 2.0)
+
+
+def _metrics(d: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str, str]]:
+    """What a run with result `d` is read by."""
+    return METRICS + [BENCH_METRIC] if d.get("map_benchmark") else METRICS
 
 
 def constants(platform: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -112,16 +120,17 @@ def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, fac
     for (run, c, entry), r in zip(slots, results):
         d = r.to_dict()
         if c is None:
-            run["baseline"] = {h: _get(d, path) for path, h, _ in METRICS}
+            run["metrics"] = [h for _, h, _ in _metrics(d)]
+            run["baseline"] = {h: _get(d, path) for path, h, _ in _metrics(d)}
         else:
-            entry.update({h: _get(d, path) for path, h, _ in METRICS})
+            entry.update({h: _get(d, path) for path, h, _ in _metrics(d) if h in run["metrics"]})
             c["scaled"].append(entry)
     for run in runs:
         base = run["baseline"]
         for c in run["constants"]:
             for e in c["scaled"]:
                 if "invalid" not in e:
-                    e["change"] = {h: _rel(e[h], base[h]) for _, h, _ in METRICS}
+                    e["change"] = {h: _rel(e[h], base[h]) for h in run["metrics"]}
         run["constants"] = sorted((c for c in run["constants"] if _moves(c)), key=lambda c: -_reach(c))
     return {"scenario": json.loads(bases[0].scenario_json()).get("name") or "scenario", "factors": list(factors),
             "runs": runs}
@@ -141,7 +150,7 @@ def _moves(c: dict[str, Any]) -> bool:
 def _reach(c: dict[str, Any]) -> float:
     """How far the constant moves throughput, then CPU (the sort key)."""
     ch = [e["change"] for e in c["scaled"] if "change" in e]
-    gbps = max((abs(x["Gbps"]) for x in ch if x["Gbps"] is not None), default=0.0)
+    gbps = max((abs(x[h]) for x in ch for h in ("Gbps", "loops/s") if x.get(h) is not None), default=0.0)
     cpu = max((abs(x["CPU"]) for x in ch if x["CPU"] is not None), default=0.0)
     return gbps + cpu * 1e-3
 
@@ -156,10 +165,11 @@ def format_sensitivity(doc: dict[str, Any], sets: list[tuple[str, str]] | None =
     lines = [f"iommulab {__version__} · sensitivity · {doc['scenario']}: each profile constant scaled alone by "
              + ", ".join(f"×{f:g}" for f in fs)]
     lines += set_lines(sets)
-    heads = [f"{h} ×{f:g}" for _, h, _ in METRICS for f in fs]
     for run in doc["runs"]:
         base = run["baseline"]
-        shown = "  ".join(f"{h} {fmt.format(base[h])}" for _, h, fmt in METRICS)
+        metrics = [m for m in METRICS + [BENCH_METRIC] if m[1] in run["metrics"]]
+        heads = [f"{h} ×{f:g}" for _, h, _ in metrics for f in fs]
+        shown = "  ".join(f"{h} {fmt.format(base[h])}" for _, h, fmt in metrics)
         lines += ["", f"{run['label'] or 'run'} (profile {run['profile']}): {shown}"]
         if not run["constants"]:
             lines.append("  no constant moves this run")
@@ -168,7 +178,7 @@ def format_sensitivity(doc: dict[str, Any], sets: list[tuple[str, str]] | None =
         lines.append(f"  {'constant':<{kw}}  {'value':>12}" + "".join(f"{h:>13}" for h in heads) + "  source")
         for c in run["constants"][:top]:
             cells = []
-            for _, h, _ in METRICS:
+            for _, h, _ in metrics:
                 for f in fs:
                     e = next(e for e in c["scaled"] if e["factor"] == f)
                     cells.append("invalid" if "invalid" in e else _pct(e["change"][h]))
@@ -178,6 +188,6 @@ def format_sensitivity(doc: dict[str, Any], sets: list[tuple[str, str]] | None =
         if more > 0:
             lines.append(f"  … {more} more constants move this run (--json lists them all)")
     lines += ["", "change: (scaled - baseline) / baseline of the run's goodput, CPU busy and share of unmapped pages "
-              "exposed · source: how the profile knows the constant ([sources]: sourced, fitted or estimate) · "
+              "exposed (and a map benchmark's loops per second per thread) · source: how the profile knows the constant ([sources]: sourced, fitted or estimate) · "
               "structure keys (cores, table format, ways) are not scaled"]
     return "\n".join(lines) + "\n"

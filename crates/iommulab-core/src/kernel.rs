@@ -33,6 +33,14 @@ impl KernelVersion {
         self >= KernelVersion(6, 18)
     }
 
+    /// "iommu/iova: Make the rcache depot scale better" (6.7): the depot became a list under each size class's
+    /// `rcache->lock`, and `struct iova_rcache` shrank so that `cpu_rcaches` (read by every rcache get and
+    /// insert) sits in the lock's cache line. Before, a 32-entry depot array lay between them. Read from the
+    /// BTF of Debian's 6.1 and 6.12 builds (tools/struct_layouts.py).
+    pub fn iova_depot_shares_line(self) -> bool {
+        self >= KernelVersion(6, 7)
+    }
+
     /// "tcp: get rid of sysctl_tcp_adv_win_scale" (commit dfa2f0483360, 6.6): tcp_win_from_space() scales
     /// buffer space by the payload/truesize ratio measured on the flow's skbs (tp->scaling_ratio), not by
     /// tcp_adv_win_scale's fixed half.

@@ -22,6 +22,10 @@ pub struct IovaCosts {
     pub lock_ns: u64,
     /// The shared locks' line moves between CPUs at these costs.
     pub coh: Coherence,
+    /// Each size class's `struct iova_rcache` keeps `cpu_rcaches`, which every rcache get and insert reads, in
+    /// the line of its depot `lock` (6.7 and later: KernelVersion::iova_depot_shares_line), so a depot push
+    /// or pop on one CPU costs every other CPU a line fetch at its next get or insert.
+    pub depot_line_shared: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -58,6 +62,8 @@ struct CpuRcache {
 struct Rcache {
     cpu: Vec<CpuRcache>,
     depot: Vec<Vec<u64>>,
+    /// `struct iova_rcache`'s `lock`, the depot's, and the line it sits in.
+    lock: SpinLock,
 }
 
 pub struct IovaDomain {
@@ -71,7 +77,6 @@ pub struct IovaDomain {
     rcaches: Vec<Rcache>,
     costs: IovaCosts,
     pub rbtree_lock: SpinLock,
-    pub depot_lock: SpinLock,
     pub stats: IovaStats,
 }
 
@@ -101,20 +106,28 @@ impl IovaDomain {
                 .map(|_| Rcache {
                     cpu: vec![CpuRcache::default(); cpus.max(1)],
                     depot: Vec::new(),
+                    lock: SpinLock::new(costs.coh),
                 })
                 .collect(),
             costs,
             rbtree_lock: SpinLock::new(costs.coh),
-            depot_lock: SpinLock::new(costs.coh),
             stats: IovaStats::default(),
         }
+    }
+
+    /// The struct layouts of `kernel` (which lines the fast path shares with the depot's lock).
+    pub fn follow_layout_of(&mut self, kernel: crate::kernel::KernelVersion) {
+        self.costs.depot_line_shared = kernel.iova_depot_shares_line();
     }
 
     /// The allocator's shared locks.
     pub fn lock_stats(&self) -> Vec<(&'static str, crate::sim::LockStats)> {
         vec![
             ("iova_rbtree_lock", self.rbtree_lock.stats.clone()),
-            ("iova depot lock", self.depot_lock.stats.clone()),
+            (
+                "iova depot lock",
+                self.rcaches.iter().map(|rc| &rc.lock.stats).sum(),
+            ),
         ]
     }
 
@@ -286,8 +299,8 @@ impl IovaDomain {
             return (None, now);
         }
         let limit = limit_pfn.saturating_sub(size);
-        let mut t = now + self.costs.rcache_ns;
         let rc = &mut self.rcaches[log as usize];
+        let mut t = Self::cpu_rcaches(rc, &self.costs, now, cpu) + self.costs.rcache_ns;
         let c = &mut rc.cpu[cpu];
         let has = if !c.loaded.is_empty() {
             true
@@ -295,7 +308,7 @@ impl IovaDomain {
             std::mem::swap(&mut c.loaded, &mut c.prev);
             true
         } else {
-            let (_, rel) = self.depot_lock.lock_on(t, cpu as u32, self.costs.lock_ns);
+            let (_, rel) = rc.lock.lock_on(t, cpu as u32, self.costs.lock_ns);
             t = rel;
             if let Some(m) = rc.depot.pop() {
                 self.stats.depot_pops += 1;
@@ -317,19 +330,29 @@ impl IovaDomain {
         (Some(pfn), t)
     }
 
+    /// raw_cpu_ptr(rcache->cpu_rcaches): the pointer's read, a line fetch where it shares the depot lock's
+    /// line and a depot push or pop on another CPU wrote that line since this CPU last read it.
+    fn cpu_rcaches(rc: &mut Rcache, costs: &IovaCosts, now: Time, cpu: usize) -> Time {
+        if costs.depot_line_shared {
+            rc.lock.read_on(now, cpu as u32)
+        } else {
+            now
+        }
+    }
+
     fn rcache_insert(&mut self, now: Time, cpu: usize, pfn: u64, pages: u64) -> (bool, Time) {
         let log = order_base_2(pages);
         if log >= IOVA_RANGE_CACHE_MAX_SIZE {
             return (false, now);
         }
-        let mut t = now + self.costs.rcache_ns;
         let rc = &mut self.rcaches[log as usize];
+        let mut t = Self::cpu_rcaches(rc, &self.costs, now, cpu) + self.costs.rcache_ns;
         let c = &mut rc.cpu[cpu];
         if c.loaded.len() >= IOVA_MAG_SIZE {
             if c.prev.len() < IOVA_MAG_SIZE {
                 std::mem::swap(&mut c.loaded, &mut c.prev);
             } else {
-                let (_, rel) = self.depot_lock.lock_on(t, cpu as u32, self.costs.lock_ns);
+                let (_, rel) = rc.lock.lock_on(t, cpu as u32, self.costs.lock_ns);
                 t = rel;
                 rc.depot.push(std::mem::replace(
                     &mut c.loaded,
@@ -374,6 +397,11 @@ impl IovaDomain {
         let mut more = false;
         for i in 0..self.rcaches.len() {
             if self.rcaches[i].depot.len() > ncpu {
+                // Under the size class's rcache->lock (iova_depot_pop).
+                let (_, rel) = self.rcaches[i]
+                    .lock
+                    .lock_on(t, cpu as u32, self.costs.lock_ns);
+                t = rel;
                 let m = self.rcaches[i].depot.remove(0);
                 for p in m {
                     let (_, rel) = self
@@ -403,6 +431,7 @@ mod tests {
                 rcache_ns: 10,
                 rbtree_ns: 100,
                 lock_ns: 5,
+                depot_line_shared: false,
             },
         )
     }
@@ -453,6 +482,48 @@ mod tests {
     }
 
     #[test]
+    fn from_6_7_a_depot_push_costs_the_other_cpus_a_fetch_of_its_line() {
+        // struct iova_rcache keeps cpu_rcaches in the depot lock's line from 6.7 (BTF of 6.1 and 6.12 builds):
+        // CPU 1's next get after CPU 0 pushed a magazine to the depot fetches the line; before 6.7 it does not.
+        let coh = Coherence {
+            cluster_cores: 4,
+            socket_cores: 4,
+            cluster_ns: 40,
+            socket_ns: 40,
+            remote_ns: 140,
+        };
+        let get_after_push = |kernel: crate::kernel::KernelVersion| {
+            let costs = IovaCosts {
+                coh,
+                rcache_ns: 10,
+                rbtree_ns: 100,
+                lock_ns: 5,
+                depot_line_shared: false,
+            };
+            let mut d = IovaDomain::new(1, 2, costs);
+            d.follow_layout_of(kernel);
+            let pfns: Vec<u64> = (0..2 * IOVA_MAG_SIZE as u64 + 2)
+                .map(|_| d.alloc_fast(0, 0, 1, LIMIT32, false).0.unwrap())
+                .collect();
+            // CPU 1 holds one IOVA in its own cache, read through the line before the push.
+            d.free_fast(0, 1, pfns[0], 1);
+            for &p in &pfns[1..] {
+                d.free_fast(10_000, 0, p, 1);
+            }
+            assert_eq!(d.stats.depot_pushes, 1);
+            let (got, t) = d.alloc_fast(1_000_000, 1, 1, LIMIT32, false);
+            assert_eq!(
+                got,
+                Some(pfns[0]),
+                "from CPU 1's own magazine, not the depot"
+            );
+            t - 1_000_000
+        };
+        assert_eq!(get_after_push((6, 1).into()), 10);
+        assert_eq!(get_after_push((6, 12).into()), 40 + 10);
+    }
+
+    #[test]
     fn exhaustion_flushes_caches_then_fails() {
         let mut d = IovaDomain::new(
             1,
@@ -462,6 +533,7 @@ mod tests {
                 rcache_ns: 1,
                 rbtree_ns: 1,
                 lock_ns: 1,
+                depot_line_shared: false,
             },
         );
         let limit = 16; // pfns 1..=16

@@ -87,6 +87,7 @@ impl DmaCore {
             rbtree_ns: costs.iova_rbtree_ns,
             lock_ns: costs.lock_ns,
             coh: costs.coherence(),
+            depot_line_shared: false,
         };
         let fmt = *iommu.translator().format();
         DmaCore {

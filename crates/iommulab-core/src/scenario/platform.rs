@@ -151,7 +151,7 @@ pub struct VirtioProfile {
     /// Host time to process one MAP or UNMAP request (and write its status).
     pub req_ns: u64,
     /// Smallest page in the device's page_size_mask, in KiB; every larger power of two is supported too
-    /// (QEMU's default mask, ~(target page - 1)).
+    /// (QEMU's default mask, ~(target page - 1)). 4: a larger one makes Linux refuse the domain.
     pub min_page_kb: u32,
 }
 
