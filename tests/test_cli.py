@@ -424,3 +424,15 @@ def test_an_output_that_is_a_dangling_link_is_not_written_through(tmp_path):
     assert not target.exists()
     err = one_line_error(cli("run", *SHORT, "--parquet", str(tmp_path / "no/such/dir.parquet")))
     assert "cannot write in" in err and "no such directory" in err
+
+
+def test_scenarios_and_profiles_list_as_json_too():
+    names = [s["name"] for s in json.loads(cli("scenarios", "--json", check_rc=0).stdout)]
+    assert names == [l.split()[0] for l in cli("scenarios", check_rc=0).stdout.splitlines()]
+    profiles = {p["name"]: p for p in json.loads(cli("profiles", "--json", check_rc=0).stdout)}
+    assert profiles["kunpeng920"]["vendor"] == "smmuv3" and profiles["vtd-server"]["description"]
+    one = json.loads(cli("profiles", "smmuv3-server", "--json", check_rc=0).stdout)
+    assert one["iommu"]["smmuv3"]["sync_ns"] == 170 and "iommu.smmuv3.sync_ns" in one["sources"]
+    assert json.loads(cli("scenarios", "c1", "--json", check_rc=0).stdout)["platform"]["profile"] == "smmuv3-server"
+    p = cli("profiles", "nope", "--json")
+    assert p.returncode == 2 and "no such built-in" in p.stderr

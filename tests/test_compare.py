@@ -1,6 +1,7 @@
 """`iommulab compare` end to end, and the safety accounting on randomized scenarios."""
 
 import json
+import re
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,9 @@ def test_compare_prints_every_policy_and_writes_the_plot_once(tmp_path):
     rows = [line.split()[0] for line in p.stdout.splitlines() if " page_pool=" in line]
     # The default scenario also compares page_pool: one row per policy and value.
     assert sorted(set(rows)) == sorted(POLICIES) and len(rows) == 2 * len(POLICIES)
+    # Rates as fio prints them (1.69M, 38.4k), never in scientific notation.
+    assert not re.search(r"\d[eE][+-]\d", p.stdout), p.stdout
+    assert re.search(r" \d+\.\d\dM ", p.stdout)
     page = plot.read_text()
     # plotly.js inlined once (the page opens offline), one figure of every policy's runs.
     assert page.startswith("<!DOCTYPE html>") and page.count("Plotly.newPlot") == 1 and "unprotected" in page

@@ -224,3 +224,12 @@ def test_validate_marks_targets_run_under_assumed_settings():
     assert "platform.pcie.translation_slots" in row["assumed"]
     text = cli("validate", "C2.strict_unmapped_pages_per_sec", "--seeds", "1", check_rc=0).stdout
     assert "assumed: " in text and "translation_slots" in text
+
+
+def test_fail_on_miss_exits_1_on_a_miss_and_0_when_every_target_holds():
+    # For CI: the table first, then the misses in one line and exit 1.
+    miss = cli("validate", "C1.strict_lazy_ratio", "--seeds", "1", "--fail-on-miss")
+    assert miss.returncode == 1 and "C1.strict_lazy_ratio" in miss.stdout
+    assert miss.stderr.strip() == "iommulab: 1 of 1 targets outside their tolerance: C1.strict_lazy_ratio"
+    ok = cli("validate", "C1.lazy_line_rate_share", "--seeds", "1", "--fail-on-miss")
+    assert ok.returncode == 0 and ok.stderr == ""

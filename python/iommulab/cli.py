@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scenarios", help="list the built-in scenarios, or print one",
                        description="List built-in scenarios; with a NAME, print its TOML (a starting point for your own).")
     s.add_argument("name", nargs="?", help="built-in scenario to print")
+    s.add_argument("--json", action="store_true", help="as JSON: every built-in's name and description, or the "
+                   "named one as a JSON object")
 
     rp = sub.add_parser("replay", help="replay a real kernel's DMA trace and count what reached the IOMMU per phase",
                         description="Replay ftrace text with iommu:map / iommu:unmap events (as "
@@ -228,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--plot", metavar="FILE.html", help="also write an HTML report: model against published with "
                    "the tolerance bands, and the table (not overwritten without --force)")
     v.add_argument("--force", action="store_true", help="overwrite the --plot file if it exists")
+    v.add_argument("--fail-on-miss", action="store_true", help="exit 1 when any target is outside its tolerance "
+                   "(for CI); the table or JSON is printed first")
     _runner_args(v)
 
     c = sub.add_parser("calibrate", help="fit a profile parameter to a published target and write it with provenance",
@@ -277,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("profiles", help="list the built-in platform profiles, or print one",
                        description="List built-in platform profiles; with a NAME, print it with the source of every number.")
     f.add_argument("name", nargs="?", help="built-in profile to print")
+    f.add_argument("--json", action="store_true", help="as JSON: every built-in's name, vendor and description, "
+                   "or the named one (with its [sources]) as a JSON object")
 
     pf = sub.add_parser("profile", help="measure the kernel's map/unmap path on this host, and fit a profile to it",
                         description="measure: record the latency of the kernel's own DMA map/unmap path functions "
@@ -743,16 +749,24 @@ def _run_to_the_end(argv: list[str]) -> int:
             signal.signal(s, h)
 
 
-def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None) -> int:
+def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None, as_json: bool = False) -> int:
     if name is None:
-        for n, text in items:
-            desc = next((line.split("=", 1)[1].strip().strip('"') for line in text.splitlines()
-                         if line.startswith("description")), "")
-            print(f"{n:<16} {desc}")
+        docs = [(n, tomllib.loads(text)) for n, text in items]
+        if as_json:
+            keys = ("description", "vendor")
+            json.dump([{"name": n, **{k: d[k] for k in keys if k in d}} for n, d in docs], sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 0
+        for n, d in docs:
+            print(f"{n:<16} {d.get('description', '')}")
         return 0
     for n, text in items:
         if n == name:
-            sys.stdout.write(text)
+            if as_json:
+                json.dump(tomllib.loads(text), sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                sys.stdout.write(text)
             return 0
     raise ScenarioError(f"{kind} `{name}`: no such built-in (built-in: {', '.join(n for n, _ in items)})")
 
@@ -771,6 +785,11 @@ def _cmd_validate(a: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         sys.stdout.write(format_validate(rows))
+    missed = [r["id"] for r in rows if not r["ok"]]
+    if a.fail_on_miss and missed:
+        sys.stderr.write(f"iommulab: {len(missed)} of {len(rows)} targets outside their tolerance: "
+                         f"{', '.join(missed)}\n")
+        return 1
     return 0
 
 
@@ -825,7 +844,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "compare":
             return _cmd_compare(a)
         if a.cmd == "scenarios":
-            return _cmd_list("scenario", _core.builtin_scenarios(), a.name)
+            return _cmd_list("scenario", _core.builtin_scenarios(), a.name, a.json)
         if a.cmd == "explain":
             return _cmd_explain(a)
         if a.cmd == "inspect":
@@ -843,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "report":
             return _cmd_report(a)
         if a.cmd == "profiles":
-            return _cmd_list("profile", _core.builtin_profiles(), a.name)
+            return _cmd_list("profile", _core.builtin_profiles(), a.name, a.json)
         if a.cmd == "profile":
             return _cmd_profile(a, parser)
         parser.print_help()

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from . import __version__
 from .api import ProgressFn, RunResult, load, run_variants
-from .report import note_lines, set_lines
+from .report import note_lines, rate, set_lines
 
 # Every policy the simulator has, cheapest protection first.
 POLICIES = ["passthrough", "lazy", "xsmmu", "blocks", "fns", "fands", "strict"]
@@ -57,8 +57,8 @@ COLUMNS = [
     ("Gbps", 8, lambda r: f"{r.throughput_gbps:.2f}"),
     ("CPU busy", 9, lambda r: f"{r.cpu_busy * 100:.1f}%"),
     ("inv/page", 9, lambda r: f"{r.inv_per_page:.4f}"),
-    ("unmapped pg/s", 14, lambda r: f"{r.iova_pages_unmapped / r.sim_seconds:.4g}"),
-    ("inv/s", 10, lambda r: f"{r.invalidations['total'] / r.sim_seconds:.4g}"),
+    ("unmapped pg/s", 14, lambda r: rate(r.iova_pages_unmapped / r.sim_seconds)),
+    ("inv/s", 10, lambda r: rate(r.invalidations['total'] / r.sim_seconds)),
     ("exposed", 9, _exposed),
     ("win p50 ms", 11, lambda r: _window(r, "p50_us")),
     ("win p99 ms", 11, lambda r: _window(r, "p99_us")),

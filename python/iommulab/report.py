@@ -73,6 +73,15 @@ def map_benchmark_lines(r) -> list[str]:
     ]
 
 
+def rate(x: float) -> str:
+    """A per-second rate as fio prints one, never in scientific notation: 1.69M, 38.4k, 512."""
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e4:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}"
+
+
 def set_lines(sets: list[tuple[str, str]] | None) -> list[str]:
     """What the command line changed in the scenario (its description is the scenario's own)."""
     return ["set: " + " ".join(f"{k}={v}" for k, v in sets)] if sets else []
