@@ -436,3 +436,23 @@ def test_scenarios_and_profiles_list_as_json_too():
     assert json.loads(cli("scenarios", "c1", "--json", check_rc=0).stdout)["platform"]["profile"] == "smmuv3-server"
     p = cli("profiles", "nope", "--json")
     assert p.returncode == 2 and "no such built-in" in p.stderr
+
+
+def test_run_and_compare_write_one_csv_row_per_run(tmp_path):
+    import csv
+
+    out = tmp_path / "runs.csv"
+    doc = cli_json(*SHORT, "--csv", str(out))
+    rows = list(csv.DictReader(out.open()))
+    runs = doc["runs"]
+    assert len(rows) == len(runs) == 6
+    assert [r["label"] for r in rows] == [r["label"] for r in runs]
+    assert [float(r["throughput_gbps"]) for r in rows] == [r["throughput_gbps"] for r in runs]
+    assert "safety.exposed_share" in rows[0] and "invalidations.total" in rows[0]
+    # Nothing is overwritten without --force, and with it the file is rewritten.
+    p = cli("run", *SHORT, "--csv", str(out))
+    assert p.returncode == 2 and "--force" in p.stderr
+    cli("run", *SHORT, "--csv", str(out), "--force", check_rc=0)
+    cmp = tmp_path / "cmp.csv"
+    cli("compare", *SHORT, "--no-plot", "--csv", str(cmp), check_rc=0)
+    assert len(list(csv.DictReader(cmp.open()))) > 6

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     _scenario_args(r, "override a scenario key, e.g. --set os.policy=strict --set workload.nic_rx.queues=4 "
                    "(repeatable; pins a compared key)")
     r.add_argument("--parquet", metavar="FILE", help="also write the runs as a Parquet file (`report` reads it)")
+    r.add_argument("--csv", metavar="FILE", help="also write the runs as CSV, one row per run (nested results as "
+                   "dotted columns)")
+    r.add_argument("--force", action="store_true", help="overwrite an existing --parquet or --csv file")
     r.add_argument("--inv-log", nargs="?", const=10.0, type=float, metavar="WINDOW_MS", default=None,
                    help="print the instrumented dmar.c counters' summary lines (seed 002) every WINDOW_MS of "
                    "simulated time after warm-up (default 10, the 10 s of the original scaled to short runs)")
@@ -122,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to write the HTML report with the plot (default: compare-<scenario>.html; never "
                    "overwritten without --force)")
     c.add_argument("--parquet", metavar="FILE", help="also write the runs as a Parquet file (`report` reads it)")
+    c.add_argument("--csv", metavar="FILE", help="also write the runs as CSV, one row per run (nested results as "
+                   "dotted columns)")
     c.add_argument("--no-plot", action="store_true", help="do not write a plot")
     c.add_argument("--force", action="store_true", help="overwrite an existing plot file")
 
@@ -343,11 +348,11 @@ def _cmd_run(a: argparse.Namespace) -> int:
         for v in variants:
             sys.stdout.write(inv_log(v, a.inv_log))
         return 0
-    _fresh(a.parquet, False, "--parquet")
+    _fresh(a.parquet, a.force, "--parquet")
+    _fresh(a.csv, a.force, "--csv")
     with _progress(a) as progress:
         results = run_variants(variants, progress, a.jobs)
-    if a.parquet:
-        _write_parquet(a.parquet, results)
+    _write_runs(a, results)
     if a.json:
         json.dump(as_result(results).to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -456,15 +461,22 @@ def _json_safe(v):
     return v
 
 
-def _write_parquet(path: str, results: list) -> None:
-    """Runs as a Parquet file, one row each, in the form a sweep writes (so `report` reads it)."""
+def _write_runs(a: argparse.Namespace, results: list) -> None:
+    """--parquet and --csv: the runs one row each, in the form a sweep writes (so `report` reads the Parquet;
+    in the CSV nested results are dotted columns and lists JSON text)."""
     from .dataset import frame
 
+    if not (a.parquet or a.csv):
+        return
     rows = [{"run": i, "iommulab_version": __version__, "result": r.to_dict()} for i, r in enumerate(results)]
-    try:
-        frame(rows).write_parquet(path)
-    except OSError as e:
-        raise ScenarioError(f"--parquet {path}: cannot write: {e.strerror or e}") from None
+    df = frame(rows)
+    for flag, path, write in (("--parquet", a.parquet, df.write_parquet), ("--csv", a.csv, df.write_csv)):
+        if not path:
+            continue
+        try:
+            write(path)
+        except OSError as e:
+            raise ScenarioError(f"{flag} {path}: cannot write: {e.strerror or e}") from None
 
 
 def _cmd_sensitivity(a: argparse.Namespace) -> int:
@@ -500,14 +512,14 @@ def _cmd_compare(a: argparse.Namespace) -> int:
             plot = f"compare-{name}-{k}.html"
         _fresh(plot, a.force, "--plot")
     _fresh(a.parquet, a.force, "--parquet")
+    _fresh(a.csv, a.force, "--csv")
     with _progress(a) as progress:
         results = compare(a.scenario, dict(a.sets), a.policies, progress, raw_strings=True, jobs=a.jobs)
     if plot:
         rows = [r.flat() for r in results]
         _write(plot, results_page(rows, f"iommulab compare · {name}", subtitle=sc.get("description", "")),
                "--plot")
-    if a.parquet:
-        _write_parquet(a.parquet, results)
+    _write_runs(a, results)
     if a.json:
         out = {"scenario": name, "plot": plot, "runs": [r.to_dict() for r in results]}
         json.dump(out, sys.stdout, indent=2)
