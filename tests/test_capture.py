@@ -133,9 +133,12 @@ class Standin:
         return subprocess.run([*cmd, str(SCRIPT), *args], capture_output=True, text=True, env=self.env(),
                               timeout=120, **kw)
 
+    def iommulab(self, *args) -> subprocess.CompletedProcess:
+        """The CLI against this stand-in."""
+        return subprocess.run(["iommulab", *args], capture_output=True, text=True, env=self.env(), timeout=120)
+
     def cli(self, *args) -> subprocess.CompletedProcess:
-        return subprocess.run(["iommulab", "capture", *args], capture_output=True, text=True, env=self.env(),
-                              timeout=120)
+        return self.iommulab("capture", *args)
 
 
 def test_capture_records_restores_and_replays(tmp_path):

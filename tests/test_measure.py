@@ -184,7 +184,7 @@ def standin(tmp_path, unenabled=()) -> Standin:
 def test_measure_records_through_the_capture_script_and_leaves_the_tracefs_as_it_was(tmp_path):
     s = standin(tmp_path)
     out = tmp_path / "m.json"
-    p = subprocess_cli(s, "profile", "measure", "-o", str(out), "--duration", "1")
+    p = s.iommulab("profile", "measure", "-o", str(out), "--duration", "1")
     assert p.returncode == 0, p.stderr
     s.assert_untouched()
     log = s.kprobe_log.read_text()
@@ -223,15 +223,10 @@ def test_capture_latency_errors_are_one_line_and_change_nothing(tmp_path, args, 
 
 def test_measure_refuses_a_bad_function_name_before_anything_is_touched(tmp_path):
     s = standin(tmp_path)
-    p = subprocess_cli(s, "profile", "measure", "-o", str(tmp_path / "m.json"), "--functions", "a b")
+    p = s.iommulab("profile", "measure", "-o", str(tmp_path / "m.json"), "--functions", "a b")
     assert p.returncode == 2 and "--functions a b: expected kernel function names" in p.stderr
     s.assert_untouched()
 
-
-def subprocess_cli(s: Standin, *args):
-    import subprocess
-
-    return subprocess.run(["iommulab", *args], capture_output=True, text=True, env=s.env(), timeout=120)
 
 
 @pytest.mark.parametrize("kernel, args, nosync", [("6.12.9", "a3={cmds} a4={n} a5=1", "a3=99 a4=1 a5=0"),

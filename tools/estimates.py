@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 
 from iommulab import _core
-from iommulab.sensitivity import sensitivity
+from iommulab.sensitivity import largest_change, sensitivity
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "model.md"
 BEGIN, END = "<!-- estimates:begin -->", "<!-- estimates:end -->"
@@ -66,10 +66,7 @@ def section() -> str:
             c = moved.get(key)
             if not c:
                 continue
-            ch = [e["change"] for e in c["scaled"] if "change" in e]
-            # Goodput, or a map benchmark's loops per second (it moves no data).
-            gbps = max((abs(x[h]) for x in ch for h in ("Gbps", "loops/s") if x.get(h) is not None), default=0.0)
-            cpu = max((abs(x["CPU"]) for x in ch if x["CPU"] is not None), default=0.0)
+            gbps, cpu = largest_change(c)
             if max(gbps, cpu) >= MOVES:
                 rows.append((max(gbps, cpu), key, c["value"], gbps, cpu))
         where = f"`{scenario}`" + (f" run `{label}`" if label else "") + ", " + ", ".join(

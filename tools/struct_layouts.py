@@ -12,6 +12,7 @@ structures one level down), with the fields the model prices as shared lines mar
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import lzma
 import struct
@@ -60,7 +61,7 @@ def _xz(b: bytes) -> bytes:
 
 
 def _gz(b: bytes) -> bytes:
-    return gzip.GzipFile(fileobj=__import__("io").BytesIO(b)).read()
+    return gzip.GzipFile(fileobj=io.BytesIO(b)).read()
 
 
 def _zstd(b: bytes) -> bytes:

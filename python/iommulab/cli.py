@@ -18,8 +18,8 @@ from .inputs import shown, utf8
 from .invlog import inv_log
 from .replay import format_replay, replay
 from .report import format_table
-from .validate import (DEFAULT_SEEDS, Calibration, _profile_text, calibrate, declared_calibrations,
-                       format_validate, load_targets, validate)
+from .validate import (DEFAULT_SEEDS, Calibration, calibrate, declared_calibrations, format_validate, load_targets,
+                       read_profile, validate)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -650,33 +650,43 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_capture(a: argparse.Namespace) -> int:
+def _capture_script() -> str:
     from importlib.resources import files
 
-    script = files("iommulab").joinpath("capture.sh").read_text()
+    return files("iommulab").joinpath("capture.sh").read_text()
+
+
+def _duration_args(a: argparse.Namespace) -> list[str]:
+    """The capture script's -d for --duration, checked before anything is touched."""
+    if a.duration is None:
+        return []
+    if not (0 < a.duration <= 86400):
+        raise ScenarioError(f"--duration {a.duration}: expected 0 < seconds <= 86400")
+    return ["-d", str(int(math.ceil(a.duration)))]
+
+
+def _run_capture(a: argparse.Namespace, args: list[str]) -> int:
+    """The capture script with `args`, then --dry-run's -n and -- COMMAND. Its own one-line errors and exit code
+    are the command's."""
+    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
+    args = [*args, *(["-n"] if a.dry_run else []), *(["--", *cmd] if cmd else [])]
+    return _run_to_the_end(["sh", "-c", _capture_script(), "capture", *args])
+
+
+def _cmd_capture(a: argparse.Namespace) -> int:
     if a.print_script:
-        sys.stdout.write(script)
+        sys.stdout.write(_capture_script())
         return 0
     if not a.out:
         raise ScenarioError("capture: -o TRACE is required")
-    if a.duration is not None and not (0 < a.duration <= 86400):
-        raise ScenarioError(f"--duration {a.duration}: expected 0 < seconds <= 86400")
-    args = ["-o", a.out, "-b", str(a.buffer_kb)]
-    if a.duration is not None:
-        args += ["-d", str(int(math.ceil(a.duration)))]
+    args = ["-o", a.out, "-b", str(a.buffer_kb), *_duration_args(a)]
     if a.phase:
         args += ["-p", a.phase]
     if a.domains:
         args.append("-k")
     if a.timer:
         args.append("-t")
-    if a.dry_run:
-        args.append("-n")
-    cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
-    if cmd:
-        args += ["--", *cmd]
-    # The script's own one-line errors and exit code are the command's.
-    return _run_to_the_end(["sh", "-c", script, "capture", *args])
+    return _run_capture(a, args)
 
 
 def _cmd_profile(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -685,9 +695,9 @@ def _cmd_profile(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if a.profile_cmd == "fit":
         _fresh(a.out, a.force, "-o")
         m = measure.load(a.measurement)
-        name, text = _profile_text(a.base)
+        name, text = read_profile(a.base)
         f = measure.fit(text, m)
-        _write(a.out, measure.profile_text(text, name, f), "-o")
+        _write(a.out, measure.fitted_profile(text, name, f), "-o")
         rows = measure.modelled(f, a.out, m.get("kernel"))
         if a.json:
             json.dump({"profile": a.out, "fitted": {k: {"value": round(v, 4), "how": f.how[k]}
@@ -705,26 +715,14 @@ def _cmd_profile(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if a.trace:
         m = measure.summarize(a.trace)
     else:
-        if a.duration is not None and not (0 < a.duration <= 86400):
-            raise ScenarioError(f"--duration {a.duration}: expected 0 < seconds <= 86400")
+        duration = _duration_args(a)
         fns = [x for x in (a.functions or "").split(",") if x]
         for fn in fns:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", fn):
                 raise ScenarioError(f"--functions {fn}: expected kernel function names, separated by commas")
-        cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
         with tempfile.TemporaryDirectory(prefix="iommulab-measure-") as d:
             trace = a.keep_trace or os.path.join(d, "trace.txt")
-            args = ["-M", "-o", trace, *(x for fn in fns for x in ("-L", fn))]
-            if a.duration is not None:
-                args += ["-d", str(int(math.ceil(a.duration)))]
-            if a.dry_run:
-                args.append("-n")
-            if cmd:
-                args += ["--", *cmd]
-            from importlib.resources import files
-
-            script = files("iommulab").joinpath("capture.sh").read_text()
-            rc = _run_to_the_end(["sh", "-c", script, "capture", *args])
+            rc = _run_capture(a, ["-M", "-o", trace, *(x for fn in fns for x in ("-L", fn)), *duration])
             if a.dry_run or not os.path.exists(trace):
                 return rc
             m = measure.summarize(trace)

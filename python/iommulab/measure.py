@@ -15,6 +15,7 @@ from typing import IO, Any
 
 from ._core import ScenarioError
 from .inputs import open_trace, shown
+from .validate import profile_value, set_profile_value
 
 MEASURE_FORMAT = 1
 # Per function, at most this many latencies are kept for its percentiles (every other one is dropped when full,
@@ -114,7 +115,7 @@ def summarize(path: str | os.PathLike) -> dict[str, Any]:
     kernel = (0, 0)
     try:
         with f:
-            for lineno, line in enumerate(_lines(f, name), 1):
+            for line in _lines(f, name):
                 if line.startswith(b"#"):
                     text = line.decode("utf-8", "replace").rstrip("\n")
                     if text.startswith(_HEADER):
@@ -252,20 +253,10 @@ class Fit:
         self.skipped: list[str] = []
 
     def get(self, key: str) -> float:
-        if key in self.values:
-            return self.values[key]
-        cur: Any = self.base
-        for part in key.split("."):
-            cur = cur[part]
-        return float(cur)
+        return self.values[key] if key in self.values else float(profile_value(self.base, key))
 
     def has(self, key: str) -> bool:
-        cur: Any = self.base
-        for part in key.split("."):
-            if not isinstance(cur, dict) or part not in cur:
-                return False
-            cur = cur[part]
-        return True
+        return profile_value(self.base, key, None) is not None
 
     def set(self, key: str, value: float, how: str):
         if value < 0:
@@ -367,25 +358,17 @@ def _fixed_and_per(f: Fit, what: str, pts: list[tuple[float, float, float]], fix
               f"{per_key} each")
 
 
-def profile_text(base_text: str, base_name: str, f: Fit) -> str:
+def fitted_profile(base_text: str, base_name: str, f: Fit) -> str:
     """`base_text` with the fitted values and, in [sources], where each came from."""
-    from .validate import set_profile_value
-
     m = f.m
     where = f"measured on {m.get('host', '?')}, {m.get('date', '?')}, Linux {m.get('kernel', '?')}"
     text = f"# Fitted by iommulab profile fit from {base_name}: {where}.\n" + base_text
     for key in sorted(f.values):
         v = f.values[key]
-        integer = isinstance(_lookup(f.base, key), int)
+        integer = isinstance(profile_value(f.base, key), int)
         text = set_profile_value(text, base_name, key, int(round(v)) if integer else round(v, 4),
                                  f"{where} ({f.how[key]})")
     return text
-
-
-def _lookup(d: dict[str, Any], key: str) -> Any:
-    for part in key.split("."):
-        d = d[part]
-    return d
 
 
 def policy_of(m: dict[str, Any]) -> str | None:

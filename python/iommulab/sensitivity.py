@@ -147,12 +147,19 @@ def _moves(c: dict[str, Any]) -> bool:
     return any(v != 0.0 for e in c["scaled"] for v in e.get("change", {}).values())
 
 
+def largest_change(c: dict[str, Any]) -> tuple[float, float]:
+    """The largest relative change a constant makes, over its factors, to throughput (a map benchmark's loops per
+    second: it moves no data) and to CPU busy."""
+    ch = [e["change"] for e in c["scaled"] if "change" in e]
+    rate = max((abs(x[h]) for x in ch for h in ("Gbps", "loops/s") if x.get(h) is not None), default=0.0)
+    cpu = max((abs(x["CPU"]) for x in ch if x["CPU"] is not None), default=0.0)
+    return rate, cpu
+
+
 def _reach(c: dict[str, Any]) -> float:
     """How far the constant moves throughput, then CPU (the sort key)."""
-    ch = [e["change"] for e in c["scaled"] if "change" in e]
-    gbps = max((abs(x[h]) for x in ch for h in ("Gbps", "loops/s") if x.get(h) is not None), default=0.0)
-    cpu = max((abs(x["CPU"]) for x in ch if x["CPU"] is not None), default=0.0)
-    return gbps + cpu * 1e-3
+    rate, cpu = largest_change(c)
+    return rate + cpu * 1e-3
 
 
 def _pct(x: float | None) -> str:

@@ -276,7 +276,7 @@ def format_validate(rows: list[dict[str, Any]]) -> str:
 
 # --- calibration -------------------------------------------------------------------------------------------
 
-def _profile_text(profile: str) -> tuple[str, str]:
+def read_profile(profile: str) -> tuple[str, str]:
     """(name for messages, TOML text) of a built-in profile name or a profile file."""
     builtin = dict(_core.builtin_profiles())
     if profile in builtin and not os.path.exists(profile):
@@ -284,19 +284,33 @@ def _profile_text(profile: str) -> tuple[str, str]:
     return profile, toml_text(profile, "a profile file")
 
 
+_REQUIRED = object()
+
+
+def profile_value(doc: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
+    """The value at dotted `key` ("iommu.smmuv3.sync_ns") of a profile as TOML gives it; `default` where a part
+    is missing, else KeyError."""
+    cur: Any = doc
+    for part in key.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            if default is _REQUIRED:
+                raise KeyError(key)
+            return default
+        cur = cur[part]
+    return cur
+
+
 def declared_calibrations(ts: Targets) -> list[dict[str, Any]]:
     """Each declared calibration: the constant, its value in the profile now, and its target with its kind."""
     rows = []
     for c in ts.calibrations:
         t = ts.get(c.target)
-        name, text = _profile_text(c.profile)
+        name, text = read_profile(c.profile)
         try:
-            node: Any = tomllib.loads(text)
+            doc: Any = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ScenarioError(f"{name}: {e}") from None
-        for part in c.param.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        rows.append({"param": c.param, "profile": c.profile, "value": node, "target": t.id, "kind": t.kind,
+        rows.append({"param": c.param, "profile": c.profile, "value": profile_value(doc, c.param, None), "target": t.id, "kind": t.kind,
                      "published": t.published, "source": t.source})
     return rows
 
@@ -346,13 +360,11 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24,
     ts = targets or load_targets()
     t = ts.get(c.target)
     _micro_only(t, "--target")
-    name, text = _profile_text(c.profile)
+    name, text = read_profile(c.profile)
     # The profile as TOML decides whether the parameter is an integer.
     try:
-        cur: Any = tomllib.loads(text)
-        for part in c.param.split("."):
-            cur = cur[part]
-    except (KeyError, TypeError, tomllib.TOMLDecodeError):
+        cur = profile_value(tomllib.loads(text), c.param)
+    except (KeyError, tomllib.TOMLDecodeError):
         raise ScenarioError(f"{name}: no key {c.param!r} to calibrate") from None
     integer = isinstance(cur, int) and not isinstance(cur, bool)
 
