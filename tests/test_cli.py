@@ -44,9 +44,12 @@ def test_default_run_prints_comparison_table():
     assert any(line.startswith("run ") and "Gbps" in line and "inv/page" in line for line in lines)
     for pol in ("passthrough", "lazy", "strict"):
         assert any(f"policy={pol}" in line for line in lines), p.stdout
-    assert "IOTLB miss/pg" in p.stdout and "invalidations" in p.stdout
-    assert any("policy=strict" in line and " psi " in line for line in lines), p.stdout
+    assert "IOTLB miss/pg" in p.stdout and "exposure p99 µs" in p.stdout and "limited by" in p.stdout
+    assert any("policy=strict" in line and " psi " in line and " none " in line for line in lines), p.stdout
     assert any("policy=lazy" in line and " dsi " in line for line in lines), p.stdout
+    assert any("policy=passthrough" in line and " all " in line and " line " in line for line in lines), p.stdout
+    # Where the CPU time went, a row per run, and the short window's warnings.
+    assert "where the CPU time went" in p.stdout and "warning: page_pool=false policy=lazy: short window" in p.stdout
 
 
 def test_json_has_documented_keys_and_a_run_per_policy():

@@ -47,9 +47,10 @@ def report(tmp_path_factory):
 def test_the_report_draws_every_plot_without_errors(report):
     p = _chromium("--dump-dom", report.as_uri())
     dom = p.stdout
-    # Two figures (throughput/exposure, metrics against queues), each rendered by plotly into SVG.
-    assert dom.count('class="plot-container plotly"') == 2, dom[:500]
-    assert dom.count('class="main-svg"') >= 4
+    # Three figures (throughput/exposure, goodput and CPU time per run, metrics against queues; no exposure
+    # figure: 2 ms runs settle no lazy page), each rendered by plotly into SVG.
+    assert dom.count('class="plot-container plotly"') == 3, dom[:500]
+    assert dom.count('class="main-svg"') >= 6 and 'class="barlayer' in dom
     # Markers and lines were drawn (plotly's point and trace groups), and the runs table is there.
     assert dom.count('class="point"') >= 9 and 'class="scatterlayer' in dom
     assert "<table" in dom and "workload.nic_rx.queues" in dom
@@ -81,7 +82,12 @@ def test_compare_and_validate_write_their_plots_through_the_report(tmp_path):
     cli("compare", "--set", "run.duration_ms=2", "--set", "run.warmup_ms=1", "--policies", "strict,lazy,passthrough",
         "--plot", str(plot), "--no-progress", check_rc=0)
     dom = _chromium("--dump-dom", plot.as_uri()).stdout
-    assert dom.count('class="plot-container plotly"') == 1 and 'data-errors="1"' not in dom
+    # Goodput against exposure, goodput and CPU time per run, the lazy runs' exposure windows; the runs table
+    # with each run's numbers (3 policies, page_pool on and off).
+    assert dom.count('class="plot-container plotly"') == 3 and 'data-errors="1"' not in dom
+    table = dom.split('<table class="runs">', 1)[1].split("</table>", 1)[0]
+    assert "Gbps" in table and "exposure p99 µs" in table and "limited by" in table
+    assert table.count("<tr>") == 1 + 6 and ">all<" in table and ">none<" in table
     val = tmp_path / "val.html"
     p = cli("validate", "C2.strict_inv_per_page", "--seeds", "1", "--plot", str(val), "--json", check_rc=0)
     assert json.loads(p.stdout)["targets"][0]["id"] == "C2.strict_inv_per_page"
@@ -111,7 +117,7 @@ def _title(axis: dict) -> str:
 
 def test_the_plots_plot_goodput_against_exposure_and_each_metric_against_the_axis(report):
     # Drawn plots are not enough: with x and y swapped the browser tests above pass (issue 18).
-    (trade, trade_layout), (queues, queues_layout) = _figures(report.read_text())
+    (trade, trade_layout), (cost, _), (queues, queues_layout) = _figures(report.read_text())
     points = iommulab.load(report.parent / "o", aggregate=True).to_dicts()
     # Goodput (y) against the p99 exposure window (x), one trace per policy.
     assert "exposure" in _title(trade_layout["xaxis"]) and "goodput" in _title(trade_layout["yaxis"])
@@ -119,6 +125,12 @@ def test_the_plots_plot_goodput_against_exposure_and_each_metric_against_the_axi
     for t in trade:
         want = {(plots._exposure(r), r["throughput_gbps"]) for r in points if r["os.policy"] == t["name"]}
         assert set(zip(t["x"], t["y"])) == want, t["name"]
+    # Goodput per run (the first trace), then each CPU-time category stacked, from the runs' own breakdown.
+    order = [t["name"] for t in cost[1:]]
+    assert order == [label for _, label, _ in plots.CPU_PARTS]
+    assert len(cost[0]["y"]) == len(points)
+    for t, (key, _, _) in zip(cost[1:], plots.CPU_PARTS):
+        assert sorted(t["y"]) == pytest.approx(sorted(r[f"cpu_breakdown.{key}"] for r in points))
     # Every metric of the menu (y) against the queues (x), one line per policy in the queues' order.
     assert _title(queues_layout["xaxis"]) == "workload.nic_rx.queues"
     assert _title(queues_layout["yaxis"]) == "throughput_gbps"

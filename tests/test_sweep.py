@@ -131,7 +131,7 @@ def test_sweep_cli_prints_a_summary_and_writes_the_report(tmp_path):
     assert lines[0].split()[:3] == ["policy", "ring_size", "Gbps"] and "mean over 2 seeds" in p.stdout
     assert len([l for l in lines if l.strip().startswith(("strict", "lazy"))]) == 6
     page = (tmp_path / "r.html").read_text()
-    assert page.count("Plotly.newPlot") == 2  # throughput/exposure, and metrics against the ring size
+    assert page.count("Plotly.newPlot") == 3  # throughput/exposure, goodput and CPU time, metrics against the ring size
     # The report and the CSV from the dataset; nothing the user has is overwritten.
     cli("report", str(tmp_path / "o"), "-o", str(tmp_path / "r.html"), check_rc=2)
     cli("report", str(tmp_path / "o"), "-o", str(tmp_path / "r2.html"), "--csv", str(tmp_path / "r.csv"), check_rc=0)

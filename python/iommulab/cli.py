@@ -10,6 +10,7 @@ import re
 import sys
 import tempfile
 import tomllib
+from typing import Any, Callable
 
 from . import __version__, _core
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
@@ -194,6 +195,21 @@ def build_parser() -> argparse.ArgumentParser:
                    "overwritten if it exists, unless --force)")
     i.add_argument("--force", action="store_true", help="overwrite the --scenario file if it exists")
     i.add_argument("--json", action="store_true", help="print what was found as JSON")
+
+    ad = sub.add_parser("advise", help="strict, lazy or passthrough on this host: what each costs, exposes and what "
+                        "binds it, and which to run", description="Read this host as inspect does (or a saved tree), "
+                        "build the scenario for a workload on the closest built-in profile, run every DMA option the "
+                        "kernel offers (passthrough, lazy, strict) with its command-line switch, and recommend one "
+                        "by a stated rule.")
+    ad.add_argument("--root", default="/", metavar="DIR", help="read a saved tree (from inspect --save) instead of /")
+    ad.add_argument("--workload", default="nic-rx", metavar="W",
+                    help="nic-rx (default), nic-tx, nvme, rr, or a scenario file or built-in name whose workload to run")
+    ad.add_argument("--max-exposure", metavar="TIME", help="the longest p99 exposure to accept (10ms, 500us, 0, "
+                    "any); default: the kernel's own bound on lazy exposure (the flush-queue timer)")
+    ad.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
+                    help="override a scenario key (the CPUs, the line rate, …); repeatable")
+    ad.add_argument("--json", action="store_true",
+                    help="print {host, assumed, options: [...], recommendation, caveats} as JSON")
 
     cp = sub.add_parser("capture", help="record the kernel's iommu:map/unmap tracepoints into a trace replay reads",
                         description="Record iommu:map / iommu:unmap (and iommu:io_page_fault) through tracefs, with "
@@ -487,12 +503,7 @@ def _cmd_sensitivity(a: argparse.Namespace) -> int:
     with _progress(a) as progress:
         doc = sensitivity(a.scenario, dict(a.sets), a.factor or DEFAULT_FACTORS, progress, raw_strings=True,
                           jobs=a.jobs)
-    if a.json:
-        json.dump(doc, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(format_sensitivity(doc, list(a.sets), a.top))
-    return 0
+    return _emit(a.json, doc, lambda d: format_sensitivity(d, list(a.sets), a.top))
 
 
 def _cmd_compare(a: argparse.Namespace) -> int:
@@ -598,12 +609,7 @@ def _cmd_replay(a: argparse.Namespace) -> int:
         res = replay(a.trace, iommu=a.iommu, caching_mode=a.caching_mode == "on", ats=a.ats, kernel=a.kernel,
                      cmdline=a.cmdline, mode=a.mode, hz=a.hz, tick_phase_us=a.tick_phase_us,
                      ats_phases=a.ats_phases, progress=bar and bar.bytes)
-    if a.json:
-        json.dump(res, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(format_replay(res))
-    return 0
+    return _emit(a.json, res, format_replay)
 
 
 def _cmd_explain(a: argparse.Namespace) -> int:
@@ -648,6 +654,22 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         if a.scenario:
             print(f"wrote {shown(a.scenario)}")
     return 0
+
+
+def _emit(as_json: bool, doc: Any, text: Callable[[Any], str]) -> int:
+    """Print a command's result: as JSON, or as the text `text` makes of it."""
+    if as_json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        sys.stdout.write(text(doc))
+    return 0
+
+
+def _cmd_advise(a: argparse.Namespace) -> int:
+    from .advise import advise, format_advise
+
+    return _emit(a.json, advise(a.root, a.workload, a.max_exposure, dict(a.sets)), format_advise)
 
 
 def _capture_script() -> str:
@@ -859,6 +881,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_explain(a)
         if a.cmd == "inspect":
             return _cmd_inspect(a)
+        if a.cmd == "advise":
+            return _cmd_advise(a)
         if a.cmd == "capture":
             return _cmd_capture(a)
         if a.cmd == "replay":

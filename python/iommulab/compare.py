@@ -10,7 +10,8 @@ from typing import Any, Mapping
 
 from . import __version__
 from .api import ProgressFn, RunResult, load, run_variants
-from .report import note_lines, rate, set_lines
+from .report import (EXPOSURE_LEGEND, LIMITED_BY_LEGEND, note_lines, per_sec, render, run_exposure, set_lines,
+                     warning_lines)
 
 # Every policy the simulator has, cheapest protection first.
 POLICIES = ["passthrough", "lazy", "xsmmu", "blocks", "fns", "fands", "strict"]
@@ -28,14 +29,6 @@ def compare(scenario: Any = None, sets: Mapping[str, Any] | None = None, policie
     for r, name in zip(results, names):
         r._d["label"] = name
     return results
-
-
-def _window(r: RunResult, key: str) -> str:
-    s = r.safety
-    if not s["protected"]:
-        return "all"
-    w = s.get("window")
-    return f"{w[key] / 1000:.3f}" if w else "0"
 
 
 def _exposed(r: RunResult) -> str:
@@ -57,14 +50,15 @@ COLUMNS = [
     ("Gbps", 8, lambda r: f"{r.throughput_gbps:.2f}"),
     ("CPU busy", 9, lambda r: f"{r.cpu_busy * 100:.1f}%"),
     ("inv/page", 9, lambda r: f"{r.inv_per_page:.4f}"),
-    ("unmapped pg/s", 14, lambda r: rate(r.iova_pages_unmapped / r.sim_seconds)),
-    ("inv/s", 10, lambda r: rate(r.invalidations['total'] / r.sim_seconds)),
+    ("unmapped pg/s", 14, lambda r: per_sec(r, r.iova_pages_unmapped)),
+    ("inv/s", 10, lambda r: per_sec(r, r.invalidations['total'])),
     ("exposed", 9, _exposed),
-    ("win p50 ms", 11, lambda r: _window(r, "p50_us")),
-    ("win p99 ms", 11, lambda r: _window(r, "p99_us")),
-    ("win max ms", 11, lambda r: _window(r, "max_us")),
+    ("exp p50 µs", 11, lambda r: run_exposure(r, "p50_us")),
+    ("exp p99 µs", 11, lambda r: run_exposure(r, "p99_us")),
+    ("exp max µs", 11, lambda r: run_exposure(r, "max_us")),
     ("stale hits", 11, lambda r: f"{r.stale_translations}"),
     ("sub-page KiB", 13, lambda r: _sub_page(r)),
+    ("  limited by", 0, lambda r: r.limited_by),
 ]
 
 
@@ -79,18 +73,16 @@ def format_compare(scenario: dict[str, Any], results: list[RunResult], plot: str
     ]
     lines += set_lines(sets) + [""]
     lw = max([len("run")] + [len(r.label) for r in results])
-    head = f"{'run':<{lw}}" + "".join(f"{h:>{w}}" for h, w, _ in COLUMNS)
-    lines += [head, "-" * len(head)]
-    for r in results:
-        lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in COLUMNS))
+    lines += render(COLUMNS, results, lw)
     lines += [
         "",
         "exposed: share of unmapped pages released to their owner before an invalidation covering them completed "
-        "(all: identity domain, the device reaches every page) · win: that gap per exposed page, p50/p99/max "
-        "(0: none exposed) · stale hits: device translations served by an entry the page table no longer held "
+        "(all: identity domain, the device reaches every page) · exp p50/p99/max: " + EXPOSURE_LEGEND.split(": ", 1)[1]
+        + " · stale hits: device translations served by an entry the page table no longer held "
         "· sub-page: other data sharing the pages of mapped small buffers, reachable on average at any instant",
+        LIMITED_BY_LEGEND.split(" · ")[0],
     ]
-    lines += note_lines(results)
+    lines += note_lines(results) + warning_lines(results)
     if plot:
         lines.append(f"plot: {plot}")
     return "\n".join(lines) + "\n"

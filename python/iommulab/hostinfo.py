@@ -59,10 +59,13 @@ KERNEL_CONFIG_BYTES = 4 << 20
 # The printk ring is at most 32 MiB (CONFIG_LOG_BUF_SHIFT <= 25); its records as /dev/kmsg or dmesg print them
 # add a prefix to each.
 KERNEL_LOG_BYTES = 64 << 20
+# /proc/cpuinfo prints about 1.5 KiB per CPU on x86 (flags are most of it): 4 MiB covers 2048 CPUs.
+CPUINFO_BYTES = 4 << 20
 # Each file inspect reads: its bound and what it should be (for the note when it is not).
 BOUNDS = [("sys/", SYSFS_FILE_BYTES, "a sysfs attribute"), ("dev/kmsg", KERNEL_LOG_BYTES, "the kernel log"),
           ("boot/config-", KERNEL_CONFIG_BYTES, "a kernel config"),
-          ("proc/config.gz", KERNEL_CONFIG_BYTES, "a kernel config"), ("proc/", PROC_FILE_BYTES, "a /proc file")]
+          ("proc/config.gz", KERNEL_CONFIG_BYTES, "a kernel config"), ("proc/cpuinfo", CPUINFO_BYTES, "/proc/cpuinfo"),
+          ("proc/", PROC_FILE_BYTES, "a /proc file")]
 
 
 class _Unreadable(Exception):
@@ -403,6 +406,37 @@ def _groups(tree: Tree, res: dict[str, Any]) -> None:
             res["devices"].append(d)
 
 
+def hardware(tree: Tree) -> dict[str, Any]:
+    """What `inspect` does not read but a scenario needs: the CPUs (count, model), whether this is a guest and a
+    confidential one, the PCI NICs (speed, receive queues) and the NVMe controllers. Absent files give None."""
+    cpus = [c for c in tree.ls("sys/devices/system/cpu") or [] if re.fullmatch(r"cpu\d+", c)]
+    info = tree.text("proc/cpuinfo") or ""
+    field = lambda name: next((m.group(1).strip() for m in re.finditer(rf"^{name}\s*:(.*)$", info, re.M)), None)
+    flags = set((field("flags") or field("Features") or "").split())
+    model = field("model name") or (f"Arm implementer {field('CPU implementer')} part {field('CPU part')}"
+                                    if field("CPU part") else None)
+    log = tree.kmsg() or ""
+    cc = re.search(r"Memory Encryption Features active: *(.+)", log)
+    nics = []
+    for n in tree.ls("sys/class/net") or []:
+        dev = tree.link(f"sys/class/net/{n}/device")
+        if not dev:
+            continue  # not a device's port (lo, bridges, tunnels, ifb)
+        speed = (tree.text(f"sys/class/net/{n}/speed") or "").strip()
+        queues = [q for q in tree.ls(f"sys/class/net/{n}/queues") or [] if q.startswith("rx-")]
+        nics.append({"name": n, "device": os.path.basename(dev),
+                     "speed_gbps": int(speed) / 1000 if speed.isdigit() and int(speed) > 0 else None,
+                     "rx_queues": len(queues) or None})
+    return {
+        "cpus": len(cpus) or None,
+        "cpu_model": model,
+        "guest": "hypervisor" in flags or None if flags else None,
+        "confidential": cc.group(1).strip() if cc else ("Intel TDX" if "tdx_guest" in flags else None),
+        "nics": nics,
+        "nvme": [n for n in tree.ls("sys/class/nvme") or [] if re.fullmatch(r"nvme\d+", n)],
+    }
+
+
 def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
     """The system under `root`: kernel, IOMMUs, groups and devices with their DMA mode and its reason; each
     file of the tree that could not be used is named in the notes."""
@@ -417,6 +451,7 @@ def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
                            "iommus": _iommus(tree), "groups": [], "devices": [], "notes": [],
                            "kernel_log_seen": _log_lines(tree.kmsg())}
     _groups(tree, res)
+    res["hardware"] = hardware(tree)
     if not res["iommus"] and not res["groups"]:
         res["notes"].append("No IOMMU is visible (none in /sys/class/iommu, no IOMMU groups): devices reach memory "
                             "at physical addresses (dma-direct), with no translation and no protection.")
@@ -472,13 +507,27 @@ def _compare(res: dict[str, Any], rules: dict[str, Any]) -> None:
                         f"{d['type']}: a driver, a quirk or a write to the group's type changed it")
 
 
-def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
-    """A scenario for this host: the closest built-in profile, its kernel, the policy in effect."""
+def profile_for(res: dict[str, Any]) -> tuple[str, str]:
+    """The built-in platform profile closest to the inspected host, and why."""
     vendors = [i["vendor"] for i in res["iommus"]]
     cm = any(i.get("caching_mode") for i in res["iommus"])
-    profile = {"vtd": "kvm-vtd-guest" if cm else "vtd-server", "smmuv3": "smmuv3-server",
-               "virtio": "virtio-guest" if res["arch"] == "x86_64" else "virtio-guest-arm64"}
     vendor = next((v for v in ("vtd", "smmuv3", "virtio") if v in vendors), None)
+    if vendor == "vtd":
+        return ("kvm-vtd-guest", "VT-d with caching mode: QEMU's emulated VT-d") if cm else \
+            ("vtd-server", "VT-d on bare metal")
+    if vendor == "smmuv3":
+        return "smmuv3-server", "an Arm SMMUv3"
+    if vendor == "virtio":
+        return ("virtio-guest" if res["arch"] == "x86_64" else "virtio-guest-arm64"), "a virtio-iommu guest"
+    other = f"its IOMMU ({', '.join(sorted(set(vendors)))}) is not one the model has" if vendors else "no IOMMU"
+    if res["arch"] == "arm64":
+        return "smmuv3-server", f"{other}: the Arm server profile stands in"
+    return "vtd-server", f"{other}: the x86 server profile (Intel VT-d) stands in"
+
+
+def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
+    """A scenario for this host: the closest built-in profile, its kernel, the policy in effect."""
+    cm = any(i.get("caching_mode") for i in res["iommus"])
     modes = [d["mode"] for d in res["devices"] if d.get("mode") in ("strict", "lazy", "passthrough")]
     policy = max(set(modes), key=modes.count) if modes else "passthrough"
     kernel = _kernel(res["kernel"] or "") or "6.12"
@@ -491,8 +540,7 @@ def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
         "name": "inspected",
         "description": described,
         "run": {"duration_ms": 50, "warmup_ms": 10, "seed": 1},
-        "platform": {"profile": profile.get(vendor or "", "vtd-server" if res["arch"] == "x86_64" else
-                                            "smmuv3-server")},
+        "platform": {"profile": profile_for(res)[0]},
         "os": {"kernel": kernel, "arch": res["arch"] if res["arch"] in ("x86_64", "arm64") else "x86_64",
                "policy": policy, "cmdline": res["cmdline"]},
     }
@@ -576,6 +624,14 @@ def format_inspect(res: dict[str, Any]) -> str:
                                                                else "")]
     if res.get("config_default"):
         lines.append(f"kernel config default DMA mode: {res['config_default']}")
+    hw = res.get("hardware") or {}
+    if hw.get("cpus") or hw.get("nics") or hw.get("nvme"):
+        nics = ", ".join(f"{n['name']} ({n['device']}" + (f", {n['speed_gbps']:g} Gbps" if n["speed_gbps"] else "")
+                         + (f", {n['rx_queues']} RX queues" if n["rx_queues"] else "") + ")" for n in hw["nics"])
+        lines.append(f"CPUs {hw.get('cpus') or '?'}" + (f" ({hw['cpu_model']})" if hw.get("cpu_model") else "")
+                     + (" · a guest" if hw.get("guest") else "")
+                     + (f" · confidential: {hw['confidential']}" if hw.get("confidential") else "")
+                     + f" · NICs {nics or 'none'} · NVMe {', '.join(hw['nvme']) or 'none'}")
     for i in res["iommus"]:
         extra = ""
         if i["vendor"] == "vtd" and "cap" in i:

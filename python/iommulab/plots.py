@@ -47,8 +47,19 @@ def _name(row: dict[str, Any], keys: list[str]) -> str:
     return " ".join(parts) or str(row.get("label") or "run")
 
 
+def _variant(row: dict[str, Any], name_keys: list[str] | None) -> str:
+    """What tells a run apart from the others of its policy (``page_pool=true``): its name less the policy."""
+    name = _name(row, name_keys or []) if name_keys else str(row.get("label", ""))
+    return " ".join(w for w in name.split() if w not in (_policy(row), f"policy={_policy(row)}"))
+
+
+# Marker symbols, one per variant of a policy (page_pool on and off, …), so runs that share a colour differ.
+SYMBOLS = ["circle", "diamond", "square", "triangle-up", "x", "star", "cross", "triangle-down"]
+
+
 def tradeoff_figure(rows: list[dict[str, Any]], title: str, name_keys: list[str] | None = None):
-    """Goodput against the p99 exposure window, one marker per run with a goodput, coloured by policy."""
+    """Goodput against the p99 exposure window, one marker per run with a goodput, coloured by policy and shaped
+    by what else tells runs apart; half-transparent so that overlapping runs show."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
@@ -56,15 +67,18 @@ def tradeoff_figure(rows: list[dict[str, Any]], title: str, name_keys: list[str]
     for r in rows:
         if r.get("throughput_gbps") is not None:
             by_policy.setdefault(_policy(r), []).append(r)
+    variants = list(dict.fromkeys(_variant(r, name_keys) for rs in by_policy.values() for r in rs))
     for pol, rs in by_policy.items():
         err = [(_or(r.get("throughput_gbps.max"), r["throughput_gbps"]) - r["throughput_gbps"],
                 r["throughput_gbps"] - _or(r.get("throughput_gbps.min"), r["throughput_gbps"])) for r in rs]
         fig.add_trace(go.Scatter(
             x=[_exposure(r) for r in rs], y=[r["throughput_gbps"] for r in rs], mode="markers", name=pol or "run",
-            marker={"size": 11, "color": COLOURS.get(pol)},
+            marker={"size": 12, "color": COLOURS.get(pol), "opacity": 0.75, "line": {"width": 1, "color": "#333"},
+                    "symbol": [SYMBOLS[variants.index(_variant(r, name_keys)) % len(SYMBOLS)] for r in rs]},
             error_y={"type": "data", "array": [e[0] for e in err], "arrayminus": [e[1] for e in err],
                      "visible": any(e != (0, 0) for e in err)},
-            text=[_name(r, name_keys or []) if name_keys else str(r.get("label", "")) for r in rs],
+            text=[f"{_name(r, name_keys or []) if name_keys else r.get('label', '')}<br>limited by "
+                  f"{r.get('limited_by', '?')}" for r in rs],
             hovertemplate="%{text}<br>%{y:.2f} Gbps<br>p99 window %{x:.3g} µs<extra>" + html.escape(pol) + "</extra>"))
     ticks = [NONE_US] + [10.0 ** d for d in range(0, 6)] + [UNPROTECTED_US]
     fig.update_layout(
@@ -73,6 +87,64 @@ def tradeoff_figure(rows: list[dict[str, Any]], title: str, name_keys: list[str]
                "tickvals": ticks, "ticktext": ["none"] + [f"{t:g}" for t in ticks[1:-1]] + ["unprotected"],
                "range": [math.log10(NONE_US) - 0.3, math.log10(UNPROTECTED_US) + 0.3]},
         yaxis={"title": "goodput (Gbps)", "rangemode": "tozero"})
+    return fig
+
+
+# Where the workload CPUs' time went (cpu_breakdown), in stacking order, with a colour each.
+CPU_PARTS = [("dma_api", "DMA API", "#1f77b4"), ("inv_wait", "invalidation wait", "#d62728"),
+             ("lock_spin", "lock spin", "#ff7f0e"), ("stack", "stack (outside the DMA API)", "#7f7f7f"),
+             ("idle", "idle", "#e5e5e5")]
+
+
+def _run_names(rows: list[dict[str, Any]], name_keys: list[str] | None) -> list[str]:
+    return [_name(r, name_keys or []) if name_keys else str(r.get("label") or r.get("run")) for r in rows]
+
+
+def cost_figure(rows: list[dict[str, Any]], name_keys: list[str] | None = None):
+    """Per run: goodput as a bar coloured by policy (with what bound it), and where the CPUs' time went as
+    stacked bars."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    rows = [r for r in rows if r.get("throughput_gbps") is not None]
+    names = _run_names(rows, name_keys)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+                        subplot_titles=("goodput (Gbps), labelled with what bound the run",
+                                        "where the workload CPUs' time went (share)"))
+    fig.add_trace(go.Bar(x=names, y=[r["throughput_gbps"] for r in rows], showlegend=False,
+                         marker={"color": [COLOURS.get(_policy(r), "#888") for r in rows]},
+                         text=[r.get("limited_by", "") for r in rows], textposition="inside", textangle=-90,
+                         hovertemplate="%{x}<br>%{y:.2f} Gbps<br>limited by %{text}<extra></extra>"), row=1, col=1)
+    for key, label, colour in CPU_PARTS:
+        fig.add_trace(go.Bar(x=names, y=[r.get(f"cpu_breakdown.{key}") or 0 for r in rows], name=label,
+                             marker={"color": colour}, legendgroup="cpu",
+                             hovertemplate="%{x}<br>" + html.escape(label) + " %{y:.1%}<extra></extra>"), row=2, col=1)
+    fig.update_layout(template="plotly_white", height=640, barmode="stack", legend_title_text="CPU time",
+                      yaxis2={"tickformat": ".0%", "range": [0, 1]})
+    return fig
+
+
+def exposure_figure(rows: list[dict[str, Any]], name_keys: list[str] | None = None):
+    """Per protected run that exposed pages: its exposure window's p50, p99, p99.9 and max (µs, log) on one line,
+    coloured by policy; runs that exposed nothing, or are unprotected, are listed in the title."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    qs = [("p50_us", "p50", "circle"), ("p99_us", "p99", "diamond"), ("p999_us", "p99.9", "square"),
+          ("max_us", "max", "x")]
+    shown = [r for r in rows if r.get("safety.protected", True) and r.get("safety.window.p99_us")]
+    for r, name in zip(shown, _run_names(shown, name_keys)):
+        pol = _policy(r)
+        fig.add_trace(go.Scatter(
+            x=[r.get(f"safety.window.{k}") for k, _, _ in qs], y=[name] * len(qs), mode="lines+markers",
+            name=name, showlegend=False, text=[q for _, q, _ in qs],
+            marker={"symbol": [s for _, _, s in qs], "size": 10, "color": COLOURS.get(pol)},
+            line={"color": COLOURS.get(pol)},
+            hovertemplate="%{y}<br>%{text} %{x:.4g} µs<extra>" + html.escape(pol) + "</extra>"))
+    fig.update_layout(template="plotly_white", height=160 + 40 * len(shown),
+                      title="exposure windows per run: p50 (circle), p99 (diamond), p99.9 (square), max (x)",
+                      xaxis={"type": "log", "title": "µs from a page's release to its invalidation (log)"},
+                      yaxis={"type": "category"})
     return fig
 
 
@@ -221,11 +293,34 @@ class Page:
                 + f"\n<p><small>iommulab {html.escape(__version__)}</small></p></body></html>\n")
 
 
+# The numbers each run's row shows: (column, header, format).
+RUN_NUMBERS = [("throughput_gbps", "Gbps", "{:.2f}"), ("cpu_busy", "CPU busy", "{:.1%}"),
+               ("cpu_inv_wait_share", "inv wait", "{:.1%}"), ("inv_per_page", "inv/page", "{:.4f}"),
+               ("safety.exposed_share", "exposed", "{:.1%}"), ("safety.window.p50_us", "exposure p50 µs", None),
+               ("safety.window.p99_us", "exposure p99 µs", None), ("safety.window.max_us", "exposure max µs", None),
+               ("limited_by", "limited by", "{}")]
+
+
+def _number(r: dict[str, Any], col: str, fmt: str | None) -> str:
+    from .report import exposure
+
+    if fmt is None:
+        return exposure(r.get("safety.protected"), r.get(col))
+    if col.startswith("safety.") and r.get("safety.protected") is False:
+        return "all"
+    v = r.get(col)
+    return "" if v is None else fmt.format(v)
+
+
 def runs_table(rows: list[dict[str, Any]], axes: list[str]) -> str:
-    """Each run's configuration: label, axes, seed, scenario hash and the keys it set."""
-    cols = [c for c in ["run", "label"] + axes + ["seed", "seeds", "scenario_hash", "overrides"]
-            if any(c in r for r in rows)]
-    return _table(cols, [[r.get(c) for c in cols] for r in rows])
+    """Each run: label, axes, its numbers (goodput, CPU, exposure, what bound it), seed, scenario hash and the
+    keys it set."""
+    head = [c for c in ["run", "label"] + axes if any(c in r for r in rows)]
+    nums = [(c, h, f) for c, h, f in RUN_NUMBERS if any(c in r for r in rows)]
+    tail = [c for c in ["seed", "seeds", "scenario_hash", "overrides"] if any(c in r for r in rows)]
+    return _table(head + [h for _, h, _ in nums] + tail,
+                  [[r.get(c) for c in head] + [_number(r, c, f) for c, _, f in nums] + [r.get(c) for c in tail]
+                   for r in rows], "runs")
 
 
 def results_page(rows: list[dict[str, Any]], title: str, axes: list[str] | None = None,
@@ -238,7 +333,17 @@ def results_page(rows: list[dict[str, Any]], title: str, axes: list[str] | None 
         page.heading("Throughput against exposure",
                      "Each marker is one run (the mean over seeds, with their min-max, when a sweep has several): "
                      "goodput against the p99 time a freed page stayed reachable by the device.")
-        page.figure(tradeoff_figure(rows, "goodput against exposure, per policy", [a for a in axes if a != "run.seed"]))
+        keys = [a for a in axes if a != "run.seed"]
+        page.figure(tradeoff_figure(rows, "goodput against exposure, per policy", keys))
+        page.heading("What each run costs, and what bound it",
+                     "Goodput per run, and where its CPUs' time went: the DMA API's own work, waiting for "
+                     "invalidations, spinning on the DMA layer's locks, everything else (the stack), idle.")
+        page.figure(cost_figure(rows, keys))
+        if any(r.get("safety.window.p99_us") for r in rows):
+            page.heading("Exposure per run", "How long unmapped pages stayed reachable by the device after their "
+                         "owner got them back, per run that exposed any (strict runs expose none; passthrough "
+                         "leaves every page reachable).")
+            page.figure(exposure_figure(rows, keys))
     swept = [a for a in axes if a not in ("os.policy", "run.seed") and len({json.dumps(r.get(a)) for r in rows}) > 1]
     metrics = metrics_of(rows)
     for a in swept:
@@ -254,7 +359,8 @@ def results_page(rows: list[dict[str, Any]], title: str, axes: list[str] | None 
         page.figure(validate_figure(validate_rows))
         page.html(validate_table(validate_rows))
     if rows:
-        page.heading("Runs", "What each run (or point) was: its axes, seed and the scenario keys it set.")
+        page.heading("Runs", "What each run (or point) was and measured: its axes, its numbers (exposure in µs; "
+                     "none: no page exposed; all: identity domain), seed and the scenario keys it set.")
         page.html(runs_table(rows, axes))
     if spec:
         page.heading("Sweep")

@@ -6,10 +6,46 @@ from typing import Any
 
 from . import __version__
 
+def rate(x: float) -> str:
+    """A per-second rate as fio prints one, never in scientific notation: 1.69M, 38.4k, 512."""
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e4:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.0f}"
+
+
+def per_sec(r, n: float) -> str:
+    """A count over the run's window, per second."""
+    return rate(n / r.sim_seconds) if r.sim_seconds else "0"
+
+
 def _by_type(r) -> str:
-    """Non-zero invalidation types, e.g. ``psi 151946`` or ``tlbi_nh_va 3 tlbi_nh_asid 2``."""
-    parts = [f"{k} {n}" for k, n in r.invalidations.items() if k != "total" and n]
+    """Non-zero invalidation types per second, e.g. ``psi 1.05M`` or ``tlbi_nh_va 30 tlbi_nh_asid 20``."""
+    parts = [f"{k} {per_sec(r, n)}" for k, n in r.invalidations.items() if k != "total" and n]
     return " ".join(parts) or "-"
+
+
+def exposure(protected: bool | None, window_us: float | None) -> str:
+    """An exposure window in µs, written the same way in every table: ``all`` for an identity domain (the device
+    reaches every page), ``none`` when no page was exposed."""
+    if protected is False:
+        return "all"
+    if window_us is None:
+        return "none"
+    return f"{window_us:.0f}" if window_us >= 100 else f"{window_us:.1f}"
+
+
+EXPOSURE_LEGEND = ("exposure µs: how long an unmapped page stayed reachable by the device after its owner got it "
+                   "back (none: no page was; all: an identity domain, the device reaches all memory)")
+LIMITED_BY_LEGEND = ("limited by: the resource that bound the run (line, link, emulator, iommu.queue, device_thread, "
+                     "lock:NAME, iommu.translation, cpu.WHERE; else the workload's own: senders, offered_load, "
+                     "queue_depth; docs/model.md \"What binds a run\") · inv/s by type: the IOMMU's own commands")
+
+
+def run_exposure(r, key: str = "p99_us") -> str:
+    s = r.safety
+    return exposure(s["protected"], (s.get("window") or {}).get(key))
 
 
 COLUMNS = [
@@ -17,11 +53,12 @@ COLUMNS = [
     ("Gbps", 8, lambda r: f"{r.throughput_gbps:.2f}"),
     ("CPU busy", 9, lambda r: f"{r.cpu_busy * 100:.1f}%"),
     ("inv wait", 9, lambda r: f"{r.cpu_inv_wait_share * 100:.1f}%"),
-    ("IOVA pg unmapped", 17, lambda r: f"{r.iova_pages_unmapped}"),
-    ("invalidations", 14, lambda r: f"{r.invalidations['total']}"),
+    ("unmapped pg/s", 14, lambda r: per_sec(r, r.iova_pages_unmapped)),
     ("inv/page", 9, lambda r: f"{r.inv_per_page:.4f}"),
     ("IOTLB miss/pg", 14, lambda r: f"{r.iotlb_misses_per_page:.3f}"),
-    ("  by type", 0, _by_type),
+    ("exposure p99 µs", 16, run_exposure),
+    ("  limited by", 0, lambda r: r.limited_by),
+    ("  inv/s by type", 0, _by_type),
 ]
 
 
@@ -50,10 +87,10 @@ MAP_BENCHMARK_COLUMNS = [
     ("k/s/thread", 11, lambda r: f"{r.map_benchmark['loops_per_sec_per_thread'] / 1e3:.1f}"),
     ("CPU busy", 9, lambda r: f"{r.cpu_busy * 100:.1f}%"),
     ("inv wait", 9, lambda r: f"{r.cpu_inv_wait_share * 100:.1f}%"),
-    ("syncs", 10, lambda r: f"{r.syncs}"),
-    ("invalidations", 14, lambda r: f"{r.invalidations['total']}"),
+    ("syncs/s", 10, lambda r: per_sec(r, r.syncs)),
     ("cas/ok", 7, lambda r: f"{r.cmdq_cas_attempts_per_success:.2f}" if r.cmdq_cas_attempts_per_success else "-"),
-    ("  by type", 0, _by_type),
+    ("  limited by", 0, lambda r: r.limited_by),
+    ("  inv/s by type", 0, _by_type),
 ]
 
 
@@ -71,15 +108,6 @@ def map_benchmark_lines(r) -> list[str]:
         f"average unmap latency(us):{r.unmap_latency_us['avg']:.1f} "
         f"standard deviation:{r.unmap_latency_us['stddev']:.1f}",
     ]
-
-
-def rate(x: float) -> str:
-    """A per-second rate as fio prints one, never in scientific notation: 1.69M, 38.4k, 512."""
-    if x >= 1e6:
-        return f"{x / 1e6:.2f}M"
-    if x >= 1e4:
-        return f"{x / 1e3:.1f}k"
-    return f"{x:.0f}"
 
 
 def set_lines(sets: list[tuple[str, str]] | None) -> list[str]:
@@ -103,7 +131,7 @@ def _contention(results: list, lw: int) -> list[str]:
         out.append(
             f"{r.label:<{lw}}  {c['name']}: {c['acquisitions']} taken, {c['contended_share'] * 100:.1f}% found held, "
             f"wait mean {c['wait_mean_ns']:.0f} ns p99 {c['wait_p99_ns']} ns, {c['transfers']} line transfers, "
-            f"{c['cpu_share'] * 100:.1f}% of a CPU"
+            f"{c['cpu_share'] / max(1, len(r.cpu_spin_share)) * 100:.1f}% of the workload CPUs' time"
         )
     return ["", "most contended shared state (spin and cache-line transfers):"] + out if out else []
 
@@ -133,6 +161,37 @@ def _vm_exits(results: list, lw: int) -> list[str]:
     return ["", "guest exits to the hypervisor:"] + out if out else []
 
 
+def render(columns: list, results: list, lw: int) -> list[str]:
+    """The header, a rule and one row per run: columns of width w right-aligned in w; those of width 0 (text
+    such as ``limited by``) left-aligned after two spaces, as wide as their longest cell."""
+    cells = [[fmt(r) for _, _, fmt in columns] for r in results]
+    widths = [w or max([len(h.strip())] + [len(c[i]) for c in cells]) for i, (h, w, _) in enumerate(columns)]
+
+    def line(label: str, row: list[str]) -> str:
+        out = f"{label:<{lw}}"
+        for (_, w, _), x, n in zip(columns, row, widths):
+            out += f"{x:>{n}}" if w else f"  {x:<{n}}"
+        return out.rstrip()
+
+    head = line("run", [h.strip() if not w else h for h, w, _ in columns])
+    rows = [line(r.label, c) for r, c in zip(results, cells)]
+    return [head, "-" * max(len(x) for x in [head] + rows)] + rows
+
+
+def cpu_time_lines(results: list, lw: int) -> list[str]:
+    """Where each run's CPU time went (shares of the workload CPUs' time), and what bound it."""
+    cols = [("DMA API", "dma_api"), ("inv wait", "inv_wait"), ("lock spin", "lock_spin"), ("stack", "stack"),
+            ("idle", "idle")]
+    columns = [(h, max(len(h) + 2, 9), (lambda k: lambda r: f"{r.cpu_breakdown[k] * 100:.1f}%")(k))
+               for h, k in cols]
+    return ["", "where the CPU time went (share of the workload CPUs' time):"] + render(columns, results, lw)
+
+
+def warning_lines(results: list) -> list[str]:
+    """Each run's warnings, one line each."""
+    return [f"warning: {r.label}: {w}" for r in results for w in (getattr(r, "warnings", None) or [])]
+
+
 IOPS_COLUMNS = [
     ("kIOPS", 9, lambda r: f"{r.packets_per_sec / 1e3:.0f}"),
 ]
@@ -157,35 +216,36 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
     ]
     lines += set_lines(sets) + [""]
     lw = max([len("run")] + [len(r.label) for r in results])
-    head = f"{'run':<{lw}}" + "".join(f"{h:>{w}}" for h, w, _ in columns)
-    width = max([len(head)] + [len(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in columns[:-1]))
-                               + 2 + len(_by_type(r)) for r in results])
-    lines += [head, "-" * width]
-    for r in results:
-        lines.append(f"{r.label:<{lw}}" + "".join(f"{fmt(r):>{w}}" for _, w, fmt in columns[:-1])
-                     + "  " + _by_type(r))
+    lines += render(columns, results, lw)
     if bench:
         for r in results:
             lines += ["", f"{r.label}:"] + ["  " + x for x in map_benchmark_lines(r)]
     notes = note_lines(results)
     if notes:
         lines += [""] + notes
+    lines += cpu_time_lines(results, lw)
     lines += _contention(results, lw)
     lines += _vm_exits(results, lw)
+    warnings = warning_lines(results)
+    if warnings:
+        lines += [""] + warnings
     if bench:
         lines += [
             "",
             "map µs, unmap µs: average latency ± standard deviation, in whole 0.1 µs as the kernel sums them · "
-            "k/s/thread: map+unmap loops per second per thread · syncs: CMD_SYNCs or wait descriptors · cas/ok: "
-            "cmpxchg attempts on the SMMUv3 queue per slot reserved",
+            "k/s/thread: map+unmap loops per second per thread · syncs/s: CMD_SYNCs or wait descriptors per second · "
+            "cas/ok: cmpxchg attempts on the SMMUv3 queue per slot reserved",
+            LIMITED_BY_LEGEND,
         ]
         return "\n".join(lines) + "\n"
     lines += [
         "",
         "Gbps: application goodput · CPU busy: mean over the workload's CPUs · inv wait: share of CPU busy time "
         "spent waiting for invalidation completion",
-        "invalidations: IOMMU TLB invalidation descriptors/commands (by type: psi/dsi/global for VT-d) · inv/page: "
-        "invalidations per IOVA page unmapped · IOTLB miss/pg: IOTLB misses per 4 KiB of data delivered",
+        "unmapped pg/s: IOVA pages unmapped per second · inv/page: IOMMU TLB invalidation descriptors/commands per "
+        "page unmapped · IOTLB miss/pg: IOTLB misses per 4 KiB of data delivered",
+        EXPOSURE_LEGEND,
+        LIMITED_BY_LEGEND,
     ]
     if columns[1] is LATENCY_COLUMNS[0]:
         lines.append("kreq/s: responses per second · p50/p99 µs: request latency as the client sees it (at a fixed "

@@ -35,6 +35,7 @@ from ._core import ScenarioError
 from .api import TICK_SECONDS, ProgressFn, check_jobs, override_pairs, run_each, run_one, scenario_source
 from .api import load as load_scenario
 from .inputs import shown, toml_text
+from .report import EXPOSURE_LEGEND, exposure
 from .dataset import (META, SPEC_FILE, Numbering, Writer, aggregate_seeds, axes_of, canon, derive, derived_expr,
                       done_keys, first_line, frame, grids_of, is_dataset, load, locked, parts, printable,
                       spec_of)
@@ -495,7 +496,7 @@ def _sweep(sw: Sweep, numbering: Numbering, have: set[tuple[str, str]], writer: 
 # The summary `sweep` prints: (column, header, format).
 SUMMARY = [("throughput_gbps", "Gbps", "{:.2f}"), ("cpu_busy", "CPU busy", "{:.1%}"),
            ("inv_per_page", "inv/page", "{:.4f}"), ("safety.exposed_share", "exposed", "{:.1%}"),
-           ("safety.window.p99_us", "win p99 µs", "{:.4g}")]
+           ("safety.window.p99_us", "exposure p99 µs", None), ("limited_by", "limited by", "{}")]
 
 
 def format_summary(df, sw: Sweep) -> str:
@@ -513,7 +514,9 @@ def format_summary(df, sw: Sweep) -> str:
         cells = [str(r[c]) for c in cols]
         for c, _, fmt in SUMMARY:
             if c in agg.columns:
-                if c.startswith("safety.") and r.get("safety.protected") is False:
+                if c == "safety.window.p99_us":
+                    cells.append(exposure(r.get("safety.protected"), r[c]))
+                elif c.startswith("safety.") and r.get("safety.protected") is False:
                     cells.append("all")  # an identity domain: the device reaches every page
                 else:
                     cells.append("-" if r[c] is None else fmt.format(r[c]))
@@ -522,7 +525,7 @@ def format_summary(df, sw: Sweep) -> str:
     out = ["  ".join(h.rjust(w[i]) for i, h in enumerate(heads)), "-" * (sum(w) + 2 * (len(w) - 1))]
     out += ["  ".join(c.rjust(w[i]) for i, c in enumerate(l)) for l in lines]
     out.append("exposed: share of unmapped pages released before their invalidation completed (all: identity "
-               "domain) · win p99: that gap's p99 (-: none exposed)")
+               "domain) · " + EXPOSURE_LEGEND)
     seeds = agg["seeds"].max() if "seeds" in agg.columns else 1
     if seeds and seeds > 1:
         out.append(f"(mean over {seeds} seeds per point)")

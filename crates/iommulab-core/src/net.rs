@@ -25,11 +25,17 @@ pub fn frame_wire_ps(mtu: u32, gbps: f64) -> u64 {
 pub struct Port {
     free: u64,
     gbps: f64,
+    /// Time the port has carried frames (ns).
+    pub busy_ns: u64,
 }
 
 impl Port {
     pub fn new(gbps: f64) -> Self {
-        Port { free: 0, gbps }
+        Port {
+            free: 0,
+            gbps,
+            busy_ns: 0,
+        }
     }
 
     /// An skb of `payload` bytes in `segs` TCP segments, posted at `t`, its data read by `read`: when its
@@ -38,6 +44,7 @@ impl Port {
         let segs = segs.max(1);
         let bytes = payload + segs * (ETH_WIRE_OVERHEAD + TCPIP_HLEN);
         let ns = (bytes as f64 * 8.0 / self.gbps).ceil() as u64;
+        self.busy_ns += ns;
         let end = (self.free.max(t) + ns).max(read + ns / segs);
         self.free = end;
         end

@@ -329,6 +329,7 @@ impl Simulation {
                 }
             }
         }
+        s.iommu_locks = s.locks.len();
         domain_locks.append(&mut s.locks);
         s.locks = domain_locks;
         s
@@ -341,10 +342,11 @@ impl Simulation {
             Event::IovaDepotWork => {
                 if self.host.cpu_acquire(0, t, ev, Ctx::Task) {
                     // Every domain's iova_domain has its own depot work.
-                    let end = self
-                        .host
-                        .layers_mut()
-                        .fold(t, |t, l| l.core.iovad.depot_work(t, 0).0);
+                    let end = self.host.layers_mut().fold(t, |t, l| {
+                        let end = l.core.iovad.depot_work(t, 0).0;
+                        l.core.stats.cpu_ns += end - t;
+                        end
+                    });
                     self.host.cpus[0].account(t, end);
                     self.host
                         .schedule(t + IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);
@@ -455,6 +457,17 @@ impl Simulation {
             line_rate_gbps: self.workload.line_rate_gbps(),
             translated: self.host.dma.policy.translated(),
             map_benchmark: self.map_benchmark.as_ref(),
+            open_limit: self.workload.open_limit(),
+            timer_period_ns: self.host.dma.policy.timer_period_ns(),
+            window_key: if self
+                .map_benchmark
+                .as_ref()
+                .is_some_and(|m| m.seconds.is_some())
+            {
+                "workload.dma_map_benchmark.seconds"
+            } else {
+                "run.duration_ms"
+            },
         };
         RunResult::from_snapshots(&info, &a, &b)
     }

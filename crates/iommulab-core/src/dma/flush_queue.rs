@@ -167,6 +167,10 @@ impl DmaPolicy for FlushQueue {
         PolicyName::Lazy
     }
 
+    fn timer_period_ns(&self) -> Option<u64> {
+        Some(self.opts.timeout_ms * NS_PER_MS)
+    }
+
     fn unmap(
         &mut self,
         core: &mut DmaCore,

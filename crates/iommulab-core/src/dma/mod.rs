@@ -34,6 +34,9 @@ pub struct DmaStats {
     /// Flush-queue flushes from a full per-CPU ring (synchronous in queue_iova) and from the timer.
     pub fq_flush_full: u64,
     pub fq_flush_timer: u64,
+    /// CPU time in the DMA API (map, unmap, batch end, flush timer), its lock spins and invalidation waits
+    /// included.
+    pub cpu_ns: u64,
 }
 
 impl DmaStats {
@@ -46,6 +49,7 @@ impl DmaStats {
         self.map_failures += o.map_failures;
         self.fq_flush_full += o.fq_flush_full;
         self.fq_flush_timer += o.fq_flush_timer;
+        self.cpu_ns += o.cpu_ns;
     }
 }
 
@@ -353,6 +357,10 @@ pub trait DmaPolicy: Send + Sync {
         })
     }
     /// The policy's kernel makes VT-d page-selective invalidations carry IH (see [`Iommu::honour_psi_ih`]).
+    /// The period of a timer the policy runs (the flush queue's fq_timeout), if any.
+    fn timer_period_ns(&self) -> Option<u64> {
+        None
+    }
     fn psi_ih(&self) -> bool {
         false
     }
@@ -386,6 +394,7 @@ fn unmap_by(
         }
     }
     let t = policy.unmap_desc(core, now, cpu, segs);
+    core.stats.cpu_ns += t - now;
     if !policy.holds_pages() {
         for &(iova, _) in segs {
             core.release(iova, t);
@@ -425,8 +434,11 @@ impl DmaLayer {
     }
     pub fn map(&mut self, now: Time, cpu: usize, phys_pfn: u64, pages: u64) -> Option<(u64, Time)> {
         let r = self.policy.map(&mut self.core, now, cpu, phys_pfn, pages);
-        if let (Some(a), Some((iova, _))) = (self.attack.as_mut(), r) {
-            a.mapped(iova, pages);
+        if let Some((iova, t)) = r {
+            self.core.stats.cpu_ns += t - now;
+            if let Some(a) = self.attack.as_mut() {
+                a.mapped(iova, pages);
+            }
         }
         r
     }
@@ -450,8 +462,11 @@ impl DmaLayer {
     /// FANDS' block mapping of `phys` into one IOVA range.
     pub fn map_block(&mut self, now: Time, cpu: usize, phys: &[u64]) -> Option<(u64, Time)> {
         let r = self.core.iommu_map_block(now, cpu, phys);
-        if let (Some(a), Some((iova, _))) = (self.attack.as_mut(), r) {
-            a.mapped(iova, phys.len() as u64);
+        if let Some((iova, t)) = r {
+            self.core.stats.cpu_ns += t - now;
+            if let Some(a) = self.attack.as_mut() {
+                a.mapped(iova, phys.len() as u64);
+            }
         }
         r
     }
@@ -470,7 +485,9 @@ impl DmaLayer {
         )
     }
     pub fn batch_end(&mut self, now: Time, cpu: usize) -> Time {
-        self.policy.batch_end(&mut self.core, now, cpu)
+        let t = self.policy.batch_end(&mut self.core, now, cpu);
+        self.core.stats.cpu_ns += t - now;
+        t
     }
     /// dma_iova_unlink() then dma_iova_free() of a range the IOVA API mapped: __iommu_dma_iova_unlink() with
     /// free_iova false clears it and syncs the IOTLB at once, in a lazy domain too. (dma_iova_destroy() in
@@ -500,7 +517,9 @@ impl DmaLayer {
         }
     }
     pub fn timer(&mut self, now: Time, cpu: usize) -> Time {
-        self.policy.timer(&mut self.core, now, cpu)
+        let t = self.policy.timer(&mut self.core, now, cpu);
+        self.core.stats.cpu_ns += t - now;
+        t
     }
     /// The device reads or writes the data page at `iova_pfn` (its translation follows): counted for
     /// the walk-cache locality of accesses, when the IOMMU translates.

@@ -1,6 +1,7 @@
 //! Counters, snapshots and the result of a run: what was measured between the end of warm-up and the end.
 
 pub use crate::sim::hist;
+pub mod limits;
 
 use crate::dma::attack::AttackStats;
 use crate::dma::iova::IovaStats;
@@ -10,8 +11,10 @@ use crate::dma::DmaStats;
 use crate::hw::emul::{ExitCause, ExitStats};
 use crate::hw::{InvKind, IommuCounters};
 use crate::sim::LockStats;
+use crate::workload::OpenLimit;
 pub use crate::workload::RxPageCache;
 use crate::workload::WorkloadStats;
+use limits::{CpuBreakdown, Utilisation};
 use serde::ser::SerializeMap;
 use serde::Serialize;
 
@@ -27,6 +30,9 @@ pub struct Snapshot {
     pub cpu_busy_ns: Vec<u64>,
     /// Every shared lock and line of the DMA path, by name (the same name summed over domains).
     pub locks: Vec<(&'static str, LockStats)>,
+    /// How many of `locks`, at its end, are the IOMMU driver's (taken on the invalidation path, so their spin
+    /// is inside `iommu.inv_wait_ns`).
+    pub iommu_locks: usize,
     /// The workload's CPUs, in `cpu_busy_ns` order.
     pub cpus: Vec<usize>,
     pub safety: SafetyStats,
@@ -87,8 +93,8 @@ impl VmExits {
                 })
                 .collect(),
             vcpu_share: r6(ratio(vcpu_ns, dt * cpus.max(1) as u64)),
-            emulator_busy: r6(ratio(d.emulator_ns, dt)),
-            device_busy: r6(ratio(d.device_ns, dt)),
+            emulator_busy: r6(ratio(d.emulator_ns, dt).min(1.0)),
+            device_busy: r6(ratio(d.device_ns, dt).min(1.0)),
             vfio_maps: d.vfio_maps,
             vfio_unmaps: d.vfio_unmaps,
             pages_pinned: d.pins,
@@ -296,6 +302,11 @@ pub struct Contention {
     pub transfer_ns_mean: f64,
     /// Spin plus transfer stalls, summed over CPUs, as a share of the window (1.0 = one CPU's whole time).
     pub cpu_share: f64,
+    /// Share of the window it was held (a lock), or serving (a hardware queue): its busiest instance's
+    /// (per-CPU locks, the same lock of several domains, several queues).
+    pub busy_share: f64,
+    /// A hardware queue the IOMMU serves, not a lock or line CPUs take.
+    pub hardware_queue: bool,
 }
 
 impl Contention {
@@ -310,6 +321,8 @@ impl Contention {
             transfers: w.transfers,
             transfer_ns_mean: r6(ratio(w.transfer_ns, w.transfers)),
             cpu_share: r6(ratio(spin, dt)),
+            busy_share: r6(ratio(w.busiest_ns(), dt).min(1.0)),
+            hardware_queue: w.queue,
         }
     }
 }
@@ -401,6 +414,16 @@ pub struct RunResult {
     /// A guest's exits to the hypervisor (only on a platform with `[hypervisor]`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vm_exits: Option<VmExits>,
+    /// Where the workload CPUs' time went (shares of it).
+    pub cpu_breakdown: CpuBreakdown,
+    /// Each resource's busy share over the window.
+    pub utilisation: Utilisation,
+    /// The resource that bound the run (limits::limited_by): line, link, iommu.queue, emulator,
+    /// device_thread, lock:NAME, iommu.translation, cpu.dma_api|inv_wait|lock_spin|stack, or the workload's
+    /// own bound (senders, offered_load, queue_depth).
+    pub limited_by: String,
+    /// Why this run's figures may not be read as they are (a window too short, …); empty if none.
+    pub warnings: Vec<String>,
 }
 
 /// An average and a standard deviation, µs.
@@ -476,6 +499,12 @@ pub struct RunInfo<'a> {
     pub translated: bool,
     /// The DMA map benchmark's options (its workload only).
     pub map_benchmark: Option<&'a crate::scenario::MapBenchmark>,
+    /// What bounds the workload when no accounted resource saturates.
+    pub open_limit: OpenLimit,
+    /// The policy's timer period (a flush queue's fq_timeout), if it runs one.
+    pub timer_period_ns: Option<u64>,
+    /// The scenario key that sets the measured window's length.
+    pub window_key: &'static str,
 }
 
 impl RunResult {
@@ -529,6 +558,107 @@ impl RunResult {
         let npwc = info.pwc_levels as usize;
         let rc_hits = b.iova.rcache_hits - a.iova.rcache_hits;
         let rc_total = rc_hits + b.iova.rbtree_allocs - a.iova.rbtree_allocs;
+        let contention: Vec<Contention> = b
+            .locks
+            .iter()
+            .map(|(name, lb)| {
+                let la = a
+                    .locks
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, l)| l.clone())
+                    .unwrap_or_default();
+                Contention::new(name, &lb.since(&la), dt)
+            })
+            .collect();
+        // Spin and line stalls on the workload's CPUs, per CPU: on every lock, and on the IOMMU driver's.
+        let spin_on = |c: usize, iommu_only: bool| {
+            let at = |s: &Snapshot| -> u64 {
+                let skip = if iommu_only {
+                    s.locks.len() - s.iommu_locks
+                } else {
+                    0
+                };
+                s.locks
+                    .iter()
+                    .skip(skip)
+                    .map(|(_, l)| l.spin_by_cpu.get(c).copied().unwrap_or(0))
+                    .sum()
+            };
+            at(b) - at(a)
+        };
+        let spins: Vec<u64> = b.cpus.iter().map(|&c| spin_on(c, false)).collect();
+        let iommu_spin: u64 = b.cpus.iter().map(|&c| spin_on(c, true)).sum();
+        let cpu_breakdown = {
+            let cb = CpuBreakdown::new(
+                ncpu * dt,
+                busy,
+                b.dma.cpu_ns - a.dma.cpu_ns,
+                // The invalidation wait counts from the request, spins on the IOMMU driver's locks included;
+                // the lock spin left is on the DMA layer's own (the IOVA allocator's, the flush queue's).
+                io(|c| c.inv_wait_ns),
+                spins.iter().sum::<u64>() - iommu_spin,
+            );
+            CpuBreakdown {
+                dma_api: r6(cb.dma_api),
+                inv_wait: r6(cb.inv_wait),
+                lock_spin: r6(cb.lock_spin),
+                stack: r6(cb.stack),
+                idle: r6(cb.idle),
+            }
+        };
+        let vm_exits = b
+            .exits
+            .as_ref()
+            .map(|y| VmExits::new(&y.since(&a.exits.unwrap_or_default()), dt, b.cpus.len()));
+        let utilisation = {
+            let (slots, link) = b.wl.device.since(&a.wl.device).shares(dt);
+            let busiest = |hw: bool| {
+                contention
+                    .iter()
+                    .filter(|c| c.hardware_queue == hw)
+                    .fold((0.0, ""), |m, c| {
+                        if c.busy_share > m.0 {
+                            (c.busy_share, c.name.as_str())
+                        } else {
+                            m
+                        }
+                    })
+            };
+            let accepted = wl(|w| w.bytes_received).max(wl(|w| w.bytes_delivered));
+            let (lock, lock_name) = busiest(false);
+            Utilisation {
+                // The wire's occupancy where the workload has one; else data over the device's rate.
+                line: r6(match wl(|w| w.wire_ns) {
+                    0 if info.line_rate_gbps > 0.0 => {
+                        accepted as f64 * 8.0 / dt as f64 / info.line_rate_gbps
+                    }
+                    ns => ratio(ns, dt),
+                }
+                .min(1.0)),
+                link: r6(link.min(1.0)),
+                translation_slots: r6(slots.min(1.0)),
+                iommu_queue: busiest(true).0,
+                lock,
+                lock_name: lock_name.to_string(),
+                cpu: r6(b
+                    .cpu_busy_ns
+                    .iter()
+                    .zip(&a.cpu_busy_ns)
+                    .map(|(x, y)| ratio(x - y, dt).min(1.0))
+                    .fold(0.0, f64::max)),
+                emulator: vm_exits.as_ref().map_or(0.0, |v| v.emulator_busy.min(1.0)),
+                device_thread: vm_exits.as_ref().map_or(0.0, |v| v.device_busy.min(1.0)),
+            }
+        };
+        let limited_by = limits::limited_by(&utilisation, &cpu_breakdown, info.open_limit);
+        let warnings = limits::warnings(
+            wl(|w| w.packets_delivered),
+            b.cpus.len() as u64,
+            dt,
+            info.timer_period_ns,
+            info.window_key,
+        );
         RunResult {
             scenario: info.scenario.to_string(),
             label: info.label.to_string(),
@@ -591,32 +721,8 @@ impl RunResult {
             rx_page_cache: b.wl.rx_cache.since(&a.wl.rx_cache),
             rx_cache_reuse_slack: ReuseSlack::new(&b.wl.rx_cache_slack.since(&a.wl.rx_cache_slack)),
             iova_rcache_hit_rate: r6(ratio(rc_hits, rc_total)),
-            contention: b
-                .locks
-                .iter()
-                .map(|(name, lb)| {
-                    let la = a
-                        .locks
-                        .iter()
-                        .find(|(n, _)| n == name)
-                        .map(|(_, l)| l.clone())
-                        .unwrap_or_default();
-                    Contention::new(name, &lb.since(&la), dt)
-                })
-                .collect(),
-            cpu_spin_share: b
-                .cpus
-                .iter()
-                .map(|&c| {
-                    let at = |s: &Snapshot| -> u64 {
-                        s.locks
-                            .iter()
-                            .map(|(_, l)| l.spin_by_cpu.get(c).copied().unwrap_or(0))
-                            .sum()
-                    };
-                    r6(ratio(at(b) - at(a), dt))
-                })
-                .collect(),
+            contention,
+            cpu_spin_share: spins.iter().map(|&x| r6(ratio(x, dt))).collect(),
             cmdq_cas_attempts_per_success: r6(ratio(
                 io(|c| c.cas_attempts),
                 io(|c| c.cas_successes),
@@ -685,10 +791,11 @@ impl RunResult {
                     reached_released: y.reached_released - x.reached_released,
                 }
             }),
-            vm_exits: b
-                .exits
-                .as_ref()
-                .map(|y| VmExits::new(&y.since(&a.exits.unwrap_or_default()), dt, b.cpus.len())),
+            vm_exits,
+            cpu_breakdown,
+            utilisation,
+            limited_by,
+            warnings,
         }
     }
 }

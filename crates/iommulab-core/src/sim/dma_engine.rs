@@ -1,4 +1,5 @@
 use super::Time;
+use serde::Serialize;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
@@ -39,6 +40,48 @@ pub struct DmaEngine {
     pub bytes: u64,
     /// Time transactions waited for a free translation slot.
     pub slot_wait_ns: u64,
+    /// Slot-time spent translating (summed over slots), and time the link's upstream and downstream
+    /// directions carried data: the engine's utilisation over a window.
+    pub busy: EngineBusy,
+}
+
+/// A DMA engine's (or several engines') work in ns: translation slot-time over `slots`, and link time per
+/// direction. Cumulative; a window is the difference of two (`since`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct EngineBusy {
+    pub slots: u64,
+    pub translate_ns: u64,
+    pub link_up_ns: u64,
+    pub link_down_ns: u64,
+    /// Engines summed (each brings its own link).
+    pub engines: u64,
+}
+
+impl EngineBusy {
+    pub fn since(&self, e: &EngineBusy) -> EngineBusy {
+        EngineBusy {
+            slots: self.slots,
+            translate_ns: self.translate_ns - e.translate_ns,
+            link_up_ns: self.link_up_ns - e.link_up_ns,
+            link_down_ns: self.link_down_ns - e.link_down_ns,
+            engines: self.engines,
+        }
+    }
+    pub fn add(&mut self, o: &EngineBusy) {
+        self.slots += o.slots;
+        self.translate_ns += o.translate_ns;
+        self.link_up_ns += o.link_up_ns;
+        self.link_down_ns += o.link_down_ns;
+        self.engines += o.engines;
+    }
+    /// Over a window of `dt` ns: the translation slots' busy share, and the busier link direction's.
+    pub fn shares(&self, dt: u64) -> (f64, f64) {
+        let per = |ns: u64, n: u64| ns as f64 / (n.max(1) * dt.max(1)) as f64;
+        (
+            per(self.translate_ns, self.slots),
+            per(self.link_up_ns.max(self.link_down_ns), self.engines),
+        )
+    }
 }
 
 impl DmaEngine {
@@ -54,6 +97,11 @@ impl DmaEngine {
             transactions: 0,
             bytes: 0,
             slot_wait_ns: 0,
+            busy: EngineBusy {
+                slots: slots.max(1) as u64,
+                engines: 1,
+                ..Default::default()
+            },
         }
     }
 
@@ -72,7 +120,9 @@ impl DmaEngine {
         let xfer = (bytes * self.ps_per_byte).div_ceil(1000);
         self.transactions += 1;
         self.bytes += bytes;
+        self.busy.translate_ns += translate_ns;
         if path == Path::Receive {
+            self.busy.link_up_ns += xfer;
             let translated = self.translate(false, at, translate_ns);
             self.link_free_at = translated.max(self.link_free_at) + xfer;
             return self.link_free_at;
@@ -87,10 +137,12 @@ impl DmaEngine {
             self.in_flight.push(Reverse(translated));
         }
         if path == Path::SendRead {
+            self.busy.link_down_ns += xfer;
             self.down_free_at = translated.max(self.down_free_at) + xfer;
             self.down_free_at
         } else {
             // Upstream beside the receive buffer's writes: its transfer time is theirs to wait.
+            self.busy.link_up_ns += xfer;
             self.link_free_at = translated.max(self.link_free_at) + xfer;
             translated + xfer
         }

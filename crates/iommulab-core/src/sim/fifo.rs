@@ -67,6 +67,8 @@ impl FifoServer {
         };
         // The hardware spins no CPU: the wait is the requester's, charged by its caller.
         self.stats.record(super::NO_CPU, start - at, 0);
+        self.stats.busy(work);
+        self.stats.queue = true;
         (start, end)
     }
 }

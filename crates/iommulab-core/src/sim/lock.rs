@@ -24,6 +24,11 @@ pub struct LockStats {
     pub waits: Histogram,
     /// Spin plus transfer stall, per CPU.
     pub spin_by_cpu: Vec<u64>,
+    /// Time it was held (a lock) or serving (a hardware queue), line transfers to its holders included: one
+    /// entry per instance summed into these figures (per-CPU locks, the same lock of several domains).
+    pub busy_ns: Vec<u64>,
+    /// A hardware queue (the IOMMU serves it; no CPU spins on it), not a lock or line CPUs take.
+    pub queue: bool,
 }
 
 impl LockStats {
@@ -34,6 +39,13 @@ impl LockStats {
             wait_ns: self.wait_ns - e.wait_ns,
             transfers: self.transfers - e.transfers,
             transfer_ns: self.transfer_ns - e.transfer_ns,
+            busy_ns: self
+                .busy_ns
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| v - e.busy_ns.get(i).copied().unwrap_or(0))
+                .collect(),
+            queue: self.queue,
             waits: self.waits.since(&e.waits),
             spin_by_cpu: self
                 .spin_by_cpu
@@ -50,6 +62,8 @@ impl LockStats {
         self.wait_ns += o.wait_ns;
         self.transfers += o.transfers;
         self.transfer_ns += o.transfer_ns;
+        self.busy_ns.extend(&o.busy_ns);
+        self.queue |= o.queue;
         self.waits.add(&o.waits);
         if self.spin_by_cpu.len() < o.spin_by_cpu.len() {
             self.spin_by_cpu.resize(o.spin_by_cpu.len(), 0);
@@ -57,6 +71,17 @@ impl LockStats {
         for (a, b) in self.spin_by_cpu.iter_mut().zip(&o.spin_by_cpu) {
             *a += b;
         }
+    }
+    /// This instance was busy `ns` more.
+    pub(super) fn busy(&mut self, ns: u64) {
+        match self.busy_ns.first_mut() {
+            Some(b) => *b += ns,
+            None => self.busy_ns.push(ns),
+        }
+    }
+    /// The busiest instance's busy time.
+    pub fn busiest_ns(&self) -> u64 {
+        self.busy_ns.iter().copied().max().unwrap_or(0)
     }
     pub(super) fn record(&mut self, cpu: u32, wait: u64, xfer: u64) {
         self.acquisitions += 1;
@@ -226,6 +251,7 @@ impl SpinLock {
                     }
                 }
                 self.stats.record(cpu, 0, xfer);
+                self.stats.busy(len);
                 return (at + xfer, at + len);
             }
         }
@@ -253,6 +279,7 @@ impl SpinLock {
         }
         let wait = start - at;
         self.stats.record(cpu, wait, xfer);
+        self.stats.busy(xfer + hold);
         if xfer + hold > 0 {
             self.book(i, start, start + xfer + hold, cpu);
         }
@@ -274,6 +301,7 @@ impl SpinLock {
         self.latest = self.latest.max(s);
         // Mostly a holder extending the latest booking, its own: the only one [s, e] can touch.
         if let Some(last) = self.busy.back_mut().filter(|l| l.s <= s && s <= l.e) {
+            self.stats.busy(e.saturating_sub(last.e));
             last.e = last.e.max(e);
             return;
         }
@@ -287,6 +315,15 @@ impl SpinLock {
         let hi = self.busy.partition_from_back(|b| b.s <= e);
         let mut owner_end = 0;
         let m = Booking { s, e, cpu: NO_CPU };
+        // Busy time grows by the merged span less what the bookings it swallows already covered.
+        let (mut covered, mut lo_s, mut hi_e) = (0, s, e);
+        for i in lo..hi.max(lo) {
+            let b = self.busy.get(i);
+            covered += b.e - b.s;
+            lo_s = lo_s.min(b.s);
+            hi_e = hi_e.max(b.e);
+        }
+        self.stats.busy((hi_e - lo_s) - covered);
         self.busy.merge(lo, hi.max(lo), m, |mut m, b| {
             // The holder who extends is the one whose booking ends last among those merged.
             if b.e >= owner_end {
@@ -349,6 +386,10 @@ mod tests {
                 let calendar = |l: &SpinLock| (0..l.busy.len()).map(|i| l.busy.get(i)).collect::<Vec<_>>();
                 prop_assert_eq!(calendar(&fast), calendar(&slow));
                 prop_assert_eq!(fast.latest, slow.latest);
+                // Busy time is the calendar's length (nothing here is old enough to be forgotten).
+                let held: u64 = calendar(&fast).iter().map(|b| b.e - b.s).sum();
+                prop_assert_eq!(fast.stats.busiest_ns(), held);
+                prop_assert_eq!(slow.stats.busiest_ns(), held);
             }
         }
     }

@@ -18,7 +18,7 @@ mod split_deque;
 
 pub use coherence::{Coherence, NO_CPU};
 pub use cpu::Cpu;
-pub use dma_engine::{DmaEngine, Path};
+pub use dma_engine::{DmaEngine, EngineBusy, Path};
 pub use events::EventQueue;
 pub use fifo::FifoServer;
 pub use lock::{LockStats, SpinLock, LOOKBEHIND_NS, QSPINLOCK_HANDOFF_TRANSFERS};

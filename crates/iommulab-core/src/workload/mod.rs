@@ -17,9 +17,30 @@ pub mod virtio_net;
 use crate::host::{Event, Host};
 use crate::hw::emul::ExitStats;
 use crate::sim::hist::Histogram;
-use crate::sim::{DmaEngine, Path, Time};
+use crate::sim::{DmaEngine, EngineBusy, Path, Time};
 use desc_ring::DescRing;
 use serde::Serialize;
+
+/// What the workload does when no accounted resource saturates (its own bound).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenLimit {
+    /// TCP senders: their windows and loss recovery set the rate.
+    Senders,
+    /// A fixed offered load (requests per second) that the host keeps up with.
+    OfferedLoad,
+    /// A fixed number of I/Os in flight: latency sets the rate (Little's law).
+    QueueDepth,
+}
+
+impl OpenLimit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpenLimit::Senders => "senders",
+            OpenLimit::OfferedLoad => "offered_load",
+            OpenLimit::QueueDepth => "queue_depth",
+        }
+    }
+}
 
 /// A workload's own event: its kind and the queue, flow or slot it concerns.
 pub fn event(kind: u16, id: usize) -> Event {
@@ -41,6 +62,11 @@ impl Device {
             engine: DmaEngine::new(translation_slots, link_gbps),
             faults: 0,
         }
+    }
+
+    /// Its engine's translation-slot and link time so far.
+    pub fn busy(&self) -> EngineBusy {
+        self.engine.busy
     }
 
     /// The device writes or reads `bytes` of data at DMA page `dma` on `path` no earlier than `t`: its
@@ -117,6 +143,10 @@ pub struct WorkloadStats {
     pub latency: Histogram,
     /// The DMA map benchmark's sums (kernel/dma/map_benchmark.c); only that workload has them.
     pub map_bench: Option<map_benchmark::MapBenchSums>,
+    /// The devices' DMA engines: translation-slot and link time (zero for a software device).
+    pub device: EngineBusy,
+    /// Time the wire carried the workload's frames, Ethernet overheads included (zero without a wire).
+    pub wire_ns: u64,
 }
 
 pub trait Workload: Send + Sync {
@@ -130,6 +160,10 @@ pub trait Workload: Send + Sync {
     fn cpus(&self) -> Vec<usize>;
     /// The device-side rate limit the results are read against (the NIC's line rate, the drives' bandwidth).
     fn line_rate_gbps(&self) -> f64;
+    /// What bounds the workload when no resource the model accounts is saturated.
+    fn open_limit(&self) -> OpenLimit {
+        OpenLimit::Senders
+    }
 }
 
 /// mlx5's RX page cache in the window, as `ethtool -S` names them (rx_cache_reuse, rx_cache_busy,

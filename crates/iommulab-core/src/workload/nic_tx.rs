@@ -288,6 +288,8 @@ impl Workload for NicTxWorkload {
     fn stats(&self) -> WorkloadStats {
         WorkloadStats {
             dma_faults: self.dev.faults,
+            device: self.dev.busy(),
+            wire_ns: self.port.busy_ns,
             ..self.stats.clone()
         }
     }

@@ -172,6 +172,10 @@ impl Workload for NvmeWorkload {
     fn stats(&self) -> WorkloadStats {
         WorkloadStats {
             dma_faults: self.drives.iter().map(|d| d.faults).sum(),
+            device: self.drives.iter().fold(Default::default(), |mut b, d| {
+                b.add(&d.busy());
+                b
+            }),
             ..self.stats.clone()
         }
     }
@@ -182,5 +186,9 @@ impl Workload for NvmeWorkload {
 
     fn line_rate_gbps(&self) -> f64 {
         self.cfg.drives as f64 * self.drive_gbps
+    }
+
+    fn open_limit(&self) -> super::OpenLimit {
+        super::OpenLimit::QueueDepth
     }
 }

@@ -315,6 +315,8 @@ impl Workload for RrWorkload {
     fn stats(&self) -> WorkloadStats {
         WorkloadStats {
             dma_faults: self.dev.faults,
+            device: self.dev.busy(),
+            wire_ns: self.port.busy_ns,
             ..self.stats.clone()
         }
     }
@@ -325,6 +327,10 @@ impl Workload for RrWorkload {
 
     fn line_rate_gbps(&self) -> f64 {
         self.cfg.line_rate_gbps
+    }
+
+    fn open_limit(&self) -> super::OpenLimit {
+        super::OpenLimit::OfferedLoad
     }
 }
 

@@ -240,7 +240,9 @@ impl VirtioNetWorkload {
             if !skb.ack {
                 // The data leaves through the host's NIC at the line rate; the peer ACKs it a round trip
                 // later.
-                self.wire_free = self.wire_free.max(t) + self.wire_ns(skb.bytes);
+                let ns = self.wire_ns(skb.bytes);
+                self.wire_free = self.wire_free.max(t) + ns;
+                self.stats.wire_ns += ns;
                 self.unacked += skb.bytes;
                 while self.unacked >= self.cfg.ack_bytes {
                     self.unacked -= self.cfg.ack_bytes;
@@ -310,7 +312,9 @@ impl VirtioNetWorkload {
             return;
         }
         let start = now.max(self.wire_free);
-        self.wire_free = start + self.wire_ns(g);
+        let ns = self.wire_ns(g);
+        self.wire_free = start + ns;
+        self.stats.wire_ns += ns;
         self.peer_in_flight += g;
         self.stats.packets_offered += g.div_ceil(self.mss);
         let arrive = self.wire_free;

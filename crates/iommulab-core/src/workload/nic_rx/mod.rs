@@ -617,6 +617,10 @@ impl Workload for NicRxWorkload {
             rx_cache_slack: self.pages.reuse_slack.clone(),
             loss_recoveries: self.senders.as_ref().map_or(0, |s| s.recoveries),
             dma_faults: self.dev.faults,
+            device: self.dev.busy(),
+            // The wire time of the frames the device accepted (those dropped were offered beyond what the
+            // host took, so they do not make the wire the limit).
+            wire_ns: self.stats.bytes_received / self.payload.max(1) * self.slot_ps / 1000,
             ..self.stats.clone()
         }
     }

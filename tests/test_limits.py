@@ -1,0 +1,84 @@
+"""What binds a run (`limited_by`), where its CPUs' time went and its warnings: each value arises in a scenario
+built to be bound by it, and the resource it names is the one the model's accounting shows saturated."""
+
+import pytest
+
+from iommulab.api import load, run_variants
+
+MAP = "workload.dma_map_benchmark"
+# The map benchmark without its buffer fill: nothing but the DMA API runs on its CPUs.
+BARE_MAP = {f"{MAP}.dma_dir": "from_device", "compare": {}}
+
+
+def bound(scenario, label=None, **sets):
+    """The run of `scenario` labelled `label` (the only run when None), with `sets` applied."""
+    runs = run_variants(load(scenario, {k.replace("__", "."): v for k, v in sets.items()}))
+    if label is None:
+        assert len(runs) == 1, [r.label for r in runs]
+        return runs[0]
+    (r,) = [r for r in runs if r.label == label]
+    return r
+
+
+CASES = [
+    # limited_by, utilisation key that must be saturated, scenario, label, sets
+    ("line", "line", "default", "page_pool=false policy=passthrough", {}),
+    ("link", "link", "default", "page_pool=false policy=passthrough", {"platform.pcie.link_gbps": 60}),
+    ("iommu.translation", "translation_slots", "default", "page_pool=true policy=lazy", {}),
+    ("lock:vt-d domain cache_lock", "lock", "default", "page_pool=false policy=strict", {}),
+    ("iommu.queue", "iommu_queue", "map-benchmark", "threads=8 granule=1", {}),
+    ("emulator", "emulator", "nested", "16vcpu trapped", {}),
+    ("device_thread", "device_thread", "seed001-x86", "lazy rx vhost=on", {}),
+    ("cpu.dma_api", "cpu", "map-benchmark", "threads=1 granule=1", {}),
+    ("cpu.inv_wait", "cpu", "seed001-x86", "virtio-iommu rx vhost=off", {}),
+    ("cpu.lock_spin", "cpu", "map-benchmark", None,
+     {**BARE_MAP, "os.policy": "lazy", f"{MAP}.threads": 24, f"{MAP}.granule": 1}),
+    ("lock:iova_rbtree_lock", "lock", "map-benchmark", None,
+     {**BARE_MAP, "os.policy": "lazy", f"{MAP}.threads": 32, f"{MAP}.granule": 1}),
+    ("cpu.stack", "cpu", "nvme", "passthrough", {}),
+    ("senders", None, "default", "page_pool=true policy=passthrough",
+     {"workload.nic_rx.sender": "dctcp", "workload.nic_rx.rtt_us": 100, "workload.nic_rx.rcvbuf_bytes": 65536}),
+    ("offered_load", None, "rr", "lazy", {}),
+    ("queue_depth", None, "nvme", "passthrough", {"workload.nvme.iodepth": 1}),
+]
+
+
+@pytest.mark.parametrize("want,resource,scenario,label,sets", CASES, ids=[c[0] for c in CASES])
+def test_each_bound_arises_where_built_for(want, resource, scenario, label, sets):
+    r = bound(scenario, label, **sets)
+    assert r.limited_by == want, (r.limited_by, r.utilisation, r.cpu_breakdown)
+    u = r.utilisation
+    if resource:
+        assert u[resource] >= (0.95 if resource in ("line", "link") else 0.9), u
+    else:
+        # The workload's own bound: nothing the model accounts is saturated.
+        assert max(v for k, v in u.items() if k != "lock_name") < 0.9, u
+    if want.startswith("cpu."):
+        b = r.cpu_breakdown
+        assert max(b["dma_api"], b["inv_wait"], b["lock_spin"], b["stack"]) == b[want[4:]], b
+    if want.startswith("lock:"):
+        assert u["lock_name"] == want[5:]
+
+
+def test_cpu_breakdown_sums_to_one_and_matches_cpu_busy():
+    for r in run_variants(load("default")):
+        b = r.cpu_breakdown
+        assert sum(b.values()) == pytest.approx(1.0, abs=1e-4), b
+        assert 1 - b["idle"] == pytest.approx(r.cpu_busy, abs=1e-4)
+        # Under passthrough the DMA API waits for nothing.
+        if r.policy == "passthrough":
+            assert b["inv_wait"] == 0
+
+
+def test_busy_shares_never_exceed_one():
+    for r in run_variants(load("map-benchmark")):
+        assert all(0 <= v <= 1 for k, v in r.utilisation.items() if k != "lock_name"), r.utilisation
+        assert all(0 <= c["busy_share"] <= 1 for c in r.contention)
+
+
+def test_a_short_window_warns_and_the_default_does_not():
+    (long,) = [r for r in run_variants(load("default", {"os.policy": "lazy", "compare": {}}))]
+    assert long.warnings == []
+    (short,) = run_variants(load("default", {"os.policy": "lazy", "compare": {}, "run.duration_ms": 2}))
+    assert any("per CPU" in w for w in short.warnings), short.warnings
+    assert any("flush-queue timer" in w and "run.duration_ms" in w for w in short.warnings), short.warnings
