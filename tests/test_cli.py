@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import subprocess
 
 import pytest
 
@@ -459,3 +460,18 @@ def test_run_and_compare_write_one_csv_row_per_run(tmp_path):
     cmp = tmp_path / "cmp.csv"
     cli("compare", *SHORT, "--no-plot", "--csv", str(cmp), check_rc=0)
     assert len(list(csv.DictReader(cmp.open()))) > 6
+
+
+def test_shell_completion_is_generated_from_the_parser():
+    bash = cli("completion", "bash", check_rc=0).stdout
+    assert subprocess.run(["bash", "-n"], input=bash, text=True).returncode == 0
+    # Every command completes, and so do an option of one; a directory argument completes directories.
+    script = bash + '\nCOMP_WORDS=(iommulab adv); COMP_CWORD=1; _shtab_iommulab; echo "${COMPREPLY[@]}"' \
+        '\nCOMP_WORDS=(iommulab advise --max); COMP_CWORD=2; _shtab_iommulab; echo "${COMPREPLY[@]}"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True).stdout.split("\n")
+    assert out[:2] == ["advise", "--max-exposure"], out
+    assert "_shtab_iommulab_advise___root_COMPGEN=_shtab_compgen_dirs" in bash
+    for cmd in ("run", "compare", "advise", "inspect", "replay", "sweep", "validate", "profile"):
+        assert f"_shtab_iommulab_{cmd}_option_strings" in bash, cmd
+    assert cli("completion", "zsh", check_rc=0).stdout.startswith("#compdef iommulab")
+    assert cli("completion", "fish", check_rc=2).stderr.count("\n") == 1

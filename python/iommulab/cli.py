@@ -196,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--force", action="store_true", help="overwrite the --scenario file if it exists")
     i.add_argument("--json", action="store_true", help="print what was found as JSON")
 
+    sh = sub.add_parser("completion", help="print a shell completion script (from this parser)",
+                        description="Print the completion script for SHELL, e.g. `iommulab completion bash > "
+                        "~/.local/share/bash-completion/completions/iommulab`, or `eval \"$(iommulab completion "
+                        "bash)\"` in a shell's rc file.")
+    sh.add_argument("shell", choices=["bash", "zsh", "tcsh"], help="the shell")
+
     ad = sub.add_parser("advise", help="strict, lazy or passthrough on this host: what each costs, exposes and what "
                         "binds it, and which to run", description="Read this host as inspect does (or a saved tree), "
                         "build the scenario for a workload on the closest built-in profile, run every DMA option the "
@@ -656,6 +662,24 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
     return 0
 
 
+def _with_path_hints(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`parser` with every argument that names a file or a directory marked for the shell's completion (shtab),
+    by its metavar (FILE, DIR, SCENARIO.toml, TRACE, …)."""
+    import shtab
+
+    for act in parser._actions:
+        if isinstance(act, argparse._SubParsersAction):
+            for sub in act.choices.values():
+                _with_path_hints(sub)
+            continue
+        meta = str(act.metavar or "").upper()
+        if "DIR" in meta or meta == "RESULTS":
+            act.complete = shtab.DIRECTORY  # type: ignore[attr-defined]
+        elif any(w in meta for w in ("FILE", "TOML", "TRACE", "HTML", "JSON", "PARQUET", "CSV")):
+            act.complete = shtab.FILE  # type: ignore[attr-defined]
+    return parser
+
+
 def _emit(as_json: bool, doc: Any, text: Callable[[Any], str]) -> int:
     """Print a command's result: as JSON, or as the text `text` makes of it."""
     if as_json:
@@ -883,6 +907,11 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_inspect(a)
         if a.cmd == "advise":
             return _cmd_advise(a)
+        if a.cmd == "completion":
+            import shtab
+
+            sys.stdout.write(shtab.complete(_with_path_hints(build_parser()), shell=a.shell))
+            return 0
         if a.cmd == "capture":
             return _cmd_capture(a)
         if a.cmd == "replay":
