@@ -146,7 +146,7 @@ def test_bad_scenario_gets_one_line_naming_file_line_and_expectation(write, edit
     (("run", "--set", "workload.nic_rx.sender=reno"), "expected `window` or `dctcp`"),
     (("run", "--set", "workload.nic_rx.rtt_us=-1"), "workload.nic_rx.rtt_us"),
     # A virtio-iommu whose smallest page is larger than the guest's: Linux refuses the domain (it panicked here).
-    (("run", "seed001-x86", "--set", "platform.profile=virtio-guest", "--set", "platform.iommu.virtio.min_page_kb=8"),
+    (("run", "guest-x86", "--set", "platform.profile=virtio-guest", "--set", "platform.iommu.virtio.min_page_kb=8"),
      "platform.iommu.virtio.min_page_kb"),
 ])
 def test_bad_flags_get_one_line(args, what):
@@ -475,3 +475,12 @@ def test_shell_completion_is_generated_from_the_parser():
         assert f"_shtab_iommulab_{cmd}_option_strings" in bash, cmd
     assert cli("completion", "zsh", check_rc=0).stdout.startswith("#compdef iommulab")
     assert cli("completion", "fish", check_rc=2).stderr.count("\n") == 1
+
+
+def test_the_old_names_of_built_ins_still_work():
+    """`seed` is the random seed: built-ins that were named seed… have new names, and the old ones still run."""
+    assert cli("scenarios", "seed001-x86", check_rc=0).stdout == cli("scenarios", "guest-x86", check_rc=0).stdout
+    old = json.loads(cli("run", "seed004", "--json", *SHORT, check_rc=0).stdout)
+    new = json.loads(cli("run", "iotlb-sync-map", "--json", *SHORT, check_rc=0).stdout)
+    assert old == new and new["runs"][0]["scenario"] == "iotlb-sync-map"
+    assert "seed004" not in cli("scenarios", check_rc=0).stdout

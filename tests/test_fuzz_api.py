@@ -16,7 +16,7 @@ VALUES = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_i
                    st.lists(st.integers(0, 5), max_size=3))
 
 
-@given(scenario=st.sampled_from([None, "default", "c1", "nvme", "tx", "rr", "seed004", "nope", ""]),
+@given(scenario=st.sampled_from([None, "default", "c1", "nvme", "tx", "rr", "iotlb-sync-map", "nope", ""]),
        sets=st.dictionaries(st.sampled_from(KEYS), VALUES, max_size=3))
 def test_any_settings_give_a_result_or_a_scenario_error(scenario, sets):
     sets = {**sets, "run.duration_ms": 0.2, "run.warmup_ms": 0.1}

@@ -24,7 +24,7 @@ def runs_of(name, *sets):
     return {r["label"]: r for r in out.get("runs", [out])}
 
 
-@pytest.mark.parametrize("name, configs", [("seed001-x86", X86), ("seed001-arm", ARM)])
+@pytest.mark.parametrize("name, configs", [("guest-x86", X86), ("guest-arm", ARM)])
 def test_seed001_labels_read_config_direction_vhost(name, configs):
     runs = list(runs_of(name).values())
     labels = [r["label"] for r in runs]
@@ -46,7 +46,7 @@ def test_seed001_labels_read_config_direction_vhost(name, configs):
     assert "guest exits to the hypervisor:" in text and "device thread busy" in text
 
 
-@pytest.mark.parametrize("name", ["seed001-x86", "seed001-arm"])
+@pytest.mark.parametrize("name", ["guest-x86", "guest-arm"])
 def test_guest_runs_do_not_depend_on_the_seed(name):
     # The model draws one thing from the seed: which flow each slot of a NIC's wire goes to
     # (workload.nic_rx). A guest's virtio-net carries one stream, so nothing in it is drawn.
@@ -61,7 +61,7 @@ def test_guest_runs_do_not_depend_on_the_seed(name):
     (["--set", "platform.iommu.smmuv3.ecmdq=true"], "platform.iommu.smmuv3.ecmdq"),
 ])
 def test_combinations_no_hypervisor_offers_are_refused_in_one_line(sets, key):
-    name = "seed001-arm" if "ecmdq" in key else "seed001-x86"
+    name = "guest-arm" if "ecmdq" in key else "guest-x86"
     p = cli("run", name, *sets, check_rc=2)
     assert key in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
@@ -119,28 +119,28 @@ def gbps(name, config, direction, vhost):
 
 def test_dynamic_mappings_cost_a_guest_far_more_than_no_viommu():
     # Seed 001: with dynamic mappings every buffer's unmap (and, with caching mode, its map) traps.
-    for name, config in (("seed001-x86", "strict"), ("seed001-arm", "smmuv3")):
+    for name, config in (("guest-x86", "strict"), ("guest-arm", "smmuv3")):
         assert gbps(name, config, "rx", False) < 0.85 * gbps(name, "noiommu", "rx", False), name
 
 
 def test_deferred_beats_strict_which_beats_strict_with_caching_mode():
     for vhost in (False, True):
-        lazy, strict, cm = (gbps("seed001-x86", c, "rx", vhost) for c in ("lazy", "strict", "strict-cm"))
+        lazy, strict, cm = (gbps("guest-x86", c, "rx", vhost) for c in ("lazy", "strict", "strict-cm"))
         assert lazy > strict > cm, (vhost, lazy, strict, cm)
-    assert gbps("seed001-arm", "smmuv3", "rx", False) > gbps("seed001-arm", "smmuv3-cm", "rx", False)
+    assert gbps("guest-arm", "smmuv3", "rx", False) > gbps("guest-arm", "smmuv3-cm", "rx", False)
 
 
 def test_virtio_iommus_explicit_requests_cost_most_in_the_vhost_case_on_arm():
     # Every MAP is a request the guest waits for (before 6.8), and with vhost every UNMAP is forwarded too;
     # the emulated SMMUv3 traps only its invalidations.
-    assert gbps("seed001-arm", "virtio-iommu", "rx", True) < gbps("seed001-arm", "smmuv3", "rx", True)
+    assert gbps("guest-arm", "virtio-iommu", "rx", True) < gbps("guest-arm", "smmuv3", "rx", True)
 
 
 def test_rx_and_tx_differ_off_the_wire():
     # RX maps one page-sized mergeable buffer per 4 KiB; TX maps a TSO skb's head and 32 KiB frags. At 10
     # Gbps strict TX sits at the wire; at 100 Gbps neither direction does, and strict's exit per
     # invalidation caps RX (one per 4 KiB) far below TX (two per 36 KiB: a head page and a frag).
-    runs = runs_of("seed001-x86", "workload.virtio_net.line_rate_gbps=100", "workload.virtio_net.vhost=false")
+    runs = runs_of("guest-x86", "workload.virtio_net.line_rate_gbps=100", "workload.virtio_net.vhost=false")
     rx, tx = runs["strict rx"], runs["strict tx"]
     for r in (rx, tx):
         assert r["throughput_gbps"] < 0.5 * r["line_rate_gbps"], r["label"]
@@ -156,22 +156,22 @@ def test_vhosts_iotlb_misses_hold_its_thread_and_cap_the_stream():
     # Lazy with vhost: every fresh buffer IOVA misses vhost's device IOTLB, and the vhost thread waits for
     # QEMU's answer (vhost_iotlb_miss_ns) each time. Those waits are most of its time, and one page per
     # round trip caps the stream.
-    r = runs_of("seed001-x86")["lazy rx vhost=on"]
-    miss_ns = hypervisor("seed001-x86")["vhost_iotlb_miss_ns"]
+    r = runs_of("guest-x86")["lazy rx vhost=on"]
+    miss_ns = hypervisor("guest-x86")["vhost_iotlb_miss_ns"]
     misses = r["caches"]["atc"]["misses"]
     assert misses > 0.9 * r["dma_pages"], (misses, r["dma_pages"])
     busy_ns = r["vm_exits"]["device_busy"] * r["sim_seconds"] * 1e9
     assert 0.6 * busy_ns < misses * miss_ns <= busy_ns, (misses * miss_ns, busy_ns)
     assert r["throughput_gbps"] < 4096 * 8 / miss_ns
     # Without a vIOMMU vhost translates through its memory table: no misses, the wire.
-    none = runs_of("seed001-x86")["noiommu rx vhost=on"]
+    none = runs_of("guest-x86")["noiommu rx vhost=on"]
     assert none["caches"]["atc"]["misses"] == 0 and none["throughput_gbps"] > 0.9 * none["line_rate_gbps"]
 
 
 def test_a_trapped_vcpu_holds_q_lock_through_its_exit():
     # Strict TX with caching mode: vCPU 1 maps (a PSI per map) while vCPU 0 unmaps, two submitters. The one
     # in qi_submit_sync exits at its tail write with q_lock held; the other waits for that whole exit.
-    runs = runs_of("seed001-x86")
+    runs = runs_of("guest-x86")
     r = runs["strict-cm tx vhost=off"]
     q_lock = next(c for c in r["contention"] if c["name"] == "vt-d qi q_lock")
     exit_ns = next(c for c in r["vm_exits"]["by_cause"] if c["cause"] == "qi_tail")["mean_us"] * 1000

@@ -24,13 +24,13 @@ RUNS = {
     "smmuv3-server": ("c1", None, {"os.policy": "strict"}),
     "kunpeng920": ("map-benchmark", None, {"workload.dma_map_benchmark.threads": 1,
                                            "workload.dma_map_benchmark.granule": 1}),
-    "kvm-vtd-guest": ("seed001-x86", "strict", {"workload.virtio_net.direction": "rx",
+    "kvm-vtd-guest": ("guest-x86", "strict", {"workload.virtio_net.direction": "rx",
                                                 "workload.virtio_net.vhost": False}),
-    "virtio-guest": ("seed001-x86", "virtio-iommu", {"workload.virtio_net.direction": "rx",
+    "virtio-guest": ("guest-x86", "virtio-iommu", {"workload.virtio_net.direction": "rx",
                                                      "workload.virtio_net.vhost": False}),
-    "kvm-smmuv3-guest": ("seed001-arm", "smmuv3", {"workload.virtio_net.direction": "rx",
+    "kvm-smmuv3-guest": ("guest-arm", "smmuv3", {"workload.virtio_net.direction": "rx",
                                                    "workload.virtio_net.vhost": False}),
-    "virtio-guest-arm64": ("seed001-arm", "virtio-iommu", {"workload.virtio_net.direction": "rx",
+    "virtio-guest-arm64": ("guest-arm", "virtio-iommu", {"workload.virtio_net.direction": "rx",
                                                            "workload.virtio_net.vhost": False}),
 }
 # A constant "moves" a result when halving or doubling it changes throughput or CPU by at least this much.

@@ -62,8 +62,9 @@ def scenario_source(scenario: str | os.PathLike | Mapping[str, Any] | None) -> t
         raise ScenarioError(f"scenario {scenario!r}: expected a built-in name, a TOML path or a dict")
     path = os.fspath(scenario)
     builtin = [n for n, _ in _core.builtin_scenarios()]
-    if path in builtin and not os.path.exists(path):
-        return "builtin", path, path
+    aliases = dict(_core.builtin_aliases())
+    if (path in builtin or path in aliases) and not os.path.exists(path):
+        return "builtin", path, aliases.get(path, path)
     if not os.path.exists(path) and not path.endswith(".toml") and os.sep not in path:
         raise ScenarioError(f"{shown(path)}: no such scenario file, and no built-in scenario of that name "
                             f"(built-ins: {', '.join(builtin)})")

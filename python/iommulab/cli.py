@@ -816,6 +816,7 @@ def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None, as_json
         for n, d in docs:
             print(f"{n:<16} {d.get('description', '')}")
         return 0
+    name = dict(_core.builtin_aliases()).get(name, name) if kind == "scenario" else name
     for n, text in items:
         if n == name:
             if as_json:

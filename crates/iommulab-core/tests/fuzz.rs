@@ -192,7 +192,7 @@ proptest! {
     /// Any settings on a built-in scenario load to a one-line error or run (a short window of it) to a result.
     #[test]
     fn scenario_loads_or_errs_and_runs_without_panic(
-        name in prop::sample::select(vec!["default", "c1", "nvme", "tx", "rr", "seed004"]),
+        name in prop::sample::select(vec!["default", "c1", "nvme", "tx", "rr", "iotlb-sync-map"]),
         mut sets in prop::collection::vec(setting(), 0..4),
     ) {
         // Keep each case short: the window is what is fuzzed, not its length.

@@ -296,6 +296,15 @@ fn builtin_scenarios() -> Vec<(String, String)> {
         .collect()
 }
 
+/// (old name, its built-in's name) of every alias.
+#[pyfunction]
+fn builtin_aliases() -> Vec<(String, String)> {
+    scenario::BUILTIN_ALIASES
+        .iter()
+        .map(|(a, n)| (a.to_string(), n.to_string()))
+        .collect()
+}
+
 #[pyfunction]
 fn builtin_profiles() -> Vec<(String, String)> {
     scenario::BUILTIN_PROFILES
@@ -319,6 +328,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Replay>()?;
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_scenarios, m)?)?;
+    m.add_function(wrap_pyfunction!(builtin_aliases, m)?)?;
     m.add_function(wrap_pyfunction!(scenario_schema, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_profiles, m)?)?;

@@ -326,7 +326,7 @@ pub fn load(
 ) -> Result<Vec<Variant>, InputError> {
     let (name, text, base) = match source {
         Source::Builtin(n) => {
-            let Some((_, t)) = BUILTIN_SCENARIOS.iter().find(|(b, _)| *b == n) else {
+            let Some((n, t)) = super::builtin_scenario(n) else {
                 let names: Vec<_> = BUILTIN_SCENARIOS.iter().map(|(n, _)| *n).collect();
                 return Err(InputError::new(
                     "scenario",

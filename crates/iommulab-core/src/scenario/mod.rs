@@ -39,19 +39,38 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
         "map-benchmark",
         include_str!("../../data/scenarios/map-benchmark.toml"),
     ),
-    ("seed004", include_str!("../../data/scenarios/seed004.toml")),
     (
-        "seed001-x86",
-        include_str!("../../data/scenarios/seed001-x86.toml"),
+        "iotlb-sync-map",
+        include_str!("../../data/scenarios/iotlb-sync-map.toml"),
     ),
     (
-        "seed001-arm",
-        include_str!("../../data/scenarios/seed001-arm.toml"),
+        "guest-x86",
+        include_str!("../../data/scenarios/guest-x86.toml"),
+    ),
+    (
+        "guest-arm",
+        include_str!("../../data/scenarios/guest-arm.toml"),
     ),
     ("nested", include_str!("../../data/scenarios/nested.toml")),
     ("tx", include_str!("../../data/scenarios/tx.toml")),
     ("rr", include_str!("../../data/scenarios/rr.toml")),
 ];
+/// Names built-ins had before (`seed…` read as the random seed): still accepted, as the new name.
+pub const BUILTIN_ALIASES: &[(&str, &str)] = &[
+    ("seed004", "iotlb-sync-map"),
+    ("seed001-x86", "guest-x86"),
+    ("seed001-arm", "guest-arm"),
+];
+
+/// The built-in scenario `name` (or an alias of it): its name and text.
+pub fn builtin_scenario(name: &str) -> Option<(&'static str, &'static str)> {
+    let name = BUILTIN_ALIASES
+        .iter()
+        .find(|(old, _)| *old == name)
+        .map_or(name, |(_, new)| new);
+    BUILTIN_SCENARIOS.iter().find(|(n, _)| *n == name).copied()
+}
+
 pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
         "vtd-server",

@@ -605,9 +605,9 @@ mod tests {
     use crate::metrics::RunResult;
     use crate::run::{builtin_with, run_variant};
 
-    /// seed001-x86's runs of CONFIG (its named setting) with `ov` pinned.
+    /// guest-x86's runs of CONFIG (its named setting) with `ov` pinned.
     fn x86(config: &str, ov: &[(&str, &str)]) -> RunResult {
-        let v = builtin_with("seed001-x86", ov);
+        let v = builtin_with("guest-x86", ov);
         let v = v
             .iter()
             .find(|v| v.label.split(' ').next() == Some(config))
