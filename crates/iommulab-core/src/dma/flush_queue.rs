@@ -226,7 +226,7 @@ impl DmaPolicy for FlushQueue {
         vec![
             (
                 "flush queue fq->lock",
-                self.locks.iter().map(|l| &l.stats).sum(),
+                LockStats::sum_of(self.locks.iter().map(|l| &l.stats), self.rings.len()),
             ),
             ("flush queue cookie counters", self.cookie.stats.clone()),
         ]

@@ -275,6 +275,11 @@ impl Translator {
 
     /// Device side: the ATC (with ATS), the IOTLB, then the walk caches deepest level first; each level not
     /// cached costs one memory read. Translations served from an entry the table no longer holds are stale.
+    /// Domain ids created so far (made at setup, before traffic).
+    pub fn domain_slots(&self) -> usize {
+        self.domains.len()
+    }
+
     pub fn translate(&mut self, dom: DomainId, iova_pfn: u64) -> Translation {
         self.c.translations += 1;
         let g = self.gshift();

@@ -379,7 +379,10 @@ impl Iommu for Vtd {
             ("vt-d qi q_lock", self.q_lock.stats.clone()),
             (
                 "vt-d domain cache_lock",
-                self.cache_lock.iter().map(|l| &l.stats).sum(),
+                LockStats::sum_of(
+                    self.cache_lock.iter().map(|l| &l.stats),
+                    self.tr.domain_slots(),
+                ),
             ),
             ("vt-d invalidation queue", self.hw.stats.clone()),
         ]

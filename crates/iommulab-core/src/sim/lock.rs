@@ -25,7 +25,8 @@ pub struct LockStats {
     /// Spin plus transfer stall, per CPU.
     pub spin_by_cpu: Vec<u64>,
     /// Time it was held (a lock) or serving (a hardware queue), line transfers to its holders included: one
-    /// entry per instance summed into these figures (per-CPU locks, the same lock of several domains).
+    /// entry per instance summed into these figures (per-CPU locks, the same lock of several domains). Empty
+    /// reads as one instance never busy (`instances`), so a sum's entries line up across snapshots.
     pub busy_ns: Vec<u64>,
     /// A hardware queue (the IOMMU serves it; no CPU spins on it), not a lock or line CPUs take.
     pub queue: bool,
@@ -40,10 +41,10 @@ impl LockStats {
             transfers: self.transfers - e.transfers,
             transfer_ns: self.transfer_ns - e.transfer_ns,
             busy_ns: self
-                .busy_ns
+                .instances()
                 .iter()
-                .enumerate()
-                .map(|(i, &v)| v - e.busy_ns.get(i).copied().unwrap_or(0))
+                .zip(e.instances())
+                .map(|(v, w)| v - w)
                 .collect(),
             queue: self.queue,
             waits: self.waits.since(&e.waits),
@@ -62,7 +63,8 @@ impl LockStats {
         self.wait_ns += o.wait_ns;
         self.transfers += o.transfers;
         self.transfer_ns += o.transfer_ns;
-        self.busy_ns.extend(&o.busy_ns);
+        // One entry per instance, used or not, so that two snapshots' entries line up.
+        self.busy_ns = [self.instances(), o.instances()].concat();
         self.queue |= o.queue;
         self.waits.add(&o.waits);
         if self.spin_by_cpu.len() < o.spin_by_cpu.len() {
@@ -77,6 +79,23 @@ impl LockStats {
         match self.busy_ns.first_mut() {
             Some(b) => *b += ns,
             None => self.busy_ns.push(ns),
+        }
+    }
+    /// The figures of `n` instances summed, `locks` the first of them (the rest not created yet: owners make
+    /// locks as CPUs or domains first need them). Their busy times line up with a later snapshot's.
+    pub fn sum_of<'a>(locks: impl Iterator<Item = &'a LockStats>, n: usize) -> LockStats {
+        let mut s: LockStats = locks.sum();
+        // The sum starts from one empty instance (see `add`).
+        s.busy_ns
+            .resize(1 + n.max(s.busy_ns.len().saturating_sub(1)), 0);
+        s
+    }
+    /// Each instance's busy time.
+    fn instances(&self) -> &[u64] {
+        if self.busy_ns.is_empty() {
+            &[0]
+        } else {
+            &self.busy_ns
         }
     }
     /// The busiest instance's busy time.
@@ -392,6 +411,25 @@ mod tests {
                 prop_assert_eq!(slow.stats.busiest_ns(), held);
             }
         }
+    }
+
+    #[test]
+    fn instances_made_later_line_up_with_an_earlier_snapshot() {
+        // Two owners (domains) of per-CPU locks made as CPUs need them: the first has made one of its two.
+        let mut a = vec![SpinLock::default()];
+        let b = [SpinLock::default(), SpinLock::default()];
+        a[0].acquire(0, 10);
+        let snap = |a: &[SpinLock]| {
+            let mut s = LockStats::sum_of(a.iter().map(|l| &l.stats), 2);
+            s.add(&LockStats::sum_of(b.iter().map(|l| &l.stats), 2));
+            s
+        };
+        let before = snap(&a);
+        a.push(SpinLock::default());
+        a[1].acquire(100, 30);
+        let w = snap(&a).since(&before);
+        assert_eq!(w.busy_ns, vec![0, 0, 30, 0, 0, 0]);
+        assert_eq!(w.busiest_ns(), 30);
     }
 
     #[test]

@@ -16,6 +16,15 @@ impl<T: Default> PerCpu<T> {
         PerCpu((0..cpus.max(1)).map(|_| T::default()).collect())
     }
 
+    /// CPUs with state.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// `cpu`'s state, created if this CPU was not seen yet.
     pub fn get_mut(&mut self, cpu: usize) -> &mut T {
         if cpu >= self.0.len() {
