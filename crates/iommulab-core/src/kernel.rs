@@ -41,6 +41,14 @@ impl KernelVersion {
         self >= KernelVersion(6, 7)
     }
 
+    /// The same change: the depot is a list trimmed by a delayed work (iova_depot_work_func, one magazine per
+    /// IOVA_DEPOT_DELAY while it holds more than one per CPU). Before 6.7 it was an array of MAX_GLOBAL_MAGS
+    /// magazines with no worker: __iova_rcache_insert() freed a full CPU magazine's IOVAs back to the tree
+    /// itself when the depot was full (`mag_to_free`).
+    pub fn iova_depot_list(self) -> bool {
+        self >= KernelVersion(6, 7)
+    }
+
     /// "tcp: get rid of sysctl_tcp_adv_win_scale" (commit dfa2f0483360, 6.6): tcp_win_from_space() scales
     /// buffer space by the payload/truesize ratio measured on the flow's skbs (tp->scaling_ratio), not by
     /// tcp_adv_win_scale's fixed half.

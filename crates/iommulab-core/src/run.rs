@@ -243,7 +243,12 @@ impl Simulation {
                 p.memory.pages, host.pages.allocated
             ));
         }
-        host.schedule(IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);
+        let kernel: crate::kernel::KernelVersion = crate::scenario::parse_kernel(&sc.os.kernel)
+            .expect("validated")
+            .into();
+        if kernel.iova_depot_list() {
+            host.schedule(IOVA_DEPOT_DELAY_NS, Event::IovaDepotWork);
+        }
         let warmup_end = ready + ms_to_ns(sc.run.warmup_ms);
         Ok(Simulation {
             host,

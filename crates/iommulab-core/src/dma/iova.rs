@@ -11,6 +11,8 @@ pub const IOVA_MAG_SIZE: usize = 127;
 pub const IOVA_RANGE_CACHE_MAX_SIZE: u32 = 6;
 /// iova.c IOVA_DEPOT_DELAY: the depot is trimmed one magazine per 100 ms.
 pub const IOVA_DEPOT_DELAY_NS: u64 = 100_000_000;
+/// iova.c MAX_GLOBAL_MAGS (before 6.7): the depot array's magazines per size class.
+pub const MAX_GLOBAL_MAGS: usize = 32;
 /// iova.c IOVA_ANCHOR: the rbtree's sentinel node at the top of the space.
 const IOVA_ANCHOR: u64 = u64::MAX;
 
@@ -35,6 +37,8 @@ pub struct IovaStats {
     pub rbtree_frees: u64,
     pub depot_pushes: u64,
     pub depot_pops: u64,
+    /// Before 6.7: full magazines freed back to the tree because the depot array was full.
+    pub magazines_freed: u64,
     pub alloc_failures: u64,
     /// Tree nodes passed by the top-down search (its cost grows with them).
     pub nodes_walked: u64,
@@ -48,6 +52,7 @@ impl IovaStats {
         self.rbtree_frees += o.rbtree_frees;
         self.depot_pushes += o.depot_pushes;
         self.depot_pops += o.depot_pops;
+        self.magazines_freed += o.magazines_freed;
         self.alloc_failures += o.alloc_failures;
         self.nodes_walked += o.nodes_walked;
     }
@@ -76,6 +81,9 @@ pub struct IovaDomain {
     max32_alloc_size: u64,
     rcaches: Vec<Rcache>,
     costs: IovaCosts,
+    /// Before 6.7: the depot's capacity (MAX_GLOBAL_MAGS); from 6.7 a list, unbounded (KernelVersion::
+    /// iova_depot_list).
+    depot_max: Option<usize>,
     pub rbtree_lock: SpinLock,
     pub stats: IovaStats,
 }
@@ -110,6 +118,7 @@ impl IovaDomain {
                 })
                 .collect(),
             costs,
+            depot_max: None,
             rbtree_lock: SpinLock::new(costs.coh),
             stats: IovaStats::default(),
         }
@@ -118,6 +127,7 @@ impl IovaDomain {
     /// The struct layouts of `kernel` (which lines the fast path shares with the depot's lock).
     pub fn follow_layout_of(&mut self, kernel: crate::kernel::KernelVersion) {
         self.costs.depot_line_shared = kernel.iova_depot_shares_line();
+        self.depot_max = (!kernel.iova_depot_list()).then_some(MAX_GLOBAL_MAGS);
     }
 
     /// The allocator's shared locks.
@@ -354,15 +364,34 @@ impl IovaDomain {
             } else {
                 let (_, rel) = rc.lock.lock_on(t, cpu as u32, self.costs.lock_ns);
                 t = rel;
-                rc.depot.push(std::mem::replace(
-                    &mut c.loaded,
-                    Vec::with_capacity(IOVA_MAG_SIZE),
-                ));
+                let full = std::mem::replace(&mut c.loaded, Vec::with_capacity(IOVA_MAG_SIZE));
+                c.loaded.push(pfn);
+                if self.depot_max.is_some_and(|max| rc.depot.len() >= max) {
+                    // Before 6.7: the depot array is full; the magazine's IOVAs go back to the tree, on this
+                    // CPU, after the rcache lock is dropped (iova_magazine_free_pfns).
+                    self.stats.magazines_freed += 1;
+                    return (true, self.free_magazine(t, cpu, full));
+                }
+                rc.depot.push(full);
                 self.stats.depot_pushes += 1;
+                return (true, t);
             }
         }
         c.loaded.push(pfn);
         (true, t)
+    }
+
+    /// iova_magazine_free_pfns(): every IOVA of magazine `m` back to the tree under iova_rbtree_lock.
+    fn free_magazine(&mut self, now: Time, cpu: usize, m: Vec<u64>) -> Time {
+        let mut t = now;
+        for p in m {
+            let (_, rel) = self
+                .rbtree_lock
+                .lock_on(t, cpu as u32, self.costs.rbtree_ns);
+            t = rel;
+            self.free_range(p);
+        }
+        t
     }
 
     /// free_cpu_cached_iovas() for every CPU and free_global_cached_iovas().
@@ -395,6 +424,9 @@ impl IovaDomain {
         let ncpu = self.rcaches[0].cpu.len();
         let mut t = now;
         let mut more = false;
+        if self.depot_max.is_some() {
+            return (t, false); // before 6.7 there is no depot worker
+        }
         for i in 0..self.rcaches.len() {
             if self.rcaches[i].depot.len() > ncpu {
                 // Under the size class's rcache->lock (iova_depot_pop).
@@ -403,13 +435,7 @@ impl IovaDomain {
                     .lock_on(t, cpu as u32, self.costs.lock_ns);
                 t = rel;
                 let m = self.rcaches[i].depot.remove(0);
-                for p in m {
-                    let (_, rel) = self
-                        .rbtree_lock
-                        .lock_on(t, cpu as u32, self.costs.rbtree_ns);
-                    t = rel;
-                    self.free_range(p);
-                }
+                t = self.free_magazine(t, cpu, m);
                 more |= self.rcaches[i].depot.len() > ncpu;
             }
         }
@@ -479,6 +505,44 @@ mod tests {
         let (x, _) = d.alloc_fast(0, 1, 1, LIMIT32, false);
         assert!(x.is_some());
         assert_eq!(d.stats.depot_pops, 1);
+    }
+
+    #[test]
+    fn before_6_7_a_full_depot_sends_magazines_back_to_the_tree_and_no_worker_trims_it() {
+        let fill = |kernel: crate::kernel::KernelVersion| {
+            let mut d = dom();
+            d.follow_layout_of(kernel);
+            // One CPU frees 40 magazines' worth: two stay per CPU, the rest go to the depot.
+            let n = (MAX_GLOBAL_MAGS + 8) * IOVA_MAG_SIZE;
+            let pfns: Vec<u64> = (0..n)
+                .map(|_| d.alloc_fast(0, 0, 1, LIMIT32, false).0.unwrap())
+                .collect();
+            for &p in &pfns {
+                d.free_fast(0, 0, p, 1);
+            }
+            let (_, more) = d.depot_work(0, 1);
+            (
+                d.stats.depot_pushes,
+                d.stats.magazines_freed,
+                d.rcaches[0].depot.len(),
+                more,
+            )
+        };
+        let (pushes, freed, depot, more) = fill(crate::kernel::KernelVersion(6, 1));
+        assert_eq!((pushes, depot), (MAX_GLOBAL_MAGS as u64, MAX_GLOBAL_MAGS));
+        assert_eq!(
+            freed, 6,
+            "the magazines beyond the array go back to the tree"
+        );
+        assert!(!more, "no depot worker before 6.7");
+        let (pushes, freed, depot, more) = fill(crate::kernel::KernelVersion(6, 12));
+        assert_eq!((pushes, freed), (MAX_GLOBAL_MAGS as u64 + 6, 0));
+        assert_eq!(
+            depot,
+            MAX_GLOBAL_MAGS + 5,
+            "the worker trimmed one magazine"
+        );
+        assert!(more);
     }
 
     #[test]
