@@ -107,3 +107,11 @@ def test_the_hosts_cpus_nics_and_drives_go_into_the_scenario(tmp_path):
 def test_this_machine_gets_a_verdict():
     p = cli("advise", check_rc=0)
     assert "recommendation: " in p.stdout and "rule: " in p.stdout
+
+
+def test_a_scenarios_own_workload_is_sized_to_the_host(tmp_path):
+    # c1's 8 flows on a 4-vCPU virtio-iommu guest: one queue and flow per CPU, as for the built-in workloads.
+    root = saved_tree(SAVED[0].parent / "virtio-strict.tar.gz", tmp_path)
+    doc = advise(root, "--workload", "c1")
+    assert doc["scenario"] == "c1" and doc["set"]["workload.nic_rx.queues"] == "4"
+    assert any("the workload of c1" in t for t in doc["from_host"])

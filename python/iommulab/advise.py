@@ -69,6 +69,10 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
     follow the CPUs they give)."""
     profile, why = hostinfo.profile_for(res)
     base, table = WORKLOADS.get(workload, (workload, None))
+    if table is None:
+        # A scenario's own workload: sized to the host as a built-in's is.
+        tables = json.loads(load(base)[0].scenario_json())["workload"]
+        table = next((t for t in ("nic_rx", "nic_tx", "rr", "nvme") if tables.get(t)), None)
     sets: dict[str, Any] = {"compare": {}, "platform.profile": profile}
     took = [f"platform profile {profile} ({why})"]
     assumed = [f"every cost constant from {profile} (iommulab profiles {profile}; measure yours with iommulab "
@@ -124,7 +128,7 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
             assumed.append("the drives: the nvme scenario's two (workload.nvme.drives)")
         sets["workload.nvme.jobs"] = min(cores, 4)
         assumed.append("fio 4k randread, iodepth 32, one job per CPU up to 4 (workload.nvme.*)")
-    elif table is None:
+    if workload not in WORKLOADS:
         took.append(f"the workload of {base}")
     return base, sets, took, assumed
 
