@@ -3,7 +3,6 @@ import os
 import resource
 import subprocess
 import sys
-import threading
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -15,23 +14,6 @@ SHORT = ["--set", "run.duration_ms=10", "--set", "run.warmup_ms=5"]
 settings.register_profile("ci", max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 settings.register_profile("long", max_examples=100_000, deadline=None, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-@pytest.fixture(scope="session", autouse=True)
-def testbed_boots_start_first(request):
-    """The testbed's boots (tests/test_testbed.py) take minutes of emulated CPU each: when this session will run
-    its tests, prepare and start them as it begins, beside the other tests rather than after them (not under
-    xdist, whose every worker would start them)."""
-    wanted = (os.environ.get("IOMMULAB_TESTBED") == "1" and os.geteuid() == 0
-              and "PYTEST_XDIST_WORKER" not in os.environ
-              and any(i.path.name == "test_testbed.py" for i in request.session.items))
-    if wanted:
-        import test_testbed
-
-        threading.Thread(target=test_testbed.started, name="testbed-start", daemon=True).start()
-    yield
-    if wanted:
-        test_testbed.stop()
-
 
 # Address space a bounded CLI run may use: several times what a replay or an inspect needs (under 500 MB).
 BOUNDED_BYTES = 1 << 30

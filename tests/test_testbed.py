@@ -11,7 +11,6 @@ import pathlib
 import shutil
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -81,29 +80,11 @@ class Boots:
         return pathlib.Path(self.runs[name].result())
 
 
-_STARTED: list[Boots] = []
-_START = threading.Lock()
-
-
-def started() -> Boots:
-    """The boots, prepared and started on the first call (conftest makes it when the session begins, in a
-    thread, so that they boot beside the other tests); later calls wait for it."""
-    with _START:
-        if not _STARTED:
-            _STARTED.append(Boots())
-        return _STARTED[0]
-
-
-def stop() -> None:
-    """Cancel the boots not begun (the session ends)."""
-    with _START:
-        for b in _STARTED:
-            b.pool.shutdown(cancel_futures=True)
-
-
 @pytest.fixture(scope="module")
 def boots():
-    return started()
+    b = Boots()
+    yield b
+    b.pool.shutdown(cancel_futures=True)
 
 
 # SMMUv3's command names in replay, and QEMU's (hw/arm/smmuv3.c smmuv3_cmdq_consume: one smmuv3_cmdq_opcode per
