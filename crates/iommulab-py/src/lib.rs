@@ -288,29 +288,39 @@ fn scenario_schema() -> String {
     scenario::json_schema()
 }
 
+fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+/// (name, TOML text) of every built-in scenario.
 #[pyfunction]
 fn builtin_scenarios() -> Vec<(String, String)> {
-    scenario::BUILTIN_SCENARIOS
-        .iter()
-        .map(|(n, t)| (n.to_string(), t.to_string()))
-        .collect()
+    owned(scenario::BUILTIN_SCENARIOS)
 }
 
 /// (old name, its built-in's name) of every alias.
 #[pyfunction]
 fn builtin_aliases() -> Vec<(String, String)> {
-    scenario::BUILTIN_ALIASES
-        .iter()
-        .map(|(a, n)| (a.to_string(), n.to_string()))
-        .collect()
+    owned(scenario::BUILTIN_ALIASES)
 }
 
+/// (name, TOML text) of every built-in profile.
 #[pyfunction]
 fn builtin_profiles() -> Vec<(String, String)> {
-    scenario::BUILTIN_PROFILES
-        .iter()
-        .map(|(n, t)| (n.to_string(), t.to_string()))
-        .collect()
+    owned(scenario::BUILTIN_PROFILES)
+}
+
+/// The longest a lazy domain's freed IOVA waits for the flush-queue timer at CONFIG_HZ `hz`, µs.
+#[pyfunction]
+fn fq_timer_bound_us(hz: u32) -> f64 {
+    iommulab_core::dma::flush_queue::longest_timer_wait_ns(
+        iommulab_core::dma::flush_queue::IOVA_DEFAULT_FQ_TIMEOUT_MS,
+        hz,
+    ) as f64
+        / 1e3
 }
 
 #[pymodule]
@@ -329,6 +339,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_scenarios, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_aliases, m)?)?;
+    m.add_function(wrap_pyfunction!(fq_timer_bound_us, m)?)?;
+    m.add(
+        "FQ_TIMEOUT_MS",
+        iommulab_core::dma::flush_queue::IOVA_DEFAULT_FQ_TIMEOUT_MS,
+    )?;
     m.add_function(wrap_pyfunction!(scenario_schema, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_profiles, m)?)?;

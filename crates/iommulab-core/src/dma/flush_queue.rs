@@ -72,6 +72,18 @@ pub struct FlushQueue {
     jiffy_phase_ns: u64,
 }
 
+/// msecs_to_jiffies(): a timeout in whole jiffies, rounded up.
+fn timeout_jiffies(timeout_ms: u64, jiffy_ns: u64) -> u64 {
+    (timeout_ms * NS_PER_MS).div_ceil(jiffy_ns)
+}
+
+/// The longest a queued IOVA waits for the timer at CONFIG_HZ `hz` (as `FlushQueue::expiry` files it): the
+/// timeout in whole jiffies, and one jiffy more.
+pub fn longest_timer_wait_ns(timeout_ms: u64, hz: u32) -> u64 {
+    let jiffy_ns = 1_000_000_000 / hz.max(1) as u64;
+    (timeout_jiffies(timeout_ms, jiffy_ns) + 1) * jiffy_ns
+}
+
 impl FlushQueue {
     /// Per-CPU rings (the default).
     pub fn new(cpus: usize, hz: u32) -> Self {
@@ -141,7 +153,7 @@ impl FlushQueue {
     /// (kernel/time/timer.c calc_index(): "Round up with level granularity" so it never fires early), and
     /// it runs on that tick.
     pub fn expiry(&self, now: Time) -> Time {
-        let n = (self.opts.timeout_ms * NS_PER_MS).div_ceil(self.jiffy_ns);
+        let n = timeout_jiffies(self.opts.timeout_ms, self.jiffy_ns);
         let since = now + self.jiffy_ns - self.jiffy_phase_ns;
         let jiffies = since / self.jiffy_ns;
         (jiffies + n + 1) * self.jiffy_ns + self.jiffy_phase_ns - self.jiffy_ns

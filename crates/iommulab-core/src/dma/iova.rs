@@ -370,7 +370,7 @@ impl IovaDomain {
                     // Before 6.7: the depot array is full; the magazine's IOVAs go back to the tree, on this
                     // CPU, after the rcache lock is dropped (iova_magazine_free_pfns).
                     self.stats.magazines_freed += 1;
-                    return (true, self.free_magazine(t, cpu, full));
+                    return (true, self.free_pfns(t, cpu, full));
                 }
                 rc.depot.push(full);
                 self.stats.depot_pushes += 1;
@@ -381,10 +381,11 @@ impl IovaDomain {
         (true, t)
     }
 
-    /// iova_magazine_free_pfns(): every IOVA of magazine `m` back to the tree under iova_rbtree_lock.
-    fn free_magazine(&mut self, now: Time, cpu: usize, m: Vec<u64>) -> Time {
+    /// iova_magazine_free_pfns(): every IOVA of `pfns` (a magazine, or all a flush gathered) back to the tree
+    /// under iova_rbtree_lock.
+    fn free_pfns(&mut self, now: Time, cpu: usize, pfns: Vec<u64>) -> Time {
         let mut t = now;
-        for p in m {
+        for p in pfns {
             let (_, rel) = self
                 .rbtree_lock
                 .lock_on(t, cpu as u32, self.costs.rbtree_ns);
@@ -406,15 +407,7 @@ impl IovaDomain {
                 pfns.extend(m);
             }
         }
-        let mut t = now;
-        for p in pfns {
-            let (_, rel) = self
-                .rbtree_lock
-                .lock_on(t, cpu as u32, self.costs.rbtree_ns);
-            t = rel;
-            self.free_range(p);
-        }
-        t
+        self.free_pfns(now, cpu, pfns)
     }
 
     /// iova_depot_work_func(): while the depot holds more magazines than CPUs, free one back to the tree.
@@ -435,7 +428,7 @@ impl IovaDomain {
                     .lock_on(t, cpu as u32, self.costs.lock_ns);
                 t = rel;
                 let m = self.rcaches[i].depot.remove(0);
-                t = self.free_magazine(t, cpu, m);
+                t = self.free_pfns(t, cpu, m);
                 more |= self.rcaches[i].depot.len() > ncpu;
             }
         }
