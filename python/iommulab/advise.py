@@ -21,16 +21,9 @@ from .api import RunResult, ScenarioError, load, run_variants, toml_value
 from .report import exposure, rate
 from .validate import profile_value, read_profile
 
-# drivers/iommu/dma-iommu.c IOVA_DEFAULT_FQ_TIMEOUT: a lazy domain's flush-queue timer, armed when an IOVA is
-# queued, flushes every freed IOVA within 10 ms, rounded up to jiffies and filed one jiffy later by the timer
-# wheel (kernel/time/timer.c calc_index): the kernel's own bound on how long lazy leaves a freed page reachable.
-FQ_TIMEOUT_MS = 10
+# The kernel's own bound on how long lazy leaves a freed page reachable: the flush-queue timer
+# (IOVA_DEFAULT_FQ_TIMEOUT, _core.FQ_TIMEOUT_MS) in whole jiffies and one more, _core.fq_timer_bound_us(hz).
 
-
-def lazy_bound_us(hz: int) -> float:
-    """The flush-queue timer's longest wait at CONFIG_HZ `hz`, µs (as dma/flush_queue.rs's expiry())."""
-    jiffy_us = 1e6 / hz
-    return (math.ceil(FQ_TIMEOUT_MS * 1000 / jiffy_us) + 1) * jiffy_us
 # The shortest window advise runs: a lazy domain's flush-queue timer fires five times in it (10 ms each), so each
 # option's exposure and flush counts are measured, not sampled once (metrics::limits MIN_TIMER_PERIODS).
 MIN_WINDOW_MS = 50
@@ -103,6 +96,10 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
     else:
         cores = profile_value(p, "cpu.cores")
         assumed.append(f"{cores} CPUs, the profile's (platform.cpu.cores)")
+    # Clusters and sockets no larger than those CPUs (--set's own values, given after these, win).
+    for k in ("cluster_cores", "socket_cores"):
+        if profile_value(p, f"cpu.{k}", cores) > cores:
+            sets[f"platform.cpu.{k}"] = cores
     if table in ("nic_rx", "nic_tx", "rr"):
         nic = max(hw["nics"], key=lambda n: n["speed_gbps"] or 0, default=None)
         if nic and nic["speed_gbps"]:
@@ -131,19 +128,6 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
     if workload not in WORKLOADS:
         took.append(f"the workload of {base}")
     return base, sets, took, assumed
-
-
-def _fit_topology(keys: dict[str, str], given: dict[str, str]) -> None:
-    """Clusters and sockets no larger than the CPUs the scenario gets (a host's count, or one --set gave),
-    unless --set gave them too."""
-    try:
-        cores = int(keys.get("platform.cpu.cores", ""))
-    except ValueError:
-        return  # the profile's own, or a value the loader will name as wrong
-    profile = tomllib.loads(read_profile(json.loads(keys["platform.profile"]))[1])
-    for k in ("cluster_cores", "socket_cores"):
-        if f"platform.cpu.{k}" not in given and profile_value(profile, f"cpu.{k}", cores) > cores:
-            keys[f"platform.cpu.{k}"] = str(cores)
 
 
 def _resolve(res: dict[str, Any], kernel: str | None, words: list[str]) -> tuple[str, str, dict[str, str]]:
@@ -194,7 +178,6 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
     hw = res["hardware"]
     base, keys, took, assumed = plan(res, hw, workload, sets)
     keys = {k: toml_value(v) for k, v in keys.items()} | dict(sets or {})
-    _fit_topology(keys, sets or {})
     sc = json.loads(load(base, keys, raw_strings=True)[0].scenario_json())
     kernel = sc["os"]["kernel"]
     if sc["run"]["duration_ms"] < MIN_WINDOW_MS and "run.duration_ms" not in (sets or {}):
@@ -202,7 +185,7 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
         took.append(f"a {MIN_WINDOW_MS} ms window (the scenario's {sc['run']['duration_ms']:g} ms is too short to "
                     "time a lazy flush queue)")
     hz = sc["os"]["hz"]
-    bound = lazy_bound_us(hz) if given is None else given
+    bound = _core.fq_timer_bound_us(hz) if given is None else given
     options, caveats = [], []
     no_iommu = not res["iommus"] and not res["groups"]
     variants = []
@@ -234,7 +217,7 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
     fastest = "the fastest option" if higher else "the option with the lowest p99 latency"
     rule = (f"{fastest} whose p99 exposure is within {_bound_text(bound)}"
             + (" (--max-exposure)" if given is not None else
-               f" (the default: the kernel's own bound on lazy exposure, its {FQ_TIMEOUT_MS} ms flush-queue timer "
+               f" (the default: the kernel's own bound on lazy exposure, its {_core.FQ_TIMEOUT_MS} ms flush-queue timer "
                f"at HZ {hz})")
             + f"; options within {TIE:.0%} of the best count as equally good, and of those the one exposing "
             "least wins (then one the kernel honours as asked)")
@@ -326,8 +309,7 @@ def format_advise(doc: dict[str, Any]) -> str:
     r = doc["recommendation"]
     lines += ["", f"recommendation: {r['option']} ({r['cmdline']}): {r['why']}" if r["option"] else
               f"recommendation: none: {r['why']}", f"rule: {r['rule']}"]
-    notes = [f"* {o['option']}: {o['note']}" for o in doc["options"] if o.get("note")]
     warn = sorted({f"{o['option']}: {x}" for o in doc["options"] for x in o.get("warnings") or []})
-    if doc["caveats"] or notes or warn:
+    if doc["caveats"] or warn:
         lines += ["", "caveats:"] + [f"  - {c}" for c in doc["caveats"]] + [f"  - warning: {x}" for x in warn]
     return "\n".join(lines) + "\n"

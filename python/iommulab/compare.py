@@ -10,8 +10,8 @@ from typing import Any, Mapping
 
 from . import __version__
 from .api import ProgressFn, RunResult, load, run_variants
-from .report import (EXPOSURE_LEGEND, LIMITED_BY_LEGEND, note_lines, per_sec, render, run_exposure, set_lines,
-                     warning_lines)
+from .report import (EXPOSURE_LEGEND, LIMITED_BY_COLUMN, LIMITED_BY_LEGEND, note_lines, per_sec, render,
+                     run_exposure, set_lines, warning_lines)
 
 # Every policy the simulator has, cheapest protection first.
 POLICIES = ["passthrough", "lazy", "xsmmu", "blocks", "fns", "fands", "strict"]
@@ -58,7 +58,7 @@ COLUMNS = [
     ("exp max µs", 11, lambda r: run_exposure(r, "max_us")),
     ("stale hits", 11, lambda r: f"{r.stale_translations}"),
     ("sub-page KiB", 13, lambda r: _sub_page(r)),
-    ("  limited by", 0, lambda r: r.limited_by),
+    LIMITED_BY_COLUMN,
 ]
 
 

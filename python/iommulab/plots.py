@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from . import __version__
+from .report import flat_cell
 
 # One colour per policy (plotly's default qualitative order, cheapest protection first).
 COLOURS = {"passthrough": "#d62728", "lazy": "#ff7f0e", "xsmmu": "#2ca02c", "blocks": "#17becf", "fns": "#8c564b",
@@ -301,17 +302,6 @@ RUN_NUMBERS = [("throughput_gbps", "Gbps", "{:.2f}"), ("cpu_busy", "CPU busy", "
                ("limited_by", "limited by", "{}")]
 
 
-def _number(r: dict[str, Any], col: str, fmt: str | None) -> str:
-    from .report import exposure
-
-    if fmt is None:
-        return exposure(r.get("safety.protected"), r.get(col))
-    if col.startswith("safety.") and r.get("safety.protected") is False:
-        return "all"
-    v = r.get(col)
-    return "" if v is None else fmt.format(v)
-
-
 def runs_table(rows: list[dict[str, Any]], axes: list[str]) -> str:
     """Each run: label, axes, its numbers (goodput, CPU, exposure, what bound it), seed, scenario hash and the
     keys it set."""
@@ -319,7 +309,7 @@ def runs_table(rows: list[dict[str, Any]], axes: list[str]) -> str:
     nums = [(c, h, f) for c, h, f in RUN_NUMBERS if any(c in r for r in rows)]
     tail = [c for c in ["seed", "seeds", "scenario_hash", "overrides"] if any(c in r for r in rows)]
     return _table(head + [h for _, h, _ in nums] + tail,
-                  [[r.get(c) for c in head] + [_number(r, c, f) for c, _, f in nums] + [r.get(c) for c in tail]
+                  [[r.get(c) for c in head] + [flat_cell(r, c, f, "") for c, _, f in nums] + [r.get(c) for c in tail]
                    for r in rows], "runs")
 
 

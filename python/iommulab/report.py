@@ -43,10 +43,24 @@ LIMITED_BY_LEGEND = ("limited by: the resource that bound the run (line, link, e
                      "queue_depth; docs/model.md \"What binds a run\") · inv/s by type: the IOMMU's own commands")
 
 
+def flat_cell(row: dict, col: str, fmt: str | None, missing: str) -> str:
+    """A figure of a flattened result row (`safety.window.p99_us`) as tables print it: `fmt` None for an
+    exposure window; `all` for any safety figure of an identity domain; `missing` where the row has none."""
+    if fmt is None:
+        return exposure(row.get("safety.protected"), row.get(col))
+    if col.startswith("safety.") and row.get("safety.protected") is False:
+        return "all"  # an identity domain: the device reaches every page
+    v = row.get(col)
+    return missing if v is None else fmt.format(v)
+
+
 def run_exposure(r, key: str = "p99_us") -> str:
     s = r.safety
     return exposure(s["protected"], (s.get("window") or {}).get(key))
 
+
+# What bound each run, left-aligned text (see `render`).
+LIMITED_BY_COLUMN = ("  limited by", 0, lambda r: r.limited_by)
 
 COLUMNS = [
     # header, width, formatter
@@ -57,7 +71,7 @@ COLUMNS = [
     ("inv/page", 9, lambda r: f"{r.inv_per_page:.4f}"),
     ("IOTLB miss/pg", 14, lambda r: f"{r.iotlb_misses_per_page:.3f}"),
     ("exposure p99 µs", 16, run_exposure),
-    ("  limited by", 0, lambda r: r.limited_by),
+    LIMITED_BY_COLUMN,
     ("  inv/s by type", 0, _by_type),
 ]
 
@@ -89,7 +103,7 @@ MAP_BENCHMARK_COLUMNS = [
     ("inv wait", 9, lambda r: f"{r.cpu_inv_wait_share * 100:.1f}%"),
     ("syncs/s", 10, lambda r: per_sec(r, r.syncs)),
     ("cas/ok", 7, lambda r: f"{r.cmdq_cas_attempts_per_success:.2f}" if r.cmdq_cas_attempts_per_success else "-"),
-    ("  limited by", 0, lambda r: r.limited_by),
+    LIMITED_BY_COLUMN,
     ("  inv/s by type", 0, _by_type),
 ]
 

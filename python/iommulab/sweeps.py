@@ -35,7 +35,7 @@ from ._core import ScenarioError
 from .api import TICK_SECONDS, ProgressFn, check_jobs, override_pairs, run_each, run_one, scenario_source
 from .api import load as load_scenario
 from .inputs import shown, toml_text
-from .report import EXPOSURE_LEGEND, exposure
+from .report import EXPOSURE_LEGEND, flat_cell
 from .dataset import (META, SPEC_FILE, Numbering, Writer, aggregate_seeds, axes_of, canon, derive, derived_expr,
                       done_keys, first_line, frame, grids_of, is_dataset, load, locked, parts, printable,
                       spec_of)
@@ -512,14 +512,7 @@ def format_summary(df, sw: Sweep) -> str:
     lines = []
     for r in agg.iter_rows(named=True):
         cells = [str(r[c]) for c in cols]
-        for c, _, fmt in SUMMARY:
-            if c in agg.columns:
-                if c == "safety.window.p99_us":
-                    cells.append(exposure(r.get("safety.protected"), r[c]))
-                elif c.startswith("safety.") and r.get("safety.protected") is False:
-                    cells.append("all")  # an identity domain: the device reaches every page
-                else:
-                    cells.append("-" if r[c] is None else fmt.format(r[c]))
+        cells += [flat_cell(r, c, fmt, "-") for c, _, fmt in SUMMARY if c in agg.columns]
         lines.append(cells)
     w = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(heads)]
     out = ["  ".join(h.rjust(w[i]) for i, h in enumerate(heads)), "-" * (sum(w) + 2 * (len(w) - 1))]
