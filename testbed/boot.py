@@ -46,10 +46,44 @@ TRACE = {"intel": ["vtd_inv_desc*"], "virtio": ["virtio_iommu_map", "virtio_iomm
          "smmuv3": ["smmuv3_cmdq_opcode", "smmuv3_cmdq_consume_out", "smmuv3_cmdq_consume_error",
                     "smmuv3_record_event", "smmuv3_unhandled_cmd"],
          "none": []}
+# With --emulator-counts, the emulator's own work as QEMU 7.2 traces it: each translation a device's DMA asked of
+# the vIOMMU (vtd_iommu_translate, smmuv3_translate, virtio_iommu_translate), its IOTLB lookups that hit or
+# missed and walked the guest's table (VT-d's vtd_iotlb_page_update follows each walk), an IOTLB reset when full,
+# and each guest access to the IOMMU's registers (an MMIO exit).
+EMULATOR_TRACE = {"intel": ["vtd_dmar_translate", "vtd_iotlb_page_hit", "vtd_iotlb_page_update", "vtd_iotlb_reset",
+                            "vtd_reg_read", "vtd_reg_write", "vtd_translate_pt"],
+                  "virtio": ["virtio_iommu_translate", "virtio_iommu_translate_out"],
+                  "smmuv3": ["smmuv3_translate_success", "smmu_iotlb_lookup_hit", "smmu_iotlb_lookup_miss",
+                             "smmu_iotlb_insert", "smmu_ptw_page_pte", "smmu_ptw_block_pte", "smmuv3_read_mmio",
+                             "smmuv3_write_mmio", "smmuv3_config_cache_hit", "smmuv3_config_cache_miss",
+                             "smmu_iotlb_inv_all"],
+                  "none": []}
 # Kernels: Debian 12's (6.1) and bookworm-backports' (6.12), as prepare.sh unpacked them; trixie-backports' 7.3
 # where `prepare.sh DIR ARCH 7.3` added it.
 KERNELS = {"6.1": ("kroot", "initrd.cpio.gz"), "6.12": ("kroot612", "initrd612.cpio.gz"),
            "7.3": ("kroot73", "initrd73.cpio.gz")}
+
+
+# The emulator's counts as iommulab reports them (`emulator` in `run --json`), from QEMU's events. virtio-iommu's
+# translate_out leaves out the MSI writes its reserved region lets through untranslated; it has no IOTLB.
+EMULATOR_KEYS = {
+    "intel": {"translations": ["vtd_dmar_translate"], "iotlb_hits": ["vtd_iotlb_page_hit"],
+              "iotlb_misses": ["vtd_iotlb_page_update"], "walks": ["vtd_iotlb_page_update"],
+              "iotlb_resets": ["vtd_iotlb_reset"], "inv_processed": ["vtd_inv_desc"],
+              "mmio_exits": ["vtd_reg_read", "vtd_reg_write"]},
+    "smmuv3": {"translations": ["smmuv3_translate_success"], "iotlb_hits": ["smmu_iotlb_lookup_hit"],
+               "iotlb_misses": ["smmu_iotlb_lookup_miss"], "walks": ["smmu_ptw_page_pte", "smmu_ptw_block_pte"],
+               "iotlb_resets": ["smmu_iotlb_inv_all"], "inv_processed": ["smmuv3_cmdq_opcode"],
+               "mmio_exits": ["smmuv3_read_mmio", "smmuv3_write_mmio"]},
+    "virtio": {"translations": ["virtio_iommu_translate_out"],
+               "inv_processed": ["virtio_iommu_map", "virtio_iommu_unmap"]},
+    "none": {},
+}
+
+
+def emulator_summary(iommu: str, raw: collections.Counter) -> dict[str, int]:
+    """A phase's QEMU events as the emulator's counts (EMULATOR_KEYS)."""
+    return {k: sum(raw.get(ev, 0) for ev in evs) for k, evs in EMULATOR_KEYS[iommu].items()}
 
 
 def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
@@ -70,6 +104,8 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
                     cur = phases[k // 2] if k % 2 == 0 else None
             continue
         if cur:
+            if ev in ("vtd_inv_desc", "smmuv3_cmdq_opcode"):
+                out[cur]["raw:" + ev] += 1
             if ev == "vtd_inv_desc":
                 t = re.search(r"type (\S+)", args)
                 ev = f"vtd_inv_desc[{t.group(1) if t else '?'}]"
@@ -81,7 +117,8 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
 
 def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: int = 600,
          iommu: str = "intel", domains: bool = False, kernel: str | None = None, smp: int = 1,
-         probes: str = "", timer: bool = False, devices: bool = False, measure: bool = False) -> str:
+         probes: str = "", timer: bool = False, devices: bool = False, measure: bool = False,
+         emulator_counts: bool = False) -> str:
     """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel by default), virtio (virtio-iommu-pci, the
     6.12 backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU), smmuv3 (an arm64 guest on `virt,iommu=smmuv3`,
     6.12 by default) or none (an x86 machine without an IOMMU). Phases: net, blk, nvme (arm64's machine has an
@@ -89,7 +126,9 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     `devices`: and the DMA API's events, which name each mapping's device (6.12); `timer`: and when the
     flush queue's timer fires; `probes`: comma-separated kernel functions whose calls the
     trace records too (diagnostics); `measure`: the capture records the latencies of the DMA map/unmap path
-    instead (capture -M, for `iommulab profile measure --trace`). Returns the run's directory."""
+    instead (capture -M, for `iommulab profile measure --trace`); `emulator_counts`: QEMU also traces its
+    translations, IOTLB hits and misses, walks and register accesses (EMULATOR_TRACE). Returns the run's
+    directory."""
     kernel = kernel or ("6.1" if iommu == "intel" else "6.12")
     arm = iommu == "smmuv3"
     name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}",
@@ -98,6 +137,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     name += f"-smp{smp}" if smp != 1 else ""
     name += "-" + phases.replace(",", "-") if phases != "net,blk" else ""
     name += "-measure" if measure else ""
+    name += "-emul" if emulator_counts else ""
     rd = os.path.join(tb, "runs", name)
     shutil.rmtree(rd, ignore_errors=True)  # the last boot of this configuration: nothing of it may linger
     os.makedirs(rd)
@@ -129,7 +169,8 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
            "-m", "2048" if arm else "1024", "-smp", str(smp), "-display", "none",
            "-serial", "stdio", "-monitor", "none", "-no-reboot", "-kernel", kern,
            "-initrd", initrd, "-D", os.path.join(rd, "qemu-trace.log"), *machine,
-           *(a for ev in TRACE[iommu] for a in ("-trace", f"enable={ev}")),
+           *(a for ev in TRACE[iommu] + (EMULATOR_TRACE[iommu] if emulator_counts else [])
+             for a in ("-trace", f"enable={ev}")),
            "-trace", "enable=virtio_blk_handle_read",
            "-netdev", "user,id=n0", "-device", f"virtio-net-pci,netdev=n0,{ip},romfile=",
            "-drive", f"file={tb}/data.img,if=none,id=d0,format=raw,readonly=on",
@@ -152,7 +193,11 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
         t.extractall(rd, filter="fully_trusted")
     q = qemu_counts(os.path.join(rd, "qemu-trace.log"), phases.split(","))
     res = {"mode": mode, "cm": cm, "iommu": iommu, "kernel": kernel, "smp": smp, "cmdline": append,
-           "phases": {p: {"qemu": dict(c)} for p, c in q.items()}}
+           "phases": {p: {"qemu": {k: v for k, v in c.items() if not k.startswith("raw:")}} for p, c in q.items()}}
+    if emulator_counts:
+        for p, c in q.items():
+            raw = collections.Counter({k.removeprefix("raw:"): v for k, v in c.items()})
+            res["phases"][p]["emulator"] = emulator_summary(iommu, raw)
     with open(os.path.join(rd, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     return rd
@@ -175,7 +220,10 @@ if __name__ == "__main__":
                     "device (capture -D, Linux 6.12+)")
     ap.add_argument("--timer", action="store_true", help="record when the flush queue's timer fires (capture -t)")
     ap.add_argument("--measure", action="store_true", help="record the map/unmap path's latencies (capture -M)")
+    ap.add_argument("--emulator-counts", action="store_true", help="QEMU also counts its translations, IOTLB "
+                    "hits, misses and walks, and register accesses")
     a = ap.parse_args()
     rd = boot(a.dir, a.mode, a.cm, a.phases, iommu=a.iommu, domains=a.domains, kernel=a.kernel, smp=a.smp,
-              probes=a.probes, timer=a.timer, devices=a.devices, measure=a.measure)
+              probes=a.probes, timer=a.timer, devices=a.devices, measure=a.measure,
+              emulator_counts=a.emulator_counts)
     print(json.dumps(json.load(open(os.path.join(rd, "results.json"))), indent=1))

@@ -44,16 +44,16 @@ BOOTS = {
     "arm64-lazy-6.1-2vcpus": ("arm64", dict(mode="lazy", phases="net,blk,nvme", iommu="smmuv3", kernel="6.1", smp=2,
                                             timer=True)),
     "arm64-strict-6.1": ("arm64", dict(mode="strict", phases="net,blk,nvme", iommu="smmuv3", kernel="6.1",
-                                       timer=True)),
+                                       timer=True, emulator_counts=True)),
     "arm64-mix": ("arm64", dict(mode="lazy", phases="mix", iommu="smmuv3", domains=True, timer=True, devices=True)),
     "mix": ("x86", dict(mode="lazy", phases="mix", domains=True, timer=True)),
     "pt": ("x86", dict(mode="pt")),
-    "lazy-caching-mode": ("x86", dict(mode="lazy", cm="on")),
-    "strict": ("x86", dict(mode="strict", cm="off")),
+    "lazy-caching-mode": ("x86", dict(mode="lazy", cm="on", emulator_counts=True)),
+    "strict": ("x86", dict(mode="strict", cm="off", emulator_counts=True)),
     # The flush timer recorded (capture -t), as on every lazy boot: a TCG guest's timer runs late when its vCPU
     # waits for a host the other boots and tests keep busy, and the replay then flushes when the guest did.
     "lazy": ("x86", dict(mode="lazy", cm="off", timer=True)),
-    "virtio-strict": ("x86", dict(mode="strict", iommu="virtio")),
+    "virtio-strict": ("x86", dict(mode="strict", iommu="virtio", emulator_counts=True)),
     "measure": ("x86", dict(mode="lazy", cm="off", phases="net", measure=True)),
 }
 BOOTS_AT_ONCE = max(1, min(4, os.cpu_count() or 1))
@@ -223,6 +223,19 @@ def test_a_virtio_iommu_guest_replays_to_qemus_requests(boots, mode):
     ins = json.loads(cli("inspect", "--root", str(rd / "root"), "--json", check_rc=0).stdout)
     assert [i["vendor"] for i in ins["iommus"]] == ["virtio"]
     assert ins["devices"] and all(d["mode"] == mode == d["predicted"] for d in ins["devices"])
+
+
+@pytest.mark.parametrize("name", ["strict", "lazy-caching-mode", "virtio-strict", "arm64-strict-6.1"])
+def test_the_emulators_counts_for_the_net_phase_match_qemus(boots, name):
+    # QEMU traced its own translations, IOTLB hits, misses and walks, invalidations and register accesses
+    # (boot.py --emulator-counts); the model runs the same phase (test_emulator.py) behind the same vIOMMU.
+    from test_emulator import held_to_qemu, model_counts
+    rd = boots.run(name)
+    res = json.loads((rd / "results.json").read_text())
+    qemu = res["phases"]["net"]["emulator"]
+    assert qemu["translations"] > 50000, qemu
+    model = model_counts(res["iommu"], res["kernel"], res["cmdline"], res["cm"] == "on")
+    held_to_qemu(model, qemu, False, name)
 
 
 def test_passthrough_guest_sends_nothing_and_inspect_says_identity(boots):

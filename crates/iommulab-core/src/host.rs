@@ -357,6 +357,17 @@ impl Host {
         self.layer(self.iommu_at).translate(now, iova_pfn)
     }
 
+    /// The emulated IOMMU caches translations in an IOTLB of its own (QEMU's hash; virtio-iommu has none).
+    pub fn emulator_iotlb(&mut self) -> bool {
+        let tr = self.lend(0).core.iommu.translator();
+        tr.qemu_iotlb().is_some_and(|h| h.entries() > 0)
+    }
+
+    /// The device's MSI writes are translated by the IOMMU.
+    pub fn msi_translated(&mut self) -> bool {
+        self.lend(0).core.iommu.translates_msi()
+    }
+
     /// Device side of a descriptor or completion-entry access: only what its translation adds (ATS round
     /// trip, page-walk reads), not the per-packet DMA base; and whether it faulted.
     pub fn dma_translation(&mut self, now: Time, iova_pfn: u64) -> (u64, bool) {

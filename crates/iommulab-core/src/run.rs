@@ -312,6 +312,7 @@ impl Simulation {
         if self.host.platform.hypervisor.is_some() {
             let mut e = d.iommu.exit_stats().unwrap_or_default();
             e.add(&s.wl.exits);
+            e.work.iotlb_resets = d.iommu.translator().qemu_iotlb().map_or(0, |h| h.resets);
             s.exits = Some(e);
         }
         // The domains' own locks (the allocator's, the flush queue's), the same name summed over domains.
@@ -921,7 +922,13 @@ mod tests {
         let keys = |r: &RunResult| serde_json::to_value(r).expect("serialises");
         let before = keys(&r);
         let after = keys(&r.clone().with_every_part());
-        for k in ["latency", "attack", "vm_exits", "rx_cache_reuse_slack"] {
+        for k in [
+            "latency",
+            "attack",
+            "vm_exits",
+            "emulator",
+            "rx_cache_reuse_slack",
+        ] {
             assert!(before.get(k).is_none() && after[k].is_object(), "{k}");
         }
         assert!(

@@ -1,4 +1,5 @@
-//! Set-associative translation caches with LRU replacement: the IOTLB and the paging-structure caches.
+//! Set-associative translation caches with LRU replacement: the IOTLB and the paging-structure caches; and
+//! an emulated IOMMU's IOTLB, QEMU's hash.
 //! Each entry holds a tag and the value it caches (a physical pfn, a table pointer), so a cached entry that
 //! outlived its mapping returns the old value, as hardware would.
 
@@ -139,6 +140,80 @@ impl<V: Copy + Default> TagCache<V> {
 
     pub fn valid(&self) -> usize {
         self.tags.iter().filter(|&&t| t != EMPTY).count()
+    }
+}
+
+/// Which cached entries QEMU's page-selective invalidation drops (vtd_hash_remove_by_page,
+/// smmu_hash_remove_by_asid_iova).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PsiMatch {
+    /// The entries overlapping the range.
+    Range,
+    /// QEMU's VT-d before 9.1: VTDIOTLBPageInvInfo.mask is a uint8_t, so an entry also goes whenever the low
+    /// 8 bits of its page number, under the mask, equal the address's (fixed by "intel_iommu: fix type of
+    /// the mask field in VTDIOTLBPageInvInfo", QEMU 9.1): one PSI in 256 pages of IOVA space drops a ring.
+    LowByte,
+}
+
+/// QEMU's software IOTLB of an emulated IOMMU: a glib hash keyed by the entry's tag, no sets and no LRU.
+/// A full hash is emptied whole before the next insert (vtd_update_iotlb at VTD_IOTLB_MAX_SIZE,
+/// smmu_iotlb_insert at SMMU_IOTLB_MAX_SIZE); every invalidation scans all of it
+/// (g_hash_table_foreach_remove).
+#[derive(Debug, Clone)]
+pub struct QemuIotlb<V> {
+    map: std::collections::HashMap<u64, (u64, V)>,
+    cap: usize,
+    pub psi: PsiMatch,
+    /// Times the hash was emptied because it was full.
+    pub resets: u64,
+    /// Entries scanned by invalidations (each scans the whole hash).
+    pub scanned: u64,
+}
+
+impl<V: Copy> QemuIotlb<V> {
+    pub fn new(cap: usize, psi: PsiMatch) -> Self {
+        QemuIotlb {
+            map: Default::default(),
+            cap,
+            psi,
+            resets: 0,
+            scanned: 0,
+        }
+    }
+
+    pub fn entries(&self) -> usize {
+        self.cap
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    pub fn lookup(&self, tag: u64) -> Option<V> {
+        self.map.get(&tag).map(|&(_, v)| v)
+    }
+
+    /// Insert (or replace) `tag` → `val`; `index` is what the tag caches (kept for invalidation by
+    /// address).
+    pub fn insert(&mut self, tag: u64, index: u64, val: V) {
+        if self.cap == 0 {
+            return;
+        }
+        if self.map.len() >= self.cap && !self.map.contains_key(&tag) {
+            self.map.clear();
+            self.resets += 1;
+        }
+        self.map.insert(tag, (index, val));
+    }
+
+    /// Drop every entry for which `pred(tag, index)` holds: one scan of the hash.
+    pub fn invalidate_where(&mut self, mut pred: impl FnMut(u64, u64) -> bool) {
+        self.scanned += self.map.len() as u64;
+        self.map.retain(|&t, &mut (i, _)| !pred(t, i));
     }
 }
 

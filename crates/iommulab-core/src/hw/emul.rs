@@ -7,8 +7,9 @@
 //! keeps the guest driver's side (descriptors, batching, locks) and its queue of work, which the emulator
 //! serves in place of hardware; this module adds the exit and re-entry and counts them.
 
+use super::cache::{PsiMatch, QemuIotlb};
 use super::DomainId;
-use crate::scenario::HypervisorProfile;
+use crate::scenario::{HypervisorProfile, Vendor};
 use crate::sim::Time;
 use serde::Serialize;
 
@@ -19,22 +20,34 @@ pub enum ExitCause {
     QiTail,
     /// SMMUv3: the command-queue owner advanced CMDQ_PROD (arm_smmu_cmdq_issue_cmdlist).
     CmdqProd,
+    /// SMMUv3: a CPU waiting for its CMD_SYNC read CMDQ_CONS (__arm_smmu_cmdq_poll_until_consumed). QEMU's
+    /// SMMU sets neither IDR0.MSI nor IDR0.SEV, so the driver polls the register, and every read traps.
+    CmdqCons,
     /// A virtqueue notification (virtio-net's, virtio-iommu's request queue): an ioeventfd exit KVM
     /// completes in the kernel.
     Kick,
 }
 
-pub const EXIT_CAUSES: usize = 3;
+pub const EXIT_CAUSES: usize = 4;
 
 impl ExitCause {
-    pub const ALL: [ExitCause; EXIT_CAUSES] =
-        [ExitCause::QiTail, ExitCause::CmdqProd, ExitCause::Kick];
+    pub const ALL: [ExitCause; EXIT_CAUSES] = [
+        ExitCause::QiTail,
+        ExitCause::CmdqProd,
+        ExitCause::CmdqCons,
+        ExitCause::Kick,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             ExitCause::QiTail => "qi_tail",
             ExitCause::CmdqProd => "cmdq_prod",
+            ExitCause::CmdqCons => "cmdq_cons",
             ExitCause::Kick => "kick",
         }
+    }
+    /// An access to the IOMMU's registers (not a virtqueue's).
+    pub fn is_mmio(self) -> bool {
+        !matches!(self, ExitCause::Kick)
     }
 }
 
@@ -54,6 +67,40 @@ pub struct ExitStats {
     pub vfio_unmaps: u64,
     pub pins: u64,
     pub unpins: u64,
+    /// What the emulator did, as QEMU's trace counts it.
+    pub work: EmulatorWork,
+}
+
+/// The emulator's own work, as QEMU's trace events count it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct EmulatorWork {
+    /// The emulator's translations of the software device's DMA (QEMU's vtd_iommu_translate,
+    /// smmuv3_translate, virtio_iommu_translate): served from its IOTLB or walked on a miss.
+    pub translations: u64,
+    pub iotlb_hits: u64,
+    pub iotlb_misses: u64,
+    /// Walks of the guest's page table (one per miss; virtio-iommu looks its tree up instead).
+    pub walks: u64,
+    /// Times QEMU emptied its full IOTLB hash.
+    pub iotlb_resets: u64,
+    /// Invalidation descriptors (VT-d, wait descriptors included), commands (SMMUv3, CMD_SYNCs included)
+    /// or requests (virtio-iommu) the emulator processed.
+    pub inv_processed: u64,
+}
+
+impl EmulatorWork {
+    fn combine(&mut self, o: &EmulatorWork, f: impl Fn(u64, u64) -> u64) {
+        for (a, b) in [
+            (&mut self.translations, o.translations),
+            (&mut self.iotlb_hits, o.iotlb_hits),
+            (&mut self.iotlb_misses, o.iotlb_misses),
+            (&mut self.walks, o.walks),
+            (&mut self.iotlb_resets, o.iotlb_resets),
+            (&mut self.inv_processed, o.inv_processed),
+        ] {
+            *a = f(*a, b);
+        }
+    }
 }
 
 impl ExitStats {
@@ -69,6 +116,7 @@ impl ExitStats {
         d.vfio_unmaps -= e.vfio_unmaps;
         d.pins -= e.pins;
         d.unpins -= e.unpins;
+        d.work.combine(&e.work, |a, b| a - b);
         d
     }
     pub fn total(&self) -> u64 {
@@ -85,6 +133,15 @@ impl ExitStats {
         self.vfio_unmaps += o.vfio_unmaps;
         self.pins += o.pins;
         self.unpins += o.unpins;
+        self.work.combine(&o.work, |a, b| a + b);
+    }
+    /// Exits on the IOMMU's registers.
+    pub fn mmio_exits(&self) -> u64 {
+        ExitCause::ALL
+            .iter()
+            .filter(|c| c.is_mmio())
+            .map(|&c| self.count[c as usize])
+            .sum()
     }
 }
 
@@ -97,6 +154,8 @@ pub struct Trap {
     entry_ns: u64,
     /// Nested: the handler's forwarding of the batch to the host (iommufd), on top of the commands' work.
     forward_ns: u64,
+    /// QEMU's scan of one IOTLB hash entry by an invalidation.
+    pub scan_ns: u64,
     pub stats: ExitStats,
 }
 
@@ -108,6 +167,7 @@ impl Trap {
             exit_ns,
             entry_ns: h.mmio_exit_ns - exit_ns,
             forward_ns: if h.nested { h.nested_inv_ns } else { 0 },
+            scan_ns: h.qemu_iotlb_scan_ns,
             stats: ExitStats::default(),
         }
     }
@@ -123,14 +183,42 @@ impl Trap {
         self.forward_ns
     }
 
-    /// The handler that the doorbell written at `at` started returned at `done`, having consumed `work` ns
-    /// of commands: when the vCPU runs guest code again.
-    pub fn resume(&mut self, cause: ExitCause, at: Time, done: Time, work: u64) -> Time {
+    /// The handler that the doorbell written at `at` started returned at `done`, having consumed `cmds`
+    /// commands in `work` ns: when the vCPU runs guest code again.
+    pub fn resume(&mut self, cause: ExitCause, at: Time, done: Time, work: u64, cmds: u64) -> Time {
         let back = done + self.entry_ns;
         self.stats.count[cause as usize] += 1;
         self.stats.vcpu_ns[cause as usize] += back - at;
-        self.stats.emulator_ns += work;
+        self.consumed(work, cmds);
         back
+    }
+
+    /// The emulator consumed `cmds` commands in `work` ns (for a doorbell counted elsewhere).
+    pub fn consumed(&mut self, work: u64, cmds: u64) {
+        self.stats.emulator_ns += work;
+        self.stats.work.inv_processed += cmds;
+    }
+
+    /// A trapped read of a register (CMDQ_CONS) at `at`, its handler able to answer once the emulator's
+    /// work ends at `ready` (the BQL held by another vCPU's doorbell until then): when the vCPU runs
+    /// guest code again.
+    pub fn read(&mut self, cause: ExitCause, at: Time, ready: Time) -> Time {
+        let back = (at + self.exit_ns).max(ready) + self.entry_ns;
+        self.stats.count[cause as usize] += 1;
+        self.stats.vcpu_ns[cause as usize] += back - at;
+        back
+    }
+}
+
+/// QEMU's IOTLB for an emulated `vendor` whose profile gives `entries`: its size, and how the QEMU of `h`
+/// matches a page-selective invalidation against it. virtio-iommu keeps none: virtio_iommu_translate
+/// looks every address up in the domain's mapping tree (g_tree_lookup).
+pub fn iotlb_of(vendor: Vendor, h: &HypervisorProfile, entries: u32) -> QemuIotlb<(u64, u64)> {
+    let fixed = h.qemu_version().is_some_and(|v| v >= (9, 1));
+    match vendor {
+        Vendor::Virtio => QemuIotlb::new(0, PsiMatch::Range),
+        Vendor::Vtd if !fixed => QemuIotlb::new(entries as usize, PsiMatch::LowByte),
+        _ => QemuIotlb::new(entries as usize, PsiMatch::Range),
     }
 }
 
@@ -261,9 +349,10 @@ mod tests {
         let mut t = Trap::new(&h);
         let start = t.exit(1000);
         assert_eq!(start, 3500);
-        let back = t.resume(ExitCause::QiTail, 1000, start + 700, 700);
+        let back = t.resume(ExitCause::QiTail, 1000, start + 700, 700, 2);
         assert_eq!(back, 1000 + 5000 + 700);
-        assert_eq!(t.stats.count, [1, 0, 0]);
+        assert_eq!(t.stats.count, [1, 0, 0, 0]);
+        assert_eq!(t.stats.work.inv_processed, 2);
         assert_eq!(t.handler_ns(), 0);
         assert_eq!(t.stats.vcpu_ns[0], 5700);
         assert_eq!(t.stats.emulator_ns, 700);

@@ -87,7 +87,11 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32), vfio: bool) -> Box<d
     let kernel = KernelVersion::from(kernel);
     let fmt = pt_format(p.vendor, &p.iommu).expect("validated platform");
     let atc = p.pcie.ats.then_some((p.pcie.atc_entries, p.pcie.atc_ways));
-    let tr = translator::Translator::new(&p.iommu, fmt, atc);
+    let mut tr = translator::Translator::new(&p.iommu, fmt, atc);
+    // An IOMMU QEMU emulates caches translations in its own hash (hardware's, under nesting).
+    if let Some(h) = p.hypervisor.as_ref().filter(|h| !h.nested) {
+        tr = tr.emulated_iotlb(emul::iotlb_of(p.vendor, h, p.iommu.iotlb_entries));
+    }
     let coh = p.cpu.coherence();
     // A guest's doorbells trap unless its command queue is a hardware one (vCMDQ).
     let trap = || {
@@ -446,6 +450,12 @@ pub trait Iommu: Send + Sync {
     /// An emulated IOMMU's exits to the hypervisor (None on bare metal).
     fn exit_stats(&self) -> Option<emul::ExitStats> {
         None
+    }
+    /// A device's MSI write goes through the IOMMU's translation (SMMUv3: the ITS doorbell is an IOVA
+    /// iommu_dma_prepare_msi() mapped); VT-d's interrupt range and virtio-iommu's reserved MSI region
+    /// bypass it.
+    fn translates_msi(&self) -> bool {
+        false
     }
 }
 

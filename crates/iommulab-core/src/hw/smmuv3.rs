@@ -284,15 +284,27 @@ impl Smmuv3 {
         // The owner that rang is back when the handler returns; a CPU whose commands it gathered spins in the
         // guest until CONS passes its CMD_SYNC. On hardware the CPU sees the completion sync_signal_ns later
         // (MSI write, its poll).
+        // Each CPU waiting for a CMD_SYNC then reads CMDQ_CONS: one more trap, answered once the handler
+        // that consumed its commands has returned.
         let (written, seen) = match self.trap.as_mut() {
             Some(trap) if self.tr.c.cmdq_gathered == gathered => {
-                let back =
-                    trap.resume(ExitCause::CmdqProd, written, done, work + handler + sync_ns);
-                (back, back)
+                let work = work + handler + sync_ns;
+                let back = trap.resume(ExitCause::CmdqProd, written, done, work, cmds);
+                let seen = if sync {
+                    trap.read(ExitCause::CmdqCons, back, back)
+                } else {
+                    back
+                };
+                (back, seen)
             }
             Some(trap) => {
-                trap.stats.emulator_ns += work + handler + sync_ns;
-                (written, done)
+                trap.consumed(work + handler + sync_ns, cmds);
+                let seen = if sync {
+                    trap.read(ExitCause::CmdqCons, written, done)
+                } else {
+                    done
+                };
+                (written, seen)
             }
             None => (written, done + self.cfg.sync_signal_ns),
         };
@@ -485,6 +497,10 @@ impl Iommu for Smmuv3 {
         self.trap.as_ref().map(|t| t.stats)
     }
 
+    fn translates_msi(&self) -> bool {
+        true
+    }
+
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
         let queues = std::iter::once(&self.consumer)
             .chain(&self.queues)
@@ -661,10 +677,12 @@ pub(crate) mod tests {
         g.add_range(0x1000, 130);
         let t = s.iotlb_sync(0, 0, 1, &g);
         let st = s.exit_stats().unwrap();
-        assert_eq!(st.count, [0, 3, 0]);
+        // The CPU waiting for the CMD_SYNC then reads CMDQ_CONS once: QEMU advertises neither MSI nor SEV.
+        assert_eq!(st.count, [0, 3, 1, 0]);
+        assert_eq!(st.work.inv_processed, 130 + 1);
         let per_cmd = s.cmd_ns(Cmd::Tlbi);
         assert_eq!(st.emulator_ns, 130 * per_cmd + s.cfg.sync_ns);
-        assert!(t >= 3 * 5000 + 130 * per_cmd + s.cfg.sync_ns, "{t}");
+        assert!(t >= 4 * 5000 + 130 * per_cmd + s.cfg.sync_ns, "{t}");
         assert_eq!(s.tr.c.get(InvKind::TlbiNhVa), 130);
     }
 

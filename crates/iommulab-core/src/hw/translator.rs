@@ -9,7 +9,7 @@
 //! finds the entries, as on hardware; two invalidations a CPU sends back to back each cost the device's
 //! next walk its cached entries.
 
-use super::cache::TagCache;
+use super::cache::{PsiMatch, QemuIotlb, TagCache};
 use super::pgtable::{PtFormat, RadixPgtable};
 use super::{DomainId, IommuCounters, IotlbGather, Translation};
 use crate::scenario::IommuProfile;
@@ -56,11 +56,18 @@ fn invalidate_indices<V: Copy + Default>(
     }
 }
 
+/// Where a TLB keeps its entries: hardware's set-associative cache with LRU replacement, or an emulated
+/// IOMMU's software hash (QEMU's).
+enum Store {
+    Sets(TagCache<(u64, u64)>),
+    Hash(QemuIotlb<(u64, u64)>),
+}
+
 /// A TLB of leaf translations of any page size (the IOTLB, or a device's ATC): one entry per page or
 /// block, tagged by its size so an invalidation by address finds the block holding that address.
 pub struct Tlb {
     /// Value: (physical granule pfn of the page, the translator's unmap epoch when it was filled).
-    c: TagCache<(u64, u64)>,
+    c: Store,
     /// Bit L: entries of level L have been filled (only those sizes are probed).
     sizes: u32,
 }
@@ -68,8 +75,31 @@ pub struct Tlb {
 impl Tlb {
     pub fn new(entries: usize, ways: usize) -> Self {
         Tlb {
-            c: TagCache::new(entries, ways),
+            c: Store::Sets(TagCache::new(entries, ways)),
             sizes: 0,
+        }
+    }
+
+    /// The emulated hash, if this is one.
+    pub fn qemu(&self) -> Option<&QemuIotlb<(u64, u64)>> {
+        match &self.c {
+            Store::Hash(h) => Some(h),
+            Store::Sets(_) => None,
+        }
+    }
+
+    /// Whether it can hold an entry at all.
+    fn holds_any(&self) -> bool {
+        match &self.c {
+            Store::Sets(c) => c.entries() > 0,
+            Store::Hash(h) => h.entries() > 0,
+        }
+    }
+
+    fn get(&mut self, t: u64, index: u64) -> Option<(u64, u64)> {
+        match &mut self.c {
+            Store::Sets(c) => c.lookup(t, index),
+            Store::Hash(h) => h.lookup(t),
         }
     }
 
@@ -81,7 +111,7 @@ impl Tlb {
             let level = sizes.trailing_zeros();
             sizes &= sizes - 1;
             let s = f.span_shift(level);
-            if let Some((base, epoch)) = self.c.lookup(tag(dom, level, gpfn >> s), gpfn >> s) {
+            if let Some((base, epoch)) = self.get(tag(dom, level, gpfn >> s), gpfn >> s) {
                 return Some((level, base + (gpfn & ((1 << s) - 1)), epoch));
             }
         }
@@ -100,27 +130,63 @@ impl Tlb {
         let s = f.span_shift(level);
         let mask = (1u64 << s) - 1;
         self.sizes |= 1 << level;
-        self.c
-            .insert(tag(dom, level, gpfn >> s), gpfn >> s, (phys & !mask, epoch));
+        let (t, i) = (tag(dom, level, gpfn >> s), gpfn >> s);
+        match &mut self.c {
+            Store::Sets(c) => c.insert(t, i, (phys & !mask, epoch)),
+            Store::Hash(h) => h.insert(t, i, (phys & !mask, epoch)),
+        }
     }
 
     /// Drop entries of `dom` overlapping granules [lo, hi].
     fn invalidate_range(&mut self, f: &PtFormat, dom: DomainId, lo: u64, hi: u64) {
-        let mut sizes = self.sizes;
-        while sizes != 0 {
-            let level = sizes.trailing_zeros();
-            sizes &= sizes - 1;
-            let s = f.span_shift(level);
-            invalidate_indices(&mut self.c, dom, level, lo >> s, hi >> s);
-        }
+        let h = match &mut self.c {
+            Store::Hash(h) => h,
+            Store::Sets(c) => {
+                let mut sizes = self.sizes;
+                while sizes != 0 {
+                    let level = sizes.trailing_zeros();
+                    sizes &= sizes - 1;
+                    let s = f.span_shift(level);
+                    invalidate_indices(c, dom, level, lo >> s, hi >> s);
+                }
+                return;
+            }
+        };
+        // QEMU before 9.1 compares page numbers under the PSI's mask cut to 8 bits (vtd_hash_remove_by_page):
+        // the range as the descriptor gives it, 2^am pages aligned.
+        let am = 64 - (hi - lo).leading_zeros();
+        let low_byte = (!((1u64 << am.min(63)) - 1) & 0xff, lo);
+        let psi = h.psi;
+        let f = *f;
+        h.invalidate_where(|t, i| {
+            if tag_dom(t) != dom as u64 {
+                return false;
+            }
+            let s = f.span_shift(tag_level(t));
+            let (first, last) = (i << s, ((i + 1) << s) - 1);
+            let overlaps = first <= hi && last >= lo;
+            match psi {
+                PsiMatch::Range => overlaps,
+                PsiMatch::LowByte => {
+                    let (m8, base) = low_byte;
+                    overlaps || (first & m8) == (base & m8)
+                }
+            }
+        });
     }
 
     fn invalidate_domain(&mut self, dom: DomainId) {
-        self.c.invalidate_where(|t| tag_dom(t) == dom as u64);
+        match &mut self.c {
+            Store::Sets(c) => c.invalidate_where(|t| tag_dom(t) == dom as u64),
+            Store::Hash(h) => h.invalidate_where(|t, _| tag_dom(t) == dom as u64),
+        }
     }
 
     fn invalidate_all(&mut self) {
-        self.c.invalidate_where(|_| true);
+        match &mut self.c {
+            Store::Sets(c) => c.invalidate_where(|_| true),
+            Store::Hash(h) => h.invalidate_where(|_, _| true),
+        }
     }
 }
 
@@ -193,6 +259,20 @@ impl Translator {
             pending: VecDeque::new(),
             c: IommuCounters::default(),
         }
+    }
+
+    /// The IOTLB as an emulator keeps it (QEMU's hash, `emul::iotlb_of`).
+    pub fn emulated_iotlb(mut self, hash: QemuIotlb<(u64, u64)>) -> Self {
+        self.iotlb = Tlb {
+            c: Store::Hash(hash),
+            sizes: 0,
+        };
+        self
+    }
+
+    /// An emulated IOTLB's hash: emptied because full, and entries scanned by invalidations.
+    pub fn qemu_iotlb(&self) -> Option<&QemuIotlb<(u64, u64)>> {
+        self.iotlb.qemu()
     }
 
     pub fn format(&self) -> &PtFormat {
@@ -325,7 +405,8 @@ impl Translator {
                 ..Default::default()
             };
         }
-        self.c.iotlb_misses += 1;
+        // An emulator without an IOTLB (virtio-iommu's tree lookup) has nothing to miss.
+        self.c.iotlb_misses += self.iotlb.holds_any() as u64;
         let levels = fmt.levels;
         let pt = self.domains.get(dom as usize).and_then(|p| p.as_ref());
         // The walk caches hold non-leaf entries; search deepest first. A hit resumes the walk at the table it

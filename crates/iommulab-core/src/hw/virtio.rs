@@ -122,6 +122,7 @@ impl VirtioIommu {
         self.exits.count[k] += 1;
         self.exits.vcpu_ns[k] += self.kick_exit_ns;
         self.exits.emulator_ns += work;
+        self.exits.work.inv_processed += n;
         // Simplification: the queued UNMAPs act when the host has done the whole batch.
         for (dom, pfn, n) in unmaps {
             let inv = CacheInval::Range {

@@ -154,6 +154,13 @@ impl Vtd {
         match d {
             // The device must answer the ATS invalidation before the wait descriptor can complete.
             InvDesc::DevTlb { .. } => self.cfg.inv_desc_ns + self.ats_inv_ns,
+            // QEMU drops IOTLB entries by walking its whole hash (vtd_iotlb_page_invalidate,
+            // vtd_iotlb_domain_invalidate: g_hash_table_foreach_remove), so a flush costs more the fuller it is.
+            InvDesc::Psi { .. } | InvDesc::Dsi { .. } => {
+                let scan = self.trap.as_ref().map_or(0, |t| t.scan_ns);
+                let held = self.tr.qemu_iotlb().map_or(0, |h| h.len()) as u64;
+                self.cfg.inv_desc_ns + scan * held
+            }
             _ => self.cfg.inv_desc_ns,
         }
     }
@@ -237,7 +244,7 @@ impl Vtd {
         let (_, done) = self.hw.serve(arrive, work);
         let done = match self.trap.as_mut() {
             Some(tr) => {
-                let back = tr.resume(ExitCause::QiTail, written, done, work);
+                let back = tr.resume(ExitCause::QiTail, written, done, work, n);
                 self.q_lock.extend(written, back);
                 back
             }
@@ -681,7 +688,8 @@ pub(crate) mod tests {
             .collect();
         v.flush_descs(0, 0, 1, &descs);
         let st = v.exit_stats().unwrap();
-        assert_eq!(st.count, [2, 0, 0]);
+        assert_eq!(st.count, [2, 0, 0, 0]);
+        assert_eq!(st.work.inv_processed, 17 + 2);
         // The emulator consumed every descriptor and both waits.
         assert_eq!(st.emulator_ns, 17 * 400 + 2 * 200);
         assert_eq!(v.tr.c.get(InvKind::Psi), 17);
@@ -697,6 +705,38 @@ pub(crate) mod tests {
         );
         // Bare metal: no exits.
         assert!(vtd(&cfg()).exit_stats().is_none());
+    }
+
+    #[test]
+    fn an_emulated_psi_costs_more_the_fuller_qemus_iotlb_is() {
+        use crate::hw::cache::{PsiMatch, QemuIotlb};
+        // QEMU's PSI walks its whole IOTLB hash: the same descriptor after 500 translations were cached costs
+        // 500 entry scans more than on an empty hash.
+        let h = crate::scenario::tests::hypervisor();
+        let psi_done = |cached: u64| {
+            let p = IommuProfile {
+                large_pages: false,
+                ..cfg()
+            };
+            let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, &p).unwrap();
+            let tr = Translator::new(&p, fmt, None)
+                .emulated_iotlb(QemuIotlb::new(1024, PsiMatch::LowByte));
+            let mut v = Vtd::new(&p, tr, 1000, KernelVersion(6, 12), Coherence::default(), 10)
+                .emulated(Some(Trap::new(&h)), None);
+            v.map_pages(1, 0x1000, 0x1000, 1000);
+            for i in 0..cached {
+                v.translate(0, 1, 0x1000 + i);
+            }
+            assert_eq!(v.tr.qemu_iotlb().unwrap().len() as u64, cached);
+            let psi = InvDesc::Psi {
+                dom: 1,
+                addr_pfn: 0x1000,
+                am: 0,
+                ih: false,
+            };
+            v.flush_descs(0, 0, 1, &[psi])
+        };
+        assert_eq!(psi_done(500) - psi_done(0), 500 * h.qemu_iotlb_scan_ns);
     }
 
     #[test]

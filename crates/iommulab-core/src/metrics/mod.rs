@@ -8,7 +8,7 @@ use crate::dma::iova::IovaStats;
 use crate::dma::locality::ReuseCounts;
 use crate::dma::safety::SafetyStats;
 use crate::dma::DmaStats;
-use crate::hw::emul::{ExitCause, ExitStats};
+use crate::hw::emul::{EmulatorWork, ExitCause, ExitStats};
 use crate::hw::{InvKind, IommuCounters};
 use crate::sim::LockStats;
 use crate::workload::OpenLimit;
@@ -66,6 +66,24 @@ pub struct VmExits {
     pub vfio_unmaps: u64,
     pub pages_pinned: u64,
     pub pages_unpinned: u64,
+}
+
+/// A guest's emulator, counted as QEMU's trace counts it (the testbed holds these to QEMU's): its work and
+/// the guest's accesses to the IOMMU's registers.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct EmulatorCounts {
+    #[serde(flatten)]
+    pub work: EmulatorWork,
+    pub mmio_exits: u64,
+}
+
+impl EmulatorCounts {
+    fn new(d: &ExitStats) -> Self {
+        EmulatorCounts {
+            work: d.work,
+            mmio_exits: d.mmio_exits(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -414,6 +432,9 @@ pub struct RunResult {
     /// A guest's exits to the hypervisor (only on a platform with `[hypervisor]`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vm_exits: Option<VmExits>,
+    /// A guest's emulator: what QEMU did, as its own trace counts it (only with `[hypervisor]`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub emulator: Option<EmulatorCounts>,
     /// Where the workload CPUs' time went (shares of it).
     pub cpu_breakdown: CpuBreakdown,
     /// Each resource's busy share over the window.
@@ -508,7 +529,7 @@ pub struct RunInfo<'a> {
 }
 
 impl RunResult {
-    /// This result with every part only some runs report (`latency`, `attack`, `vm_exits`,
+    /// This result with every part only some runs report (`latency`, `attack`, `vm_exits`, `emulator`,
     /// `rx_cache_reuse_slack`, `safety.window`) present, zero where absent: every key a result can hold, so a
     /// sweep can check the columns its derived expressions name before it runs anything.
     pub fn with_every_part(mut self) -> Self {
@@ -518,6 +539,7 @@ impl RunResult {
         self.map_benchmark.get_or_insert_with(Default::default);
         self.attack.get_or_insert_with(Default::default);
         self.vm_exits.get_or_insert_with(Default::default);
+        self.emulator.get_or_insert_with(Default::default);
         self.rx_cache_reuse_slack
             .get_or_insert_with(Default::default);
         self.safety.window.get_or_insert_with(Default::default);
@@ -607,10 +629,12 @@ impl RunResult {
                 idle: r6(cb.idle),
             }
         };
-        let vm_exits = b
+        let exits = b
             .exits
             .as_ref()
-            .map(|y| VmExits::new(&y.since(&a.exits.unwrap_or_default()), dt, b.cpus.len()));
+            .map(|y| y.since(&a.exits.unwrap_or_default()));
+        let vm_exits = exits.as_ref().map(|d| VmExits::new(d, dt, b.cpus.len()));
+        let emulator = exits.as_ref().map(EmulatorCounts::new);
         let utilisation = {
             let (slots, link) = b.wl.device.since(&a.wl.device).shares(dt);
             let busiest = |hw: bool| {
@@ -792,6 +816,7 @@ impl RunResult {
                 }
             }),
             vm_exits,
+            emulator,
             cpu_breakdown,
             utilisation,
             limited_by,

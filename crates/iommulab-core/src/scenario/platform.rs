@@ -141,6 +141,34 @@ pub struct HypervisorProfile {
     /// and its invalidations do not trap.
     #[serde(default)]
     pub vcmdq: bool,
+    /// QEMU's scan of one entry of its IOTLB hash when an invalidation walks it (VT-d's
+    /// vtd_iotlb_page_invalidate and domain invalidation: g_hash_table_foreach_remove with its callback).
+    #[serde(default = "default_iotlb_scan_ns")]
+    pub qemu_iotlb_scan_ns: u64,
+    /// The QEMU that emulates the IOMMU and the virtio devices, "MAJOR.MINOR" (what the model changes
+    /// with it: docs/virtualization.md).
+    #[serde(default = "default_qemu")]
+    pub qemu: String,
+}
+
+/// The QEMU of the testbed (Debian 12's 7.2), whose traces the emulator's counts are held to.
+pub const DEFAULT_QEMU: &str = "7.2";
+
+/// The estimate the built-in guest profiles give (their [sources]).
+fn default_iotlb_scan_ns() -> u64 {
+    10
+}
+
+fn default_qemu() -> String {
+    DEFAULT_QEMU.into()
+}
+
+impl HypervisorProfile {
+    /// `qemu` as (major, minor), if it reads as one.
+    pub fn qemu_version(&self) -> Option<(u32, u32)> {
+        let (a, b) = self.qemu.split_once('.')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]

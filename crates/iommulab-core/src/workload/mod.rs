@@ -13,6 +13,7 @@ pub mod rr;
 pub mod rxq;
 pub mod sq;
 pub mod virtio_net;
+pub mod vring;
 
 use crate::host::{Event, Host};
 use crate::hw::emul::ExitStats;

@@ -6,29 +6,35 @@
 //!
 //! The device is software on the host: QEMU's virtio-net (`vhost = false`) or vhost-net (`vhost =
 //! true`), one thread serving both virtqueues. It translates every guest page it touches: QEMU through
-//! the vIOMMU's emulation (its IOTLB, a software walk of the guest's page table on a miss); vhost through
-//! its device IOTLB, whose misses are messages to QEMU (VHOST_IOTLB_MISS, QEMU's translation,
-//! VHOST_IOTLB_UPDATE) — the platform's ATC stands for it (`Host` builds it from `[hypervisor]`), and the
-//! guest's invalidations reach it through QEMU's IOMMU notifiers. Then it copies the data.
+//! the vIOMMU's emulation (its IOTLB, a software walk of the guest's page table on a miss), the rings'
+//! pages on every access to them (`vring`: each step of QEMU 7.2's split-ring code, as counted), each
+//! buffer page once; vhost through its device IOTLB, whose misses are messages to QEMU (VHOST_IOTLB_MISS,
+//! QEMU's translation, VHOST_IOTLB_UPDATE) — the platform's ATC stands for it (`Host` builds it from
+//! `[hypervisor]`), and the guest's invalidations reach it through QEMU's IOMMU notifiers; vhost keeps
+//! its rings' translations (vhost_vq_meta_prefetch). Then it copies the data. Where the IOMMU translates
+//! MSI writes (SMMUv3), each interrupt the device raises is one more translation.
 //!
 //! Guest side (vCPU 0: the interrupt and NAPI; vCPU 1, when there is one: the application): RX NAPI
 //! unmaps the used buffers (receive_mergeable), hands each GSO skb to the stack, sends an ACK per
-//! `ack_bytes` (mapped, through the TX virtqueue) and refills the ring with fresh mergeable buffers, one
-//! page each (add_recvbuf_mergeable); TX: tcp_sendmsg copies into 32 KiB page frags, start_xmit maps the
-//! head and each frag (virtqueue_add_outbuf, indirect descriptors: one ring slot per skb) and kicks the
-//! device when it waits for work; TX completions (free_old_xmit_skbs) unmap and return the TCP Small
+//! `ack_bytes` (mapped, through the TX virtqueue) and refills the ring with fresh mergeable buffers
+//! (add_recvbuf_mergeable: get_mergeable_buf_len's length carved from 32 KiB page_frag chunks, each mapped
+//! on its own, one page or two where it straddles a boundary); TX: tcp_sendmsg copies into 32 KiB page
+//! frags, start_xmit maps the head and each frag (virtqueue_add_outbuf; more than one entry goes into an
+//! indirect descriptor table, mapped too: one ring slot per skb) and kicks the device when it waits for
+//! work; TX completions (free_old_xmit_skbs) unmap and return the TCP Small
 //! Queues budget. Kicks are ioeventfd exits; a kick to an idle device thread wakes it (`cpu.wakeup_ns`).
 //!
 //! Simplifications: the host's own NIC and stack are not modelled (the tap side runs at the line rate);
-//! either sender keeps at most the receiver's window (3 MiB) unacknowledged and never backs off; one RX and one TX
-//! virtqueue; a mergeable buffer is one 4 KiB page (the driver's buffers are page-frag slices of up to a
-//! page); the device thread's translation and copy do not overlap.
+//! either sender keeps at most the receiver's window (3 MiB) unacknowledged and never backs off; one RX
+//! and one TX virtqueue; the mergeable buffers' length is the EWMA's steady value for the stream's packets; the
+//! device thread's translation and copy do not overlap.
 
 use super::net::{mss, ACK_FRAME};
+use super::vring::Vring;
 use super::{event, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::hw::emul::ExitCause;
-use crate::hw::PAGE_SIZE as PAGE;
+use crate::hw::{pages_spanned, PAGE_SIZE as PAGE};
 use crate::scenario::{Direction, HypervisorProfile, Vendor, VirtioNet};
 use crate::sim::{Ctx, Time};
 use std::collections::VecDeque;
@@ -42,6 +48,16 @@ const RX_WINDOW_BYTES: u64 = 3 << 20;
 const FRAG_BYTES: u64 = super::sq::SKB_FRAG_PAGE_BYTES;
 /// NAPI's weight (NAPI_POLL_WEIGHT): skbs per poll.
 const NAPI_BUDGET: usize = 64;
+/// GOOD_PACKET_LEN (ETH_HLEN + VLAN_HLEN + ETH_DATA_LEN): the smallest mergeable buffer's payload
+/// (drivers/net/virtio_net.c mergeable_min_buf_len).
+const GOOD_PACKET_LEN: u64 = 1518;
+/// L1_CACHE_BYTES: mergeable buffer lengths are rounded up to it (get_mergeable_buf_len).
+const L1_CACHE_BYTES: u64 = 64;
+/// The RX queue's page_frag chunks the mergeable buffers are carved from (skb_page_frag_refill:
+/// SKB_FRAG_PAGE_ORDER 3).
+const RX_FRAG_PAGES: u64 = 8;
+/// struct vring_desc: an indirect table's entry.
+const VRING_DESC_BYTES: u64 = 16;
 
 const EV_PEER: u16 = 0;
 const EV_DEV: u16 = 1;
@@ -54,9 +70,18 @@ const EV_PEER_ACK: u16 = 6;
 /// A mapped guest buffer: (DMA pfn, pages).
 type Map = (u64, u64);
 
+/// A mergeable RX buffer posted to the device: its mapping and its length.
+#[derive(Clone, Copy)]
+struct RxBuf {
+    map: Map,
+    len: u64,
+}
+
 /// What the device took from the TX virtqueue: the skb's mappings and its bytes on the wire.
 struct TxSkb {
     maps: Vec<Map>,
+    /// The indirect descriptor table (mapped on its own) when the skb has more than one entry.
+    indirect: Option<Map>,
     bytes: u64,
     /// An ACK the guest sent (RX direction), not stream data.
     ack: bool,
@@ -76,13 +101,28 @@ pub struct VirtioNetWorkload {
     irq_cpu: usize,
     app_cpu: usize,
     mss: u64,
-    /// Guest pages backing RX buffers (twice the ring), reused in turn as buffers are refilled.
-    rx_pages: Vec<u64>,
-    next_rx_page: usize,
+    /// The page_frag chunks RX buffers are carved from (enough for the ring twice), used in turn: the
+    /// current chunk and the offset into it.
+    rx_frags: Vec<u64>,
+    rx_frag: usize,
+    rx_frag_off: u64,
+    /// The mergeable buffers' length (get_mergeable_buf_len at the stream's packet size).
+    rx_buf_len: u64,
     /// Buffers posted in the RX virtqueue.
-    rx_avail: VecDeque<(u64, Map)>,
+    rx_avail: VecDeque<RxBuf>,
     /// Filled by the device, waiting for NAPI: per packet its buffers and bytes.
-    rx_used: VecDeque<(Vec<(u64, Map)>, RxPkt)>,
+    rx_used: VecDeque<(Vec<RxBuf>, RxPkt)>,
+    /// The two virtqueues as the device reads them, and where their rings are mapped (DMA pfn).
+    rxq: Vring,
+    txq: Vring,
+    rx_ring: u64,
+    tx_ring: u64,
+    /// The device is flushing TX with the queue's notifications off (virtio_net_tx_bh's burst).
+    tx_burst: bool,
+    /// The emulated IOMMU keeps an IOTLB (its hits and misses are counted).
+    emul_iotlb: bool,
+    /// The MSI doorbell's DMA pfn when the IOMMU translates MSI writes.
+    msi: Option<u64>,
     /// Packets at the tap waiting for RX buffers.
     tap: VecDeque<RxPkt>,
     /// Added to the TX virtqueue, not yet taken by the device; taken and used, not yet reaped.
@@ -120,9 +160,18 @@ impl VirtioNetWorkload {
             irq_cpu: 0,
             app_cpu: if vcpus > 1 { 1 } else { 0 },
             mss: mss(cfg.mtu),
-            rx_pages: Vec::new(),
-            next_rx_page: 0,
+            rx_frags: Vec::new(),
+            rx_frag: 0,
+            rx_frag_off: 0,
+            rx_buf_len: Self::mergeable_buf_len(cfg),
             rx_avail: VecDeque::new(),
+            rxq: Vring::new(cfg.queue_size),
+            txq: Vring::new(cfg.queue_size),
+            rx_ring: 0,
+            tx_ring: 0,
+            tx_burst: false,
+            emul_iotlb: false,
+            msi: None,
             rx_used: VecDeque::new(),
             tap: VecDeque::new(),
             tx_avail: VecDeque::new(),
@@ -147,9 +196,50 @@ impl VirtioNetWorkload {
         }
     }
 
-    /// Payload bytes one mergeable buffer holds.
-    fn buf_payload() -> u64 {
-        PAGE - VNET_HDR_BYTES
+    /// get_mergeable_buf_len(): the header and the average packet (clamped to [GOOD_PACKET_LEN, a page
+    /// less the header]) rounded up to a cache line. The average is the stream's frames: a host packet
+    /// (`gso_max_bytes` of payload) with its headers.
+    fn mergeable_buf_len(cfg: &VirtioNet) -> u64 {
+        let frame = Self::payload(cfg) + super::net::TCPIP_HLEN + super::net::ETH_HLEN;
+        let avg = frame.clamp(GOOD_PACKET_LEN, PAGE - VNET_HDR_BYTES);
+        (VNET_HDR_BYTES + avg).next_multiple_of(L1_CACHE_BYTES)
+    }
+
+    /// TCP payload of one packet the host hands the device: GRO'd segments up to `gso_max_bytes`, at
+    /// least one MSS.
+    fn payload(cfg: &VirtioNet) -> u64 {
+        let m = mss(cfg.mtu);
+        (cfg.gso_max_bytes as u64 / m).max(1) * m
+    }
+
+    /// Mergeable buffers a packet of `bytes` of payload fills: the header and the frame.
+    fn buffers_for(&self, bytes: u64) -> usize {
+        let frame = bytes + super::net::TCPIP_HLEN + super::net::ETH_HLEN;
+        (frame + VNET_HDR_BYTES).div_ceil(self.rx_buf_len).max(1) as usize
+    }
+
+    /// The device's accesses to a virtqueue's ring since the last: each translated.
+    fn ring_accesses(&mut self, host: &mut Host, t: Time, tx: bool) -> Time {
+        let (pages, base) = if tx {
+            (self.txq.take(), self.tx_ring)
+        } else {
+            (self.rxq.take(), self.rx_ring)
+        };
+        if self.cfg.vhost {
+            // vhost translates its rings once and keeps them (vhost_vq_meta_prefetch).
+            return t;
+        }
+        pages
+            .into_iter()
+            .fold(t, |t, p| self.translate(host, t, base + p))
+    }
+
+    /// The device signals the guest (msix_notify): its MSI write, translated where the IOMMU does so.
+    fn interrupt(&mut self, host: &mut Host, t: Time) -> Time {
+        match self.msi {
+            Some(m) => self.translate(host, t, m),
+            None => t,
+        }
     }
 
     /// ns the wire needs for `payload` bytes in MSS segments at the line rate.
@@ -200,6 +290,20 @@ impl VirtioNetWorkload {
         if tr.fault() {
             self.stats.dma_faults += 1;
         }
+        // QEMU's translation (vtd_iommu_translate, smmuv3_translate, virtio_iommu_translate): every access
+        // of QEMU's device; of vhost's, only its IOTLB misses.
+        if !self.cfg.vhost || tr.ats_request {
+            let e = &mut self.stats.exits.work;
+            e.translations += 1;
+            if self.emul_iotlb {
+                if tr.iotlb_hit {
+                    e.iotlb_hits += 1;
+                } else {
+                    e.iotlb_misses += 1;
+                    e.walks += 1;
+                }
+            }
+        }
         let miss = if tr.ats_request {
             h.vhost_iotlb_miss_ns
         } else {
@@ -222,75 +326,134 @@ impl VirtioNetWorkload {
             self.wake_device(host, self.dev_free);
             return;
         }
-        let copy = host.platform.cpu.copy_ns_per_byte;
         let per_pkt = if self.cfg.vhost {
             self.h.vhost_packet_ns
         } else {
             self.h.qemu_packet_ns
         };
-        if let Some(skb) = self.tx_avail.pop_front() {
-            let mut t = now + per_pkt;
-            for &(dma, pages) in &skb.maps {
-                for p in 0..pages {
-                    t = self.translate(host, t, dma + p);
-                }
-            }
-            t += (skb.bytes as f64 * copy).round() as u64;
-            self.stats.dma_pages += skb.maps.iter().map(|m| m.1).sum::<u64>();
-            if !skb.ack {
-                // The data leaves through the host's NIC at the line rate; the peer ACKs it a round trip
-                // later.
-                let ns = self.wire_ns(skb.bytes);
-                self.wire_free = self.wire_free.max(t) + ns;
-                self.stats.wire_ns += ns;
-                self.unacked += skb.bytes;
-                while self.unacked >= self.cfg.ack_bytes {
-                    self.unacked -= self.cfg.ack_bytes;
-                    let rtt = (self.cfg.rtt_us * 1000.0).round() as u64;
-                    host.schedule(self.wire_free + rtt, event(EV_PEER_ACK, 0));
-                }
-            }
-            self.tx_used.push_back(skb);
-            self.stats.exits.device_ns += t - now;
-            self.dev_free = t;
-            if !self.tx_irq_scheduled {
-                self.tx_irq_scheduled = true;
-                host.schedule(t + self.h.irq_inject_ns, event(EV_TX_DONE, 0));
-            }
+        let t = if !self.tx_avail.is_empty() {
+            self.device_tx(host, now + per_pkt)
         } else if let Some(&pkt) = self.tap.front() {
-            let need = (pkt.bytes + VNET_HDR_BYTES).div_ceil(PAGE).max(1) as usize;
-            if self.rx_avail.len() < need {
-                // Out of buffers: the device enables notifications and waits for the guest's refill kick.
-                self.dev_wants_rx = true;
-                return;
+            let need = self.buffers_for(pkt.bytes);
+            // virtio_net_has_buffers(): with notifications on again if the ring lacks them, then once
+            // more.
+            let has = |q: &mut Vring| !q.empty() && q.avail_bufs(need as u64);
+            if !has(&mut self.rxq) {
+                self.rxq.set_notification(true);
+                if !has(&mut self.rxq) {
+                    // Out of buffers: the device waits for the guest's refill kick.
+                    let t = self.ring_accesses(host, now, false);
+                    self.stats.exits.device_ns += t - now;
+                    self.dev_free = t;
+                    self.dev_wants_rx = true;
+                    return;
+                }
             }
+            self.rxq.set_notification(false);
             self.tap.pop_front();
-            let mut t = now + per_pkt;
-            let mut bufs = Vec::with_capacity(need);
-            let mut left = pkt.bytes;
-            for _ in 0..need {
-                let (phys, (dma, pages)) = self.rx_avail.pop_front().expect("counted");
-                t = self.translate(host, t, dma);
-                let n = left.min(Self::buf_payload());
-                left -= n;
-                t += ((n + VNET_HDR_BYTES) as f64 * copy).round() as u64;
-                bufs.push((phys, (dma, pages)));
-            }
-            self.stats.dma_pages += need as u64;
-            self.stats.bytes_received += pkt.bytes;
-            self.rx_used.push_back((bufs, pkt));
-            self.stats.exits.device_ns += t - now;
-            self.dev_free = t;
-            if !self.napi_scheduled {
-                self.napi_scheduled = true;
-                host.schedule(t + self.h.irq_inject_ns, event(EV_NAPI, 0));
-            }
+            self.device_rx(host, now + per_pkt, pkt, need)
         } else {
             return;
-        }
+        };
+        self.stats.exits.device_ns += t - now;
+        self.dev_free = t;
         if !self.tx_avail.is_empty() || !self.tap.is_empty() {
             self.wake_device(host, self.dev_free);
         }
+    }
+
+    /// virtio_net_flush_tx() for one skb (QEMU's virtio_net_tx_bh turns the queue's notifications off
+    /// for the burst and back on when it drains). Returns when the device is done with it.
+    fn device_tx(&mut self, host: &mut Host, now: Time) -> Time {
+        let copy = host.platform.cpu.copy_ns_per_byte;
+        if !self.tx_burst {
+            self.tx_burst = true;
+            self.txq.set_notification(false);
+        }
+        let skb = self.tx_avail.pop_front().expect("checked");
+        self.txq.pop();
+        let mut t = self.ring_accesses(host, now, true);
+        // An indirect table's entries are read one by one through its own mapping.
+        if let Some((dma, _)) = skb.indirect {
+            for _ in 0..skb.maps.len() {
+                t = self.translate(host, t, dma);
+            }
+        }
+        for &(dma, pages) in &skb.maps {
+            for p in 0..pages {
+                t = self.translate(host, t, dma + p);
+            }
+        }
+        t += (skb.bytes as f64 * copy).round() as u64;
+        self.stats.dma_pages += skb.maps.iter().map(|m| m.1).sum::<u64>();
+        if !skb.ack {
+            // The data leaves through the host's NIC at the line rate; the peer ACKs it a round trip
+            // later.
+            let ns = self.wire_ns(skb.bytes);
+            self.wire_free = self.wire_free.max(t) + ns;
+            self.stats.wire_ns += ns;
+            self.unacked += skb.bytes;
+            while self.unacked >= self.cfg.ack_bytes {
+                self.unacked -= self.cfg.ack_bytes;
+                let rtt = (self.cfg.rtt_us * 1000.0).round() as u64;
+                host.schedule(self.wire_free + rtt, event(EV_PEER_ACK, 0));
+            }
+        }
+        self.tx_used.push_back(skb);
+        // virtqueue_push() and virtio_notify().
+        self.txq.fill();
+        self.txq.flush();
+        self.txq.notify();
+        if self.tx_avail.is_empty() {
+            // The next pop finds the ring empty; notifications back on, and one more look.
+            self.txq.pop();
+            self.txq.set_notification(true);
+            self.txq.empty();
+            self.tx_burst = false;
+        }
+        t = self.ring_accesses(host, t, true);
+        if !self.tx_irq_scheduled {
+            self.tx_irq_scheduled = true;
+            t = self.interrupt(host, t);
+            host.schedule(t + self.h.irq_inject_ns, event(EV_TX_DONE, 0));
+        }
+        t
+    }
+
+    /// virtio_net_receive_rcu() of `pkt` into `need` buffers (the ring has them): pop and fill each,
+    /// publish, notify. Returns when the device is done with it.
+    fn device_rx(&mut self, host: &mut Host, now: Time, pkt: RxPkt, need: usize) -> Time {
+        let copy = host.platform.cpu.copy_ns_per_byte;
+        let mut t = now;
+        let mut bufs = Vec::with_capacity(need);
+        let mut left = pkt.bytes + super::net::TCPIP_HLEN + super::net::ETH_HLEN + VNET_HDR_BYTES;
+        for _ in 0..need {
+            self.rxq.pop();
+            t = self.ring_accesses(host, t, false);
+            let b = self.rx_avail.pop_front().expect("counted");
+            for p in 0..b.map.1 {
+                t = self.translate(host, t, b.map.0 + p);
+            }
+            let n = left.min(b.len);
+            left -= n;
+            t += (n as f64 * copy).round() as u64;
+            self.stats.dma_pages += b.map.1;
+            bufs.push(b);
+        }
+        for _ in 0..need {
+            self.rxq.fill();
+        }
+        self.rxq.flush();
+        self.rxq.notify();
+        t = self.ring_accesses(host, t, false);
+        self.stats.bytes_received += pkt.bytes;
+        self.rx_used.push_back((bufs, pkt));
+        if !self.napi_scheduled {
+            self.napi_scheduled = true;
+            t = self.interrupt(host, t);
+            host.schedule(t + self.h.irq_inject_ns, event(EV_NAPI, 0));
+        }
+        t
     }
 
     /// A packet reaches the tap for the guest.
@@ -305,7 +468,7 @@ impl VirtioNetWorkload {
 
     /// RX direction: the peer sends GSO-sized bursts at the line rate while its window allows.
     fn peer_send(&mut self, host: &mut Host, now: Time) {
-        let g = self.cfg.gso_max_bytes as u64;
+        let g = Self::payload(&self.cfg);
         if self.peer_in_flight + g > RX_WINDOW_BYTES {
             self.peer_blocked = true;
             self.stats.window_closed += 1;
@@ -342,8 +505,8 @@ impl VirtioNetWorkload {
             let Some((bufs, pkt)) = self.rx_used.pop_front() else {
                 break;
             };
-            for &(_, (dma, pages)) in &bufs {
-                t = host.dma_unmap(t, cpu, dma, pages);
+            for b in &bufs {
+                t = host.dma_unmap(t, cpu, b.map.0, b.map.1);
             }
             consumed += bufs.len();
             if pkt.ack {
@@ -378,19 +541,36 @@ impl VirtioNetWorkload {
         host.cpus[cpu].account(now, t);
     }
 
-    /// add_recvbuf_mergeable for `n` buffers, and a kick when the device waits for them.
+    /// add_recvbuf_mergeable for `n` buffers, and a kick when the device waits for them. Each buffer is
+    /// the next `rx_buf_len` bytes of the queue's page_frag chunk (the last one of a chunk takes the hole
+    /// left), mapped on its own.
     fn refill(&mut self, host: &mut Host, now: Time, cpu: usize, n: usize) -> Time {
         let mut t = now;
-        let page_alloc = host.platform.cpu.page_alloc_ns;
+        let chunk = RX_FRAG_PAGES * PAGE;
         for _ in 0..n {
-            let phys = self.rx_pages[self.next_rx_page % self.rx_pages.len()];
-            self.next_rx_page += 1;
-            t += page_alloc;
-            let Some((dma, t2)) = host.dma_map(t, cpu, phys, 1) else {
+            if self.rx_frag_off + self.rx_buf_len > chunk {
+                // skb_page_frag_refill(): the next chunk.
+                self.rx_frag = (self.rx_frag + 1) % self.rx_frags.len();
+                self.rx_frag_off = 0;
+                t += host.platform.cpu.page_alloc_ns;
+            }
+            let off = self.rx_frag_off;
+            let mut len = self.rx_buf_len;
+            if chunk - (off + len) < self.rx_buf_len {
+                len = chunk - off;
+            }
+            self.rx_frag_off += len;
+            let phys = self.rx_frags[self.rx_frag] + off / PAGE;
+            let pages = pages_spanned(off, len);
+            let Some((dma, t2)) = host.dma_map(t, cpu, phys, pages) else {
                 break;
             };
             t = t2;
-            self.rx_avail.push_back((phys, (dma, 1)));
+            self.rx_avail.push_back(RxBuf {
+                map: (dma, pages),
+                len,
+            });
+            self.rxq.posted += 1;
         }
         if self.dev_wants_rx && !self.rx_avail.is_empty() {
             self.dev_wants_rx = false;
@@ -426,10 +606,27 @@ impl VirtioNetWorkload {
                 left -= n;
             }
         }
+        // virtqueue_add_split(): more than one entry goes into an indirect table, mapped on its own.
+        let mut indirect = None;
+        if maps.len() > 1 {
+            let table = self.send_page();
+            let bytes = maps.len() as u64 * VRING_DESC_BYTES;
+            if let Some((dma, t2)) = host.dma_map(t, cpu, table, pages_spanned(0, bytes)) {
+                t = t2;
+                indirect = Some((dma, pages_spanned(0, bytes)));
+            }
+        }
         self.stats.tx_packets += 1;
-        let idle = self.device_idle(t);
-        self.tx_avail.push_back(TxSkb { maps, bytes, ack });
-        if idle {
+        self.txq.posted += 1;
+        self.tx_avail.push_back(TxSkb {
+            maps,
+            indirect,
+            bytes,
+            ack,
+        });
+        // virtqueue_kick_prepare(): the device asked to be told (its notifications are on) unless it is
+        // in a burst.
+        if !self.tx_burst && self.device_idle(t) {
             t = self.kick(host, t);
         } else {
             self.wake_device(host, t);
@@ -449,7 +646,7 @@ impl VirtioNetWorkload {
         let mut t = now;
         let mut any = false;
         while let Some(skb) = self.tx_used.pop_front() {
-            for &(dma, pages) in &skb.maps {
+            for &(dma, pages) in skb.maps.iter().chain(&skb.indirect) {
                 t = host.dma_unmap(t, cpu, dma, pages);
             }
             if !skb.ack {
@@ -535,11 +732,45 @@ impl VirtioNetWorkload {
 impl Workload for VirtioNetWorkload {
     fn start(&mut self, host: &mut Host, now: Time) -> Time {
         let q = self.cfg.queue_size as usize;
-        let pages: Option<Vec<u64>> = (0..2 * q).map(|_| host.pages.alloc()).collect();
-        let Some(pages) = pages else {
+        // The RX page_frag chunks: enough buffers for the ring twice over.
+        let per_chunk = (RX_FRAG_PAGES * PAGE / self.rx_buf_len).max(1) as usize;
+        let chunks = (2 * q).div_ceil(per_chunk) + 1;
+        let frags: Option<Vec<u64>> = (0..chunks)
+            .map(|_| host.pages.alloc_contiguous(RX_FRAG_PAGES))
+            .collect();
+        let Some(frags) = frags else {
             return now;
         };
-        self.rx_pages = pages;
+        self.rx_frags = frags;
+        self.emul_iotlb = host.emulator_iotlb();
+        // virtnet_probe → vring_create_virtqueue_split: each ring in coherent memory (dma_alloc_coherent,
+        // mapped once), the receive queue's first; and on an IOMMU that translates MSIs, the doorbell.
+        let mut t = now;
+        for tx in [false, true] {
+            let pages = self.rxq.pages();
+            let Some(phys) = host.pages.alloc_contiguous(pages) else {
+                return now;
+            };
+            let Some((dma, t2)) = host.dma_map(t, self.irq_cpu, phys, pages) else {
+                return now;
+            };
+            t = t2;
+            if tx {
+                self.tx_ring = dma;
+            } else {
+                self.rx_ring = dma;
+            }
+        }
+        if host.msi_translated() {
+            let Some(phys) = host.pages.alloc() else {
+                return now;
+            };
+            let Some((dma, t2)) = host.dma_map(t, self.irq_cpu, phys, 1) else {
+                return now;
+            };
+            t = t2;
+            self.msi = Some(dma);
+        }
         // The socket's page frags: enough for the TSQ budget and the ring twice over.
         let frag_pages = (self.cfg.tsq_bytes.div_ceil(PAGE) as usize + q) * 2;
         let Some(send) = (0..frag_pages)
@@ -550,7 +781,7 @@ impl Workload for VirtioNetWorkload {
         };
         self.send_pages = send;
         // virtnet_open → try_fill_recv: the whole RX ring posted.
-        let t = self.refill(host, now, self.irq_cpu, q);
+        let t = self.refill(host, t, self.irq_cpu, q);
         match self.cfg.direction {
             Direction::Rx => host.schedule(t, event(EV_PEER, 0)),
             Direction::Tx => host.schedule(t, event(EV_SEND, 0)),
