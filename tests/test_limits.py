@@ -29,6 +29,11 @@ CASES = [
     ("iommu.queue", "iommu_queue", "map-benchmark", "threads=8 granule=1", {}),
     ("emulator", "emulator", "nested", "16vcpu trapped", {}),
     ("device_thread", "device_thread", "guest-x86", "lazy rx vhost=on", {}),
+    # QEMU's virtio-net and the vCPUs' trapped invalidations, neither alone filling the BQL they share.
+    ("bql", "bql", "guest-x86", "strict",
+     {"workload.virtio_net.direction": "tx", "workload.virtio_net.vhost": False,
+      "workload.virtio_net.line_rate_gbps": 100, "platform.hypervisor.mmio_exit_ns": 500,
+      "platform.iommu.vtd.inv_desc_ns": 3000}),
     ("cpu.dma_api", "cpu", "map-benchmark", "threads=1 granule=1", {}),
     ("cpu.inv_wait", "cpu", "guest-x86", "virtio-iommu rx vhost=off", {}),
     ("cpu.lock_spin", "cpu", "map-benchmark", None,

@@ -147,7 +147,7 @@ def test_rx_and_tx_differ_off_the_wire():
     for r in (rx, tx):
         assert r["throughput_gbps"] < 0.5 * r["line_rate_gbps"], r["label"]
     assert rx["inv_per_page"] == 1.0 and abs(tx["inv_per_page"] - 5 / 19) < 0.01, tx["inv_per_page"]
-    assert tx["throughput_gbps"] > 4 * rx["throughput_gbps"], (rx["throughput_gbps"], tx["throughput_gbps"])
+    assert tx["throughput_gbps"] > 3 * rx["throughput_gbps"], (rx["throughput_gbps"], tx["throughput_gbps"])
 
 
 def hypervisor(name):
@@ -196,3 +196,20 @@ def test_nested_vcmdq_avoids_the_trap_and_trapped_syncs_queue_in_the_vmm():
     # Every trapped batch goes through one VMM handler: with more vCPUs they queue there.
     waits = [runs[f"{v} trapped"]["sync_wait_mean_us"] for v in vcpus]
     assert waits == sorted(waits) and waits[-1] > 3 * waits[0]
+
+
+def test_a_long_invalidation_batch_delays_qemus_device_through_the_bql():
+    # QEMU's virtio-net runs in its main loop under the BQL, and a vCPU's trapped invalidations are processed
+    # under it too: the device waits for the handlers. Ten times dearer descriptors make it wait longer per
+    # packet and cost TX throughput; vhost's worker (a kernel thread) and a guest without a vIOMMU never wait.
+    sets = ("workload.virtio_net.direction=tx",)
+    cheap = runs_of("guest-x86", *sets, "workload.virtio_net.vhost=false")
+    dear = runs_of("guest-x86", *sets, "workload.virtio_net.vhost=false", "platform.iommu.vtd.inv_desc_ns=5000")
+    wait = lambda r: r["vm_exits"]["device_bql_wait"] / r["throughput_gbps"]
+    for config in ("strict", "strict-cm"):
+        a, b = cheap[config], dear[config]
+        assert a["vm_exits"]["device_bql_wait"] > 0.05, a["vm_exits"]
+        assert wait(b) > 1.05 * wait(a) and b["throughput_gbps"] < 0.9 * a["throughput_gbps"], (a["vm_exits"], b["vm_exits"])
+    assert cheap["noiommu"]["vm_exits"]["device_bql_wait"] == 0
+    vhost = runs_of("guest-x86", *sets, "workload.virtio_net.vhost=true")
+    assert all(r["vm_exits"]["device_bql_wait"] == 0 for r in vhost.values())

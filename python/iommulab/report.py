@@ -38,7 +38,7 @@ def exposure(protected: bool | None, window_us: float | None) -> str:
 
 EXPOSURE_LEGEND = ("exposure µs: how long an unmapped page stayed reachable by the device after its owner got it "
                    "back (none: no page was; all: an identity domain, the device reaches all memory)")
-LIMITED_BY_LEGEND = ("limited by: the resource that bound the run (line, link, emulator, iommu.queue, device_thread, "
+LIMITED_BY_LEGEND = ("limited by: the resource that bound the run (line, link, emulator, device_thread, bql, iommu.queue, "
                      "lock:NAME, iommu.translation, cpu.WHERE; else the workload's own: senders, offered_load, "
                      "queue_depth; docs/model.md \"What binds a run\") · inv/s by type: the IOMMU's own commands")
 
@@ -152,8 +152,8 @@ def _contention(results: list, lw: int) -> list[str]:
 
 def _vm_exits(results: list, lw: int) -> list[str]:
     """A guest's exits to the hypervisor per run: by cause with their mean vCPU cost, the share of vCPU time
-    they took, the emulator's and the device thread's busy shares, and the device's own IOTLB (vhost's)
-    misses."""
+    they took, the emulator's and the device thread's busy shares (and the device's wait for QEMU's BQL), and
+    the device's own IOTLB (vhost's) misses."""
     out = []
     for r in results:
         vm = getattr(r, "vm_exits", None)
@@ -170,6 +170,9 @@ def _vm_exits(results: list, lw: int) -> list[str]:
             dev += f" · invalidation wait {r.sync_wait_mean_us:.1f} µs per sync"
         # A software device's thread (virtio-net's), when there is one.
         thread = f" · device thread busy {vm['device_busy'] * 100:.1f}%" if vm["device_busy"] else ""
+        # QEMU's device waiting for the BQL its vCPUs' IOMMU handlers hold.
+        if vm.get("device_bql_wait"):
+            thread += f" (waited {vm['device_bql_wait'] * 100:.1f}% for the BQL, held {vm['bql_busy'] * 100:.1f}%)"
         out.append(f"{r.label:<{lw}}  {vm['per_sec'] / 1e3:.1f}k exits/s ({causes or 'none'}) · vCPU time in exits "
                    f"{vm['vcpu_share'] * 100:.1f}% · emulator busy {vm['emulator_busy'] * 100:.1f}%{thread}{dev}")
     return ["", "guest exits to the hypervisor:"] + out if out else []

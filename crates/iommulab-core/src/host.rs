@@ -363,6 +363,16 @@ impl Host {
         tr.qemu_iotlb().is_some_and(|h| h.entries() > 0)
     }
 
+    /// When work reaching QEMU's big lock at `at` can start (None: no emulated IOMMU shares it).
+    pub fn bql_free(&mut self, at: Time) -> Option<Time> {
+        self.lend(0).core.iommu.bql().map(|b| b.start_for(at))
+    }
+
+    /// Hold QEMU's big lock from `at` for `work` ns (QEMU's device models in its main loop): (start, end).
+    pub fn bql_serve(&mut self, at: Time, work: u64) -> Option<(Time, Time)> {
+        self.lend(0).core.iommu.bql().map(|b| b.serve(at, work))
+    }
+
     /// The device's MSI writes are translated by the IOMMU.
     pub fn msi_translated(&mut self) -> bool {
         self.lend(0).core.iommu.translates_msi()

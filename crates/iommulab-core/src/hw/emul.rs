@@ -61,6 +61,11 @@ pub struct ExitStats {
     pub emulator_ns: u64,
     /// Time a software device's thread (QEMU's virtio-net, vhost's worker) was busy.
     pub device_ns: u64,
+    /// Of it, QEMU's device work under the BQL (virtio-net in QEMU's main loop), which the emulated
+    /// IOMMU's handlers also take.
+    pub bql_ns: u64,
+    /// Time QEMU's device waited for the BQL (held by a vCPU's IOMMU handler) before its work.
+    pub bql_wait_ns: u64,
     /// A VFIO device's shadow mappings: VFIO_IOMMU_MAP_DMA / UNMAP_DMA calls and the pages they pinned
     /// and unpinned.
     pub vfio_maps: u64,
@@ -112,6 +117,8 @@ impl ExitStats {
         }
         d.emulator_ns -= e.emulator_ns;
         d.device_ns -= e.device_ns;
+        d.bql_ns -= e.bql_ns;
+        d.bql_wait_ns -= e.bql_wait_ns;
         d.vfio_maps -= e.vfio_maps;
         d.vfio_unmaps -= e.vfio_unmaps;
         d.pins -= e.pins;
@@ -129,6 +136,8 @@ impl ExitStats {
         }
         self.emulator_ns += o.emulator_ns;
         self.device_ns += o.device_ns;
+        self.bql_ns += o.bql_ns;
+        self.bql_wait_ns += o.bql_wait_ns;
         self.vfio_maps += o.vfio_maps;
         self.vfio_unmaps += o.vfio_unmaps;
         self.pins += o.pins;

@@ -14,7 +14,7 @@ pub mod vtd;
 
 use crate::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, Platform, Vendor};
-use crate::sim::{LockStats, Time};
+use crate::sim::{self, LockStats, Time};
 pub use pgtable::PtFormat;
 
 pub type DomainId = u16;
@@ -456,6 +456,11 @@ pub trait Iommu: Send + Sync {
     /// bypass it.
     fn translates_msi(&self) -> bool {
         false
+    }
+    /// An emulated IOMMU's handler runs under QEMU's big lock (the BQL), which QEMU's own device models
+    /// take too: the server both queue on.
+    fn bql(&mut self) -> Option<&mut sim::FifoServer> {
+        None
     }
 }
 

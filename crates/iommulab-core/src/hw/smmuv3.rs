@@ -501,6 +501,14 @@ impl Iommu for Smmuv3 {
         true
     }
 
+    fn bql(&mut self) -> Option<&mut FifoServer> {
+        // QEMU's smmuv3_cmdq_consume runs in the trapping vCPU's thread under the BQL (one queue: no ECMDQ).
+        match self.trap {
+            Some(_) => self.queues.first_mut(),
+            None => None,
+        }
+    }
+
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
         let queues = std::iter::once(&self.consumer)
             .chain(&self.queues)
@@ -510,7 +518,14 @@ impl Iommu for Smmuv3 {
             ("smmu cmdq llq", self.llq.stats.clone()),
             ("smmu cmdq lock/owner_prod", self.lock_owner.stats.clone()),
             ("smmu cmdq valid_map", self.valid_map.stats.clone()),
-            ("smmu command queue", queues),
+            (
+                if self.trap.is_some() {
+                    "qemu bql"
+                } else {
+                    "smmu command queue"
+                },
+                queues,
+            ),
         ]
     }
 

@@ -9,7 +9,7 @@ use super::emul::{ExitCause, ExitStats, Shadow};
 use super::translator::{CacheInval, Translator};
 use super::{iommu_pgsize, DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{HypervisorProfile, IommuProfile, VirtioProfile};
-use crate::sim::{SpinLock, Time};
+use crate::sim::{FifoServer, LockStats, SpinLock, Time};
 use std::collections::BTreeMap;
 
 pub struct VirtioIommu {
@@ -29,7 +29,8 @@ pub struct VirtioIommu {
     /// viommu->request_lock: adding requests and syncing are serialised.
     request_lock: SpinLock,
     /// The host processing the request queue.
-    host: SpinLock,
+    /// QEMU's request handling (virtio_iommu_handle_command, in the main loop under the BQL).
+    host: FifoServer,
     /// The kick: the guest's virtqueue notification (an ioeventfd exit), then the host thread's wake-up.
     kick_exit_ns: u64,
     wakeup_ns: u64,
@@ -68,7 +69,7 @@ impl VirtioIommu {
             queued_unmaps: Vec::new(),
             unsynced_maps: 0,
             request_lock: SpinLock::default(),
-            host: SpinLock::default(),
+            host: FifoServer::default(),
             kick_exit_ns: h.kick_exit_ns,
             wakeup_ns,
             notify_ns: h.vhost_invalidate_ns,
@@ -117,7 +118,7 @@ impl VirtioIommu {
         };
         let vfio = self.vfio_unmaps(&unmaps);
         let work = n * self.cfg.req_ns + notify + std::mem::take(&mut self.shadow_ns) + vfio;
-        let (_, done) = self.host.acquire(kicked + self.wakeup_ns, work);
+        let (_, done) = self.host.serve(kicked + self.wakeup_ns, work);
         let k = ExitCause::Kick as usize;
         self.exits.count[k] += 1;
         self.exits.vcpu_ns[k] += self.kick_exit_ns;
@@ -215,6 +216,17 @@ impl Iommu for VirtioIommu {
 
     fn exit_stats(&self) -> Option<ExitStats> {
         Some(self.exits)
+    }
+
+    fn bql(&mut self) -> Option<&mut FifoServer> {
+        Some(&mut self.host)
+    }
+
+    fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
+        vec![
+            ("viommu request_lock", self.request_lock.stats.clone()),
+            ("qemu bql", self.host.stats.clone()),
+        ]
     }
 
     /// __iommu_map(): one viommu_map_pages() — one MAP request — per iommu_pgsize() chunk.

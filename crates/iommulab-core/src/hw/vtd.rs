@@ -381,6 +381,11 @@ impl Iommu for Vtd {
         self.trap.as_ref().map(|t| t.stats)
     }
 
+    fn bql(&mut self) -> Option<&mut FifoServer> {
+        // QEMU's vtd_handle_iqt_write runs in the trapping vCPU's thread under the BQL: the queue is it.
+        self.trap.is_some().then_some(&mut self.hw)
+    }
+
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
         vec![
             ("vt-d qi q_lock", self.q_lock.stats.clone()),
@@ -391,7 +396,14 @@ impl Iommu for Vtd {
                     self.tr.domain_slots(),
                 ),
             ),
-            ("vt-d invalidation queue", self.hw.stats.clone()),
+            (
+                if self.trap.is_some() {
+                    "qemu bql"
+                } else {
+                    "vt-d invalidation queue"
+                },
+                self.hw.stats.clone(),
+            ),
         ]
     }
 

@@ -88,13 +88,14 @@ pub struct Utilisation {
     /// A guest's emulated IOMMU and its software device's thread (QEMU's or vhost's).
     pub emulator: f64,
     pub device_thread: f64,
+    /// QEMU's big lock, which the emulator's handlers and QEMU's own device models both hold.
+    pub bql: f64,
 }
 
 /// The resource that bound the run. Shared serial resources are read before the CPUs because a CPU that
-/// waits on them is busy on their account: the device side (line, link), a guest's IOMMU emulator, the
-/// IOMMU's command consumer, the software device's thread, the busiest lock, the translation slots; then
-/// the busiest CPU
-/// (named by where its time went: `cpu.dma_api`, `cpu.inv_wait`, `cpu.lock_spin`, `cpu.stack`); else the
+/// waits on them is busy on their account: the device side (line, link), a guest's IOMMU emulator and its
+/// software device's thread, QEMU's BQL they share, the IOMMU's command consumer, the busiest lock, the
+/// translation slots; then the busiest CPU (named by where its time went: `cpu.dma_api`, `cpu.inv_wait`, `cpu.lock_spin`, `cpu.stack`); else the
 /// workload's own bound.
 pub fn limited_by(u: &Utilisation, cpu: &CpuBreakdown, open: OpenLimit) -> String {
     if u.line >= RATE_REACHED {
@@ -103,11 +104,14 @@ pub fn limited_by(u: &Utilisation, cpu: &CpuBreakdown, open: OpenLimit) -> Strin
     if u.link >= RATE_REACHED {
         return "link".into();
     }
-    // A guest's emulated IOMMU serves its command queue in the emulator: name the emulator.
+    // A guest's emulated IOMMU serves its command queue in the emulator: name the emulator, or QEMU's device
+    // thread; when neither alone fills the BQL they share, the BQL (which is also the emulated IOMMU's
+    // queue).
     let servers = [
         ("emulator", u.emulator),
-        ("iommu.queue", u.iommu_queue),
         ("device_thread", u.device_thread),
+        ("bql", u.bql),
+        ("iommu.queue", u.iommu_queue),
         ("lock", u.lock),
         ("iommu.translation", u.translation_slots),
     ];

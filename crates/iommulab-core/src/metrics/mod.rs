@@ -61,6 +61,10 @@ pub struct VmExits {
     pub emulator_busy: f64,
     /// The software device's thread (QEMU's virtio-net or vhost's worker) busy over the window.
     pub device_busy: f64,
+    /// QEMU's big lock held over the window: the emulator's handlers and QEMU's own device work.
+    pub bql_busy: f64,
+    /// QEMU's device waiting for the BQL over the window (held by the vCPUs' IOMMU handlers).
+    pub device_bql_wait: f64,
     /// A VFIO device's shadow mappings: VFIO map and unmap calls, pages pinned and unpinned.
     pub vfio_maps: u64,
     pub vfio_unmaps: u64,
@@ -113,6 +117,8 @@ impl VmExits {
             vcpu_share: r6(ratio(vcpu_ns, dt * cpus.max(1) as u64)),
             emulator_busy: r6(ratio(d.emulator_ns, dt).min(1.0)),
             device_busy: r6(ratio(d.device_ns, dt).min(1.0)),
+            bql_busy: r6(ratio(d.emulator_ns + d.bql_ns, dt).min(1.0)),
+            device_bql_wait: r6(ratio(d.bql_wait_ns, dt).min(1.0)),
             vfio_maps: d.vfio_maps,
             vfio_unmaps: d.vfio_unmaps,
             pages_pinned: d.pins,
@@ -673,6 +679,7 @@ impl RunResult {
                     .fold(0.0, f64::max)),
                 emulator: vm_exits.as_ref().map_or(0.0, |v| v.emulator_busy.min(1.0)),
                 device_thread: vm_exits.as_ref().map_or(0.0, |v| v.device_busy.min(1.0)),
+                bql: vm_exits.as_ref().map_or(0.0, |v| v.bql_busy),
             }
         };
         let limited_by = limits::limited_by(&utilisation, &cpu_breakdown, info.open_limit);

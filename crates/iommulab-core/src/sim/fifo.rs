@@ -31,6 +31,18 @@ pub struct FifoServer {
 }
 
 impl FifoServer {
+    /// When a request reaching the server at `at` would start (what `serve` returns as its start, whatever
+    /// its work): after its predecessor in request time.
+    pub fn start_for(&self, at: Time) -> Time {
+        let (a, b) = self.reqs.as_slices();
+        let i = partition_from_back(&[a, b], |r| r.at <= at);
+        if i == self.reqs.len() {
+            at.max(self.horizon)
+        } else {
+            at.max(if i > 0 { self.reqs[i - 1].end } else { 0 })
+        }
+    }
+
     /// A request at `at` needing `work` ns of the server. Returns (start, end).
     pub fn serve(&mut self, at: Time, work: u64) -> (Time, Time) {
         self.latest = self.latest.max(at);
@@ -96,6 +108,7 @@ mod tests {
             t = e + 200;
         }
         // Another CPU's request at 1.5 µs: in a FIFO it follows the one in service (ends 1.8 µs).
+        assert_eq!(q.start_for(1_500), 1_800);
         assert_eq!(q.serve(1_500, 800), (1_800, 2_600));
         // Its work is charged to what comes after the horizon.
         assert_eq!(q.serve(t, 800).0, t + 800 - 200);

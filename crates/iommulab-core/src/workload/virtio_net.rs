@@ -123,6 +123,8 @@ pub struct VirtioNetWorkload {
     emul_iotlb: bool,
     /// The MSI doorbell's DMA pfn when the IOMMU translates MSI writes.
     msi: Option<u64>,
+    /// When the device's current unit of work asked for the BQL.
+    bql_asked: Time,
     /// Packets at the tap waiting for RX buffers.
     tap: VecDeque<RxPkt>,
     /// Added to the TX virtqueue, not yet taken by the device; taken and used, not yet reaped.
@@ -172,6 +174,7 @@ impl VirtioNetWorkload {
             tx_burst: false,
             emul_iotlb: false,
             msi: None,
+            bql_asked: 0,
             rx_used: VecDeque::new(),
             tap: VecDeque::new(),
             tx_avail: VecDeque::new(),
@@ -326,13 +329,22 @@ impl VirtioNetWorkload {
             self.wake_device(host, self.dev_free);
             return;
         }
+        // QEMU's virtio-net runs in its main loop under the BQL, behind any vCPU's trapped IOMMU handler
+        // (and they behind it); vhost's worker is a kernel thread of its own.
+        let begin = if self.cfg.vhost {
+            now
+        } else {
+            host.bql_free(now).unwrap_or(now)
+        };
+        self.stats.exits.bql_wait_ns += begin - now;
+        self.bql_asked = now;
         let per_pkt = if self.cfg.vhost {
             self.h.vhost_packet_ns
         } else {
             self.h.qemu_packet_ns
         };
         let t = if !self.tx_avail.is_empty() {
-            self.device_tx(host, now + per_pkt)
+            self.device_tx(host, begin + per_pkt)
         } else if let Some(&pkt) = self.tap.front() {
             let need = self.buffers_for(pkt.bytes);
             // virtio_net_has_buffers(): with notifications on again if the ring lacks them, then once
@@ -342,24 +354,32 @@ impl VirtioNetWorkload {
                 self.rxq.set_notification(true);
                 if !has(&mut self.rxq) {
                     // Out of buffers: the device waits for the guest's refill kick.
-                    let t = self.ring_accesses(host, now, false);
-                    self.stats.exits.device_ns += t - now;
-                    self.dev_free = t;
+                    let t = self.ring_accesses(host, begin, false);
+                    self.device_busy(host, begin, t);
                     self.dev_wants_rx = true;
                     return;
                 }
             }
             self.rxq.set_notification(false);
             self.tap.pop_front();
-            self.device_rx(host, now + per_pkt, pkt, need)
+            self.device_rx(host, begin + per_pkt, pkt, need)
         } else {
             return;
         };
-        self.stats.exits.device_ns += t - now;
-        self.dev_free = t;
+        self.device_busy(host, begin, t);
         if !self.tx_avail.is_empty() || !self.tap.is_empty() {
             self.wake_device(host, self.dev_free);
         }
+    }
+
+    /// The device thread worked from `begin` to `t` (QEMU's under the BQL).
+    fn device_busy(&mut self, host: &mut Host, begin: Time, t: Time) {
+        let e = &mut self.stats.exits;
+        e.device_ns += t - begin;
+        if !self.cfg.vhost && host.bql_serve(self.bql_asked, t - begin).is_some() {
+            self.stats.exits.bql_ns += t - begin;
+        }
+        self.dev_free = t;
     }
 
     /// virtio_net_flush_tx() for one skb (QEMU's virtio_net_tx_bh turns the queue's notifications off
