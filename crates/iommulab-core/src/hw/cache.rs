@@ -166,8 +166,6 @@ pub struct QemuIotlb<V> {
     pub psi: PsiMatch,
     /// Times the hash was emptied because it was full.
     pub resets: u64,
-    /// Entries scanned by invalidations (each scans the whole hash).
-    pub scanned: u64,
 }
 
 impl<V: Copy> QemuIotlb<V> {
@@ -177,7 +175,6 @@ impl<V: Copy> QemuIotlb<V> {
             cap,
             psi,
             resets: 0,
-            scanned: 0,
         }
     }
 
@@ -212,7 +209,6 @@ impl<V: Copy> QemuIotlb<V> {
 
     /// Drop every entry for which `pred(tag, index)` holds: one scan of the hash.
     pub fn invalidate_where(&mut self, mut pred: impl FnMut(u64, u64) -> bool) {
-        self.scanned += self.map.len() as u64;
         self.map.retain(|&t, &mut (i, _)| !pred(t, i));
     }
 }

@@ -13,6 +13,10 @@ use crate::scenario::{HypervisorProfile, Vendor};
 use crate::sim::Time;
 use serde::Serialize;
 
+/// What an emulated IOMMU's command queue is, in its lock statistics: QEMU's big lock, under which its
+/// handlers run (and QEMU's own device models with them).
+pub const BQL: &str = "qemu bql";
+
 /// Why a vCPU left the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitCause {

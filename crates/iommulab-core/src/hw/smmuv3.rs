@@ -5,7 +5,7 @@
 //! CFGI_CD on attach; one queue shared by all CPUs (the lock-free insertion still serialises on the
 //! producer index) or per-CPU ECMDQs.
 
-use super::emul::{ExitCause, ExitStats, Shadow, Trap};
+use super::emul::{ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{IommuProfile, Smmuv3Profile};
@@ -287,26 +287,24 @@ impl Smmuv3 {
         // Each CPU waiting for a CMD_SYNC then reads CMDQ_CONS: one more trap, answered once the handler
         // that consumed its commands has returned.
         let (written, seen) = match self.trap.as_mut() {
-            Some(trap) if self.tr.c.cmdq_gathered == gathered => {
+            None => (written, done + self.cfg.sync_signal_ns),
+            Some(trap) => {
                 let work = work + handler + sync_ns;
-                let back = trap.resume(ExitCause::CmdqProd, written, done, work, cmds);
-                let seen = if sync {
-                    trap.read(ExitCause::CmdqCons, back, back)
+                // (the vCPU back in the guest, when its commands are consumed)
+                let (back, ready) = if self.tr.c.cmdq_gathered == gathered {
+                    let back = trap.resume(ExitCause::CmdqProd, written, done, work, cmds);
+                    (back, back)
                 } else {
-                    back
+                    trap.consumed(work, cmds);
+                    (written, done)
+                };
+                let seen = if sync {
+                    trap.read(ExitCause::CmdqCons, back, ready)
+                } else {
+                    ready
                 };
                 (back, seen)
             }
-            Some(trap) => {
-                trap.consumed(work + handler + sync_ns, cmds);
-                let seen = if sync {
-                    trap.read(ExitCause::CmdqCons, written, done)
-                } else {
-                    done
-                };
-                (written, seen)
-            }
-            None => (written, done + self.cfg.sync_signal_ns),
         };
         if !sync {
             return (start, written);
@@ -520,7 +518,7 @@ impl Iommu for Smmuv3 {
             ("smmu cmdq valid_map", self.valid_map.stats.clone()),
             (
                 if self.trap.is_some() {
-                    "qemu bql"
+                    BQL
                 } else {
                     "smmu command queue"
                 },

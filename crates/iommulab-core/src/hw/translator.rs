@@ -270,7 +270,7 @@ impl Translator {
         self
     }
 
-    /// An emulated IOTLB's hash: emptied because full, and entries scanned by invalidations.
+    /// An emulated IOTLB's hash (its occupancy, the times it was emptied because full).
     pub fn qemu_iotlb(&self) -> Option<&QemuIotlb<(u64, u64)>> {
         self.iotlb.qemu()
     }

@@ -5,7 +5,7 @@
 //! when the host processes it. From 6.8 MAPs are queued too and synced in `iotlb_sync_map`, `iotlb_sync` and
 //! `flush_iotlb_all` (deferred flush: lazy domains possible); before, each MAP was sent synchronously.
 
-use super::emul::{ExitCause, ExitStats, Shadow};
+use super::emul::{ExitCause, ExitStats, Shadow, BQL};
 use super::translator::{CacheInval, Translator};
 use super::{iommu_pgsize, DomainId, InvKind, Iommu, IotlbGather};
 use crate::scenario::{HypervisorProfile, IommuProfile, VirtioProfile};
@@ -225,7 +225,7 @@ impl Iommu for VirtioIommu {
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
         vec![
             ("viommu request_lock", self.request_lock.stats.clone()),
-            ("qemu bql", self.host.stats.clone()),
+            (BQL, self.host.stats.clone()),
         ]
     }
 

@@ -3,7 +3,7 @@
 //! device-TLB descriptors gathered into batches of up to 16 (qi_batch) and submitted with a wait descriptor
 //! through one hardware queue, all under the domain's cache_lock; caching mode and RWBF after maps.
 
-use super::emul::{ExitCause, ExitStats, Shadow, Trap};
+use super::emul::{ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
 use crate::kernel::KernelVersion;
@@ -398,7 +398,7 @@ impl Iommu for Vtd {
             ),
             (
                 if self.trap.is_some() {
-                    "qemu bql"
+                    BQL
                 } else {
                     "vt-d invalidation queue"
                 },

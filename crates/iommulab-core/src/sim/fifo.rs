@@ -34,13 +34,20 @@ impl FifoServer {
     /// When a request reaching the server at `at` would start (what `serve` returns as its start, whatever
     /// its work): after its predecessor in request time.
     pub fn start_for(&self, at: Time) -> Time {
+        self.slot(at).1
+    }
+
+    /// Where a request at `at` goes among the recent ones, and when it starts: behind everything when it is
+    /// the latest, else after its predecessor in request time.
+    fn slot(&self, at: Time) -> (usize, Time) {
         let (a, b) = self.reqs.as_slices();
         let i = partition_from_back(&[a, b], |r| r.at <= at);
-        if i == self.reqs.len() {
+        let start = if i == self.reqs.len() {
             at.max(self.horizon)
         } else {
             at.max(if i > 0 { self.reqs[i - 1].end } else { 0 })
-        }
+        };
+        (i, start)
     }
 
     /// A request at `at` needing `work` ns of the server. Returns (start, end).
@@ -54,29 +61,16 @@ impl FifoServer {
         {
             self.reqs.pop_front();
         }
-        let (a, b) = self.reqs.as_slices();
-        let i = partition_from_back(&[a, b], |r| r.at <= at);
-        let (start, end) = if i == self.reqs.len() {
-            let start = at.max(self.horizon);
-            self.horizon = start + work;
-            self.reqs.push_back(Req {
-                at,
-                end: start + work,
-            });
-            (start, start + work)
+        let (i, start) = self.slot(at);
+        let end = start + work;
+        if i == self.reqs.len() {
+            self.horizon = end;
+            self.reqs.push_back(Req { at, end });
         } else {
             // Overtaken by later-timed requests already served: after its own predecessor.
-            let start = at.max(if i > 0 { self.reqs[i - 1].end } else { 0 });
-            self.reqs.insert(
-                i,
-                Req {
-                    at,
-                    end: start + work,
-                },
-            );
+            self.reqs.insert(i, Req { at, end });
             self.horizon = self.horizon.max(start) + work;
-            (start, start + work)
-        };
+        }
         // The hardware spins no CPU: the wait is the requester's, charged by its caller.
         self.stats.record(super::NO_CPU, start - at, 0);
         self.stats.busy(work);

@@ -30,7 +30,7 @@
 //! device thread's translation and copy do not overlap.
 
 use super::net::{mss, ACK_FRAME};
-use super::vring::Vring;
+use super::vring::{Vring, DESC_BYTES};
 use super::{event, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::hw::emul::ExitCause;
@@ -56,8 +56,6 @@ const L1_CACHE_BYTES: u64 = 64;
 /// The RX queue's page_frag chunks the mergeable buffers are carved from (skb_page_frag_refill:
 /// SKB_FRAG_PAGE_ORDER 3).
 const RX_FRAG_PAGES: u64 = 8;
-/// struct vring_desc: an indirect table's entry.
-const VRING_DESC_BYTES: u64 = 16;
 
 const EV_PEER: u16 = 0;
 const EV_DEV: u16 = 1;
@@ -123,8 +121,6 @@ pub struct VirtioNetWorkload {
     emul_iotlb: bool,
     /// The MSI doorbell's DMA pfn when the IOMMU translates MSI writes.
     msi: Option<u64>,
-    /// When the device's current unit of work asked for the BQL.
-    bql_asked: Time,
     /// Packets at the tap waiting for RX buffers.
     tap: VecDeque<RxPkt>,
     /// Added to the TX virtqueue, not yet taken by the device; taken and used, not yet reaped.
@@ -174,7 +170,6 @@ impl VirtioNetWorkload {
             tx_burst: false,
             emul_iotlb: false,
             msi: None,
-            bql_asked: 0,
             rx_used: VecDeque::new(),
             tap: VecDeque::new(),
             tx_avail: VecDeque::new(),
@@ -203,8 +198,7 @@ impl VirtioNetWorkload {
     /// less the header]) rounded up to a cache line. The average is the stream's frames: a host packet
     /// (`gso_max_bytes` of payload) with its headers.
     fn mergeable_buf_len(cfg: &VirtioNet) -> u64 {
-        let frame = Self::payload(cfg) + super::net::TCPIP_HLEN + super::net::ETH_HLEN;
-        let avg = frame.clamp(GOOD_PACKET_LEN, PAGE - VNET_HDR_BYTES);
+        let avg = Self::frame(Self::payload(cfg)).clamp(GOOD_PACKET_LEN, PAGE - VNET_HDR_BYTES);
         (VNET_HDR_BYTES + avg).next_multiple_of(L1_CACHE_BYTES)
     }
 
@@ -215,10 +209,16 @@ impl VirtioNetWorkload {
         (cfg.gso_max_bytes as u64 / m).max(1) * m
     }
 
+    /// The Ethernet frame carrying `payload` bytes of TCP.
+    fn frame(payload: u64) -> u64 {
+        payload + super::net::TCPIP_HLEN + super::net::ETH_HLEN
+    }
+
     /// Mergeable buffers a packet of `bytes` of payload fills: the header and the frame.
     fn buffers_for(&self, bytes: u64) -> usize {
-        let frame = bytes + super::net::TCPIP_HLEN + super::net::ETH_HLEN;
-        (frame + VNET_HDR_BYTES).div_ceil(self.rx_buf_len).max(1) as usize
+        (Self::frame(bytes) + VNET_HDR_BYTES)
+            .div_ceil(self.rx_buf_len)
+            .max(1) as usize
     }
 
     /// The device's accesses to a virtqueue's ring since the last: each translated.
@@ -235,6 +235,11 @@ impl VirtioNetWorkload {
         pages
             .into_iter()
             .fold(t, |t, p| self.translate(host, t, base + p))
+    }
+
+    /// The device's translation of each page of a mapped buffer (address_space_map over its length).
+    fn translate_map(&mut self, host: &mut Host, t: Time, (dma, pages): Map) -> Time {
+        (0..pages).fold(t, |t, p| self.translate(host, t, dma + p))
     }
 
     /// The device signals the guest (msix_notify): its MSI write, translated where the IOMMU does so.
@@ -337,7 +342,6 @@ impl VirtioNetWorkload {
             host.bql_free(now).unwrap_or(now)
         };
         self.stats.exits.bql_wait_ns += begin - now;
-        self.bql_asked = now;
         let per_pkt = if self.cfg.vhost {
             self.h.vhost_packet_ns
         } else {
@@ -355,7 +359,7 @@ impl VirtioNetWorkload {
                 if !has(&mut self.rxq) {
                     // Out of buffers: the device waits for the guest's refill kick.
                     let t = self.ring_accesses(host, begin, false);
-                    self.device_busy(host, begin, t);
+                    self.device_busy(host, now, begin, t);
                     self.dev_wants_rx = true;
                     return;
                 }
@@ -366,17 +370,16 @@ impl VirtioNetWorkload {
         } else {
             return;
         };
-        self.device_busy(host, begin, t);
+        self.device_busy(host, now, begin, t);
         if !self.tx_avail.is_empty() || !self.tap.is_empty() {
             self.wake_device(host, self.dev_free);
         }
     }
 
-    /// The device thread worked from `begin` to `t` (QEMU's under the BQL).
-    fn device_busy(&mut self, host: &mut Host, begin: Time, t: Time) {
-        let e = &mut self.stats.exits;
-        e.device_ns += t - begin;
-        if !self.cfg.vhost && host.bql_serve(self.bql_asked, t - begin).is_some() {
+    /// The device thread, asked to run at `asked`, worked from `begin` to `t` (QEMU's under the BQL).
+    fn device_busy(&mut self, host: &mut Host, asked: Time, begin: Time, t: Time) {
+        self.stats.exits.device_ns += t - begin;
+        if !self.cfg.vhost && host.bql_serve(asked, t - begin).is_some() {
             self.stats.exits.bql_ns += t - begin;
         }
         self.dev_free = t;
@@ -399,10 +402,8 @@ impl VirtioNetWorkload {
                 t = self.translate(host, t, dma);
             }
         }
-        for &(dma, pages) in &skb.maps {
-            for p in 0..pages {
-                t = self.translate(host, t, dma + p);
-            }
+        for &m in &skb.maps {
+            t = self.translate_map(host, t, m);
         }
         t += (skb.bytes as f64 * copy).round() as u64;
         self.stats.dma_pages += skb.maps.iter().map(|m| m.1).sum::<u64>();
@@ -446,14 +447,12 @@ impl VirtioNetWorkload {
         let copy = host.platform.cpu.copy_ns_per_byte;
         let mut t = now;
         let mut bufs = Vec::with_capacity(need);
-        let mut left = pkt.bytes + super::net::TCPIP_HLEN + super::net::ETH_HLEN + VNET_HDR_BYTES;
+        let mut left = Self::frame(pkt.bytes) + VNET_HDR_BYTES;
         for _ in 0..need {
             self.rxq.pop();
             t = self.ring_accesses(host, t, false);
             let b = self.rx_avail.pop_front().expect("counted");
-            for p in 0..b.map.1 {
-                t = self.translate(host, t, b.map.0 + p);
-            }
+            t = self.translate_map(host, t, b.map);
             let n = left.min(b.len);
             left -= n;
             t += (n as f64 * copy).round() as u64;
@@ -630,10 +629,10 @@ impl VirtioNetWorkload {
         let mut indirect = None;
         if maps.len() > 1 {
             let table = self.send_page();
-            let bytes = maps.len() as u64 * VRING_DESC_BYTES;
-            if let Some((dma, t2)) = host.dma_map(t, cpu, table, pages_spanned(0, bytes)) {
+            let pages = pages_spanned(0, maps.len() as u64 * DESC_BYTES);
+            if let Some((dma, t2)) = host.dma_map(t, cpu, table, pages) {
                 t = t2;
-                indirect = Some((dma, pages_spanned(0, bytes)));
+                indirect = Some((dma, pages));
             }
         }
         self.stats.tx_packets += 1;
@@ -767,7 +766,7 @@ impl Workload for VirtioNetWorkload {
         // mapped once), the receive queue's first; and on an IOMMU that translates MSIs, the doorbell.
         let mut t = now;
         for tx in [false, true] {
-            let pages = self.rxq.pages();
+            let pages = if tx { &self.txq } else { &self.rxq }.pages();
             let Some(phys) = host.pages.alloc_contiguous(pages) else {
                 return now;
             };

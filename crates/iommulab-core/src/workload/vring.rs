@@ -10,8 +10,8 @@
 
 use crate::hw::PAGE_SIZE;
 
-/// struct vring_desc.
-const DESC_BYTES: u64 = 16;
+/// struct vring_desc (in the ring and in an indirect table).
+pub const DESC_BYTES: u64 = 16;
 /// struct vring_used_elem.
 const USED_ELEM_BYTES: u64 = 8;
 /// The used ring's alignment for virtio-pci modern (SMP_CACHE_BYTES on x86-64 and arm64).
@@ -100,11 +100,6 @@ impl Vring {
             return false;
         }
         self.avail_idx() == self.last_avail
-    }
-
-    /// Buffers available to the device (no access).
-    pub fn available(&self) -> u64 {
-        self.posted - self.last_avail
     }
 
     /// virtqueue_get_avail_bytes() until `bufs` buffers of one descriptor each are found: per head the avail
