@@ -46,44 +46,43 @@ TRACE = {"intel": ["vtd_inv_desc*"], "virtio": ["virtio_iommu_map", "virtio_iomm
          "smmuv3": ["smmuv3_cmdq_opcode", "smmuv3_cmdq_consume_out", "smmuv3_cmdq_consume_error",
                     "smmuv3_record_event", "smmuv3_unhandled_cmd"],
          "none": []}
-# With --emulator-counts, the emulator's own work as QEMU 7.2 traces it: each translation a device's DMA asked of
-# the vIOMMU (vtd_iommu_translate, smmuv3_translate, virtio_iommu_translate), its IOTLB lookups that hit or
-# missed and walked the guest's table (VT-d's vtd_iotlb_page_update follows each walk), an IOTLB reset when full,
-# and each guest access to the IOMMU's registers (an MMIO exit).
-EMULATOR_TRACE = {"intel": ["vtd_dmar_translate", "vtd_iotlb_page_hit", "vtd_iotlb_page_update", "vtd_iotlb_reset",
-                            "vtd_reg_read", "vtd_reg_write", "vtd_translate_pt"],
-                  "virtio": ["virtio_iommu_translate", "virtio_iommu_translate_out"],
-                  "smmuv3": ["smmuv3_translate_success", "smmu_iotlb_lookup_hit", "smmu_iotlb_lookup_miss",
-                             "smmu_iotlb_insert", "smmu_ptw_page_pte", "smmu_ptw_block_pte", "smmuv3_read_mmio",
-                             "smmuv3_write_mmio", "smmuv3_config_cache_hit", "smmuv3_config_cache_miss",
-                             "smmu_iotlb_inv_all"],
-                  "none": []}
 # Kernels: Debian 12's (6.1) and bookworm-backports' (6.12), as prepare.sh unpacked them; trixie-backports' 7.3
 # where `prepare.sh DIR ARCH 7.3` added it.
 KERNELS = {"6.1": ("kroot", "initrd.cpio.gz"), "6.12": ("kroot612", "initrd612.cpio.gz"),
            "7.3": ("kroot73", "initrd73.cpio.gz")}
-
-
-# The emulator's counts as iommulab reports them (`emulator` in `run --json`), from QEMU's events. virtio-iommu's
-# translate_out leaves out the MSI writes its reserved region lets through untranslated; it has no IOTLB.
+# With --emulator-counts, the emulator's own work as QEMU 7.2 traces it, by the names iommulab reports (`emulator`
+# in `run --json`): each translation a device's DMA asked of the vIOMMU (vtd_iommu_translate, smmuv3_translate,
+# virtio_iommu_translate; virtio-iommu's translate_out leaves out the MSI writes its reserved region lets through
+# untranslated), its IOTLB lookups that hit or missed and walked the guest's table (VT-d's vtd_iotlb_page_update
+# follows each walk; virtio-iommu keeps no IOTLB), an IOTLB emptied when full, the invalidation descriptors,
+# commands or requests processed (as qemu_counts names them: `NAME*` sums every count whose name starts so), and
+# each guest access to the IOMMU's registers (an MMIO exit).
 EMULATOR_KEYS = {
     "intel": {"translations": ["vtd_dmar_translate"], "iotlb_hits": ["vtd_iotlb_page_hit"],
               "iotlb_misses": ["vtd_iotlb_page_update"], "walks": ["vtd_iotlb_page_update"],
-              "iotlb_resets": ["vtd_iotlb_reset"], "inv_processed": ["vtd_inv_desc"],
+              "iotlb_resets": ["vtd_iotlb_reset"], "inv_processed": ["vtd_inv_desc[*"],
               "mmio_exits": ["vtd_reg_read", "vtd_reg_write"]},
     "smmuv3": {"translations": ["smmuv3_translate_success"], "iotlb_hits": ["smmu_iotlb_lookup_hit"],
                "iotlb_misses": ["smmu_iotlb_lookup_miss"], "walks": ["smmu_ptw_page_pte", "smmu_ptw_block_pte"],
-               "iotlb_resets": ["smmu_iotlb_inv_all"], "inv_processed": ["smmuv3_cmdq_opcode"],
+               "iotlb_resets": ["smmu_iotlb_inv_all"], "inv_processed": ["SMMU_CMD_*"],
                "mmio_exits": ["smmuv3_read_mmio", "smmuv3_write_mmio"]},
     "virtio": {"translations": ["virtio_iommu_translate_out"],
                "inv_processed": ["virtio_iommu_map", "virtio_iommu_unmap"]},
     "none": {},
 }
+# The events --emulator-counts adds to TRACE's.
+EMULATOR_TRACE = {iommu: sorted({ev for evs in keys.values() for ev in evs if not ev.endswith("*")}
+                                - set(TRACE[iommu]))
+                  for iommu, keys in EMULATOR_KEYS.items()}
 
 
-def emulator_summary(iommu: str, raw: collections.Counter) -> dict[str, int]:
-    """A phase's QEMU events as the emulator's counts (EMULATOR_KEYS)."""
-    return {k: sum(raw.get(ev, 0) for ev in evs) for k, evs in EMULATOR_KEYS[iommu].items()}
+def emulator_summary(iommu: str, counts: collections.Counter) -> dict[str, int]:
+    """A phase's counts (qemu_counts) as the emulator's (EMULATOR_KEYS)."""
+    def count(ev: str) -> int:
+        if ev.endswith("*"):
+            return sum(n for name, n in counts.items() if name.startswith(ev[:-1]))
+        return counts.get(ev, 0)
+    return {k: sum(count(ev) for ev in evs) for k, evs in EMULATOR_KEYS[iommu].items()}
 
 
 def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
@@ -104,8 +103,6 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
                     cur = phases[k // 2] if k % 2 == 0 else None
             continue
         if cur:
-            if ev in ("vtd_inv_desc", "smmuv3_cmdq_opcode"):
-                out[cur]["raw:" + ev] += 1
             if ev == "vtd_inv_desc":
                 t = re.search(r"type (\S+)", args)
                 ev = f"vtd_inv_desc[{t.group(1) if t else '?'}]"
@@ -193,11 +190,10 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
         t.extractall(rd, filter="fully_trusted")
     q = qemu_counts(os.path.join(rd, "qemu-trace.log"), phases.split(","))
     res = {"mode": mode, "cm": cm, "iommu": iommu, "kernel": kernel, "smp": smp, "cmdline": append,
-           "phases": {p: {"qemu": {k: v for k, v in c.items() if not k.startswith("raw:")}} for p, c in q.items()}}
+           "phases": {p: {"qemu": dict(c)} for p, c in q.items()}}
     if emulator_counts:
         for p, c in q.items():
-            raw = collections.Counter({k.removeprefix("raw:"): v for k, v in c.items()})
-            res["phases"][p]["emulator"] = emulator_summary(iommu, raw)
+            res["phases"][p]["emulator"] = emulator_summary(iommu, c)
     with open(os.path.join(rd, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     return rd

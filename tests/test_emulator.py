@@ -11,6 +11,7 @@ import pathlib
 import pytest
 
 import iommulab
+from conftest import cli
 
 DATA = pathlib.Path(__file__).parent / "data" / "emulator"
 SCENARIO = DATA / "testbed-net.toml"
@@ -72,7 +73,6 @@ def test_qemus_vtd_before_9_1_drops_every_entry_sharing_a_psis_low_byte():
     assert miss(new) < miss(old) < 1.05 * miss(new)
 
 
-def test_a_bad_qemu_version_is_a_one_line_error(tmp_path):
-    from conftest import cli
+def test_a_bad_qemu_version_is_a_one_line_error():
     r = cli("run", str(SCENARIO), "--set", "platform.hypervisor.qemu=seven")
     assert r.returncode == 2 and "platform.hypervisor.qemu" in r.stderr and "\n" not in r.stderr.strip()
