@@ -2,11 +2,13 @@
 they show is what its command prints, so they cannot drift."""
 
 import lzma
+import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -74,11 +76,47 @@ def run_in(workdir, cmd: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", shell], cwd=workdir, capture_output=True, text=True, timeout=600)
 
 
+# A command's outputs: what it redirects into and the files or folders its options name.
+OUTPUT = re.compile(r"(?:>|--save|--out|-o|--csv|--parquet|--plot)\s+(\S+)")
+
+
+def after(cmds: list[str]) -> dict[str, set[str]]:
+    """For each command, the earlier ones it must wait for: those writing a file or folder it names
+    (`scenarios default > my.toml` before `run my.toml`)."""
+    deps = {}
+    for i, cmd in enumerate(cmds):
+        words = set(cmd.split())
+        deps[cmd] = {c for c in cmds[:i] if c != cmd and set(OUTPUT.findall(c)) & words}
+    return deps
+
+
 @pytest.fixture(scope="module")
 def ran(workdir) -> dict[str, subprocess.CompletedProcess]:
-    """Every README and docs command, run once in README order (`scenarios default > my.toml` comes before
-    `run my.toml`), by command."""
-    return {cmd: run_in(workdir, cmd) for cmd in commands()}
+    """Every README and docs command, run once, by command: several at a time, each after those whose
+    outputs it reads."""
+    cmds = list(dict.fromkeys(commands()))
+    deps = after(cmds)
+    done: dict[str, Future] = {}
+
+    def one(cmd):
+        for d in deps[cmd]:
+            done[d].result()
+        return run_in(workdir, cmd)
+
+    # Submitted in page order, so a command waits only for ones already running or done.
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        for cmd in cmds:
+            done[cmd] = pool.submit(one, cmd)
+    return {cmd: f.result() for cmd, f in done.items()}
+
+
+def test_a_command_waits_for_those_writing_what_it_reads():
+    deps = after(commands())
+    assert "iommulab scenarios default > my.toml" in deps["iommulab run my.toml --set run.seed=7"]
+    assert "iommulab inspect --save host-tree" in deps[
+        "iommulab advise --root host-tree --max-exposure 1ms --set platform.cpu.cores=32"]
+    assert "iommulab sweep sweep.toml --out results" in deps["iommulab report results -o report.html"]
+    assert not deps["iommulab run"]
 
 
 def test_the_readme_shows_commands():

@@ -193,10 +193,11 @@ fn compare_axes(
     Ok(())
 }
 
-/// A VFIO-assigned device (a hardware workload) on a guest profile translates through the host's IOMMU:
-/// take the host profile's IOMMU caches and table format, walk latency and PCIe path (and, nested, its
-/// command costs: the hardware executes the guest's commands) into the guest's platform `profile`, before
-/// the scenario's own platform keys `own` go over them.
+/// A guest's devices sit on the host's PCIe: take the host profile's `[pcie]` into the guest's platform
+/// `profile` (the built-in guest profiles have none; a user's own keys go over the host's). A VFIO-assigned device (a hardware workload) also translates
+/// through the host's IOMMU: take its IOMMU caches and table format and walk latency too (and, nested, its
+/// command costs: the hardware executes the guest's commands). The scenario's own platform keys `own` go
+/// over them.
 fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&toml::Value>) {
     let hardware = workload.and_then(|w| w.as_table()).is_some_and(|w| {
         ["nic_rx", "nic_tx", "rr", "nvme"]
@@ -211,18 +212,24 @@ fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&tom
         .as_str()
         .and_then(|n| BUILTIN_PROFILES.iter().find(|(b, _)| *b == n))
         .and_then(|(_, text)| toml::from_str::<toml::Table>(text).ok());
-    let (true, Some(host)) = (hardware, host) else {
+    let Some(host) = host else {
         return;
     };
+    if let Some(toml::Value::Table(pcie)) = host.get("pcie") {
+        // What a guest profile of the user's own says of [pcie] goes over the host's.
+        let mut pcie = pcie.clone();
+        if let Some(toml::Value::Table(mine)) = profile.remove("pcie") {
+            input::merge(&mut pcie, mine);
+        }
+        profile.insert("pcie".into(), toml::Value::Table(pcie));
+    }
+    if !hardware {
+        return;
+    }
     let nested = hyp(own, "nested")
         .or_else(|| hyp(profile, "nested"))
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
-    for section in ["pcie"] {
-        if let Some(v) = host.get(section) {
-            profile.insert(section.into(), v.clone());
-        }
-    }
     let mut copy = |path: &[&str]| {
         let p: Vec<String> = path.iter().map(|s| s.to_string()).collect();
         let mut cur = Some(&host);

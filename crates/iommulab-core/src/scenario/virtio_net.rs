@@ -13,6 +13,29 @@ pub enum Direction {
     Tx,
 }
 
+/// The benchmark the guest's application is, for what changes the mapping pattern: the size of each write
+/// to the socket (direction tx). The receiving side reads whatever has arrived.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Tool {
+    /// netperf TCP_STREAM: sends of the socket's initial send buffer, 16 KiB (`tcp_wmem[1]`).
+    #[default]
+    Netperf,
+    /// iperf3: sends of its TCP block size, 128 KiB (DEFAULT_TCP_BLKSIZE).
+    Iperf3,
+}
+
+impl Tool {
+    /// Bytes per send() (netperf's "Send Message Size" defaults to SO_SNDBUF at start, 16384 with
+    /// Linux's `tcp_wmem[1]`; iperf3 src/iperf.h DEFAULT_TCP_BLKSIZE 128 KiB).
+    pub fn message_bytes(self) -> u64 {
+        match self {
+            Tool::Netperf => 16384,
+            Tool::Iperf3 => 128 << 10,
+        }
+    }
+}
+
 /// A guest's virtio-net device (virtio-net-pci with VIRTIO_F_ACCESS_PLATFORM, so its buffers go through
 /// the guest's DMA API and the vIOMMU) carrying one bulk TCP stream to or from a peer host. The device is
 /// the VMM's (QEMU's virtio-net, vhost = false) or the host kernel's (vhost-net, vhost = true). Needs a
@@ -35,6 +58,17 @@ pub struct VirtioNet {
     pub gso_max_bytes: u32,
     /// The guest's MTU.
     pub mtu: u32,
+    /// The application (direction tx): its writes' size unless `message_bytes` sets it.
+    #[serde(default)]
+    pub tool: Tool,
+    /// Bytes per send() on the guest's socket (direction tx); `tool`'s default when absent.
+    #[serde(default)]
+    pub message_bytes: Option<u64>,
+    /// TCP segmentation offload negotiated with the device (VIRTIO_NET_F_HOST_TSO4, `ethtool -K tso`): off,
+    /// the guest segments each GSO skb itself (validate_xmit_skb → skb_gso_segment) and the driver maps
+    /// every MSS segment on its own.
+    #[serde(default = "default_true")]
+    pub tso: bool,
     /// TCP Small Queues budget of the guest's sending socket (direction tx), as `workload.nic_tx`.
     #[serde(default = "default_tsq_bytes")]
     pub tsq_bytes: u64,
@@ -83,6 +117,17 @@ impl VirtioNet {
             "workload.virtio_net.ack_bytes",
             "expected at least 1 byte",
         )?;
+        check(
+            self.message_bytes
+                .is_none_or(|m| (1..=1 << 30).contains(&m)),
+            "workload.virtio_net.message_bytes",
+            "expected 1 byte to 1 GiB per send",
+        )?;
         check_rtt(self.rtt_us, "workload.virtio_net.rtt_us")
+    }
+
+    /// Bytes per send() of the guest's application.
+    pub fn send_bytes(&self) -> u64 {
+        self.message_bytes.unwrap_or(self.tool.message_bytes())
     }
 }
