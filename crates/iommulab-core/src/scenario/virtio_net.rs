@@ -69,6 +69,11 @@ pub struct VirtioNet {
     /// every MSS segment on its own.
     #[serde(default = "default_true")]
     pub tso: bool,
+    /// Mergeable RX buffers (VIRTIO_NET_F_MRG_RXBUF, QEMU's mrg_rxbuf=on by default): page-sized
+    /// buffers, one mapping each. Off, the guest (with its GSO offloads on) posts big-packets buffers
+    /// (add_recvbuf_big): 18 pages in 19 scatterlist entries, each mapped, and their indirect table.
+    #[serde(default = "default_true")]
+    pub mergeable: bool,
     /// TCP Small Queues budget of the guest's sending socket (direction tx), as `workload.nic_tx`.
     #[serde(default = "default_tsq_bytes")]
     pub tsq_bytes: u64,
