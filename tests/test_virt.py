@@ -9,7 +9,7 @@ import re
 import iommulab
 import pytest
 
-from conftest import cli
+from conftest import cli, one_line_error
 
 X86 = {"noiommu", "lazy", "strict", "strict-cm", "virtio-iommu"}
 ARM = {"noiommu", "smmuv3", "smmuv3-cm", "virtio-iommu"}
@@ -214,3 +214,23 @@ def test_a_long_invalidation_batch_delays_qemus_device_through_the_bql():
     assert cheap["noiommu"]["vm_exits"]["device_bql_wait"] == 0
     vhost = runs_of("guest-x86", *sets, "workload.virtio_net.vhost=true")
     assert all(r["vm_exits"]["device_bql_wait"] == 0 for r in vhost.values())
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("message_bytes", "0", "expected 1 byte to 1 GiB per send"),
+    ("tool", "ttcp", "expected `netperf` or `iperf3`"),
+    ("tso", "1", "expected a boolean"),
+    ("mergeable", "yes", "expected a boolean"),
+])
+def test_the_senders_keys_refuse_what_they_cannot_mean(key, value, expected):
+    err = one_line_error(cli("run", "guest-x86", "--set", f"workload.virtio_net.{key}={value}"))
+    assert f"workload.virtio_net.{key}" in err and expected in err, err
+
+
+def test_tool_sets_the_write_size_unless_message_bytes_does():
+    # iperf3 writes 128 KiB; message_bytes = 16384 makes its run netperf's, to the bit.
+    sets = ("workload.virtio_net.direction=tx", "workload.virtio_net.vhost=false", "run.duration_ms=10")
+    netperf = runs_of("guest-x86", *sets, "workload.virtio_net.tool=netperf")["strict"]
+    iperf3 = runs_of("guest-x86", *sets, "workload.virtio_net.tool=iperf3")["strict"]
+    small = runs_of("guest-x86", *sets, "workload.virtio_net.tool=iperf3", "workload.virtio_net.message_bytes=16384")
+    assert small["strict"]["tx_packets"] == netperf["tx_packets"] != iperf3["tx_packets"]
