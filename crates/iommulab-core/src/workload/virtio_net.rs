@@ -50,7 +50,8 @@ const VNET_HDR_BYTES: u64 = 12;
 /// The TCP receive window a socket offers with Linux's default tcp_rmem[2] (6 MB) at tcp_adv_win_scale
 /// = 1: half of it (tcp_win_from_space).
 const RX_WINDOW_BYTES: u64 = 3 << 20;
-/// sk_page_frag chunks holding a sending socket's data (SKB_FRAG_PAGE_ORDER 3: 32 KiB).
+/// page_frag chunks (SKB_FRAG_PAGE_ORDER 3: 32 KiB): a sending socket's (sk_page_frag) and the RX queue's
+/// the mergeable buffers are carved from (skb_page_frag_refill).
 const FRAG_BYTES: u64 = super::sq::SKB_FRAG_PAGE_BYTES;
 /// NAPI's weight (NAPI_POLL_WEIGHT): skbs per poll.
 const NAPI_BUDGET: usize = 64;
@@ -59,9 +60,6 @@ const NAPI_BUDGET: usize = 64;
 const GOOD_PACKET_LEN: u64 = 1518;
 /// L1_CACHE_BYTES: mergeable buffer lengths are rounded up to it (get_mergeable_buf_len).
 const L1_CACHE_BYTES: u64 = 64;
-/// The RX queue's page_frag chunks the mergeable buffers are carved from (skb_page_frag_refill:
-/// SKB_FRAG_PAGE_ORDER 3).
-const RX_FRAG_PAGES: u64 = 8;
 /// Pages of a big-packets RX buffer (add_recvbuf_big with guest GSO: big_packets_num_skbfrags =
 /// MAX_SKB_FRAGS 17, plus the first page holding the header).
 const BIG_PAGES: usize = 18;
@@ -96,6 +94,56 @@ impl Frag {
             self.chunk + self.off / PAGE,
             pages_spanned(self.off, self.len),
         )
+    }
+}
+
+/// A page_frag (struct page_frag): chunks of FRAG_BYTES taken in turn, the current one and the offset
+/// into it.
+#[derive(Default)]
+struct PageFrag {
+    chunks: Vec<u64>,
+    at: usize,
+    off: u64,
+}
+
+impl PageFrag {
+    /// `n` chunks (None when the simulated memory runs out).
+    fn alloc(host: &mut Host, n: usize) -> Option<Self> {
+        let chunks = (0..n)
+            .map(|_| host.pages.alloc_contiguous(FRAG_BYTES / PAGE))
+            .collect::<Option<Vec<u64>>>()?;
+        Some(PageFrag {
+            chunks,
+            at: 0,
+            off: 0,
+        })
+    }
+
+    /// skb_page_frag_refill(): the next chunk unless `need` bytes fit in the current one. True when it
+    /// took one (a page allocation).
+    fn refill(&mut self, need: u64) -> bool {
+        if self.off + need <= FRAG_BYTES {
+            return false;
+        }
+        self.at = (self.at + 1) % self.chunks.len();
+        self.off = 0;
+        true
+    }
+
+    /// Bytes left in the current chunk.
+    fn room(&self) -> u64 {
+        FRAG_BYTES - self.off
+    }
+
+    /// The current chunk's next `len` bytes (they fit).
+    fn take(&mut self, len: u64) -> Frag {
+        let f = Frag {
+            chunk: self.chunks[self.at],
+            off: self.off,
+            len,
+        };
+        self.off += len;
+        f
     }
 }
 
@@ -159,11 +207,8 @@ pub struct VirtioNetWorkload {
     irq_cpu: usize,
     app_cpu: usize,
     mss: u64,
-    /// The page_frag chunks RX buffers are carved from (enough for the ring twice), used in turn: the
-    /// current chunk and the offset into it.
-    rx_frags: Vec<u64>,
-    rx_frag: usize,
-    rx_frag_off: u64,
+    /// The page_frag RX buffers are carved from (enough for the ring twice).
+    rx_frag: PageFrag,
     /// The mergeable buffers' length (get_mergeable_buf_len at the stream's packet size), or a big
     /// buffer's (receive_big's max_len).
     rx_buf_len: u64,
@@ -214,11 +259,8 @@ pub struct VirtioNetWorkload {
     /// pending to push it.
     corked: u64,
     tsq_scheduled: bool,
-    /// The socket's page_frag chunks (sk_page_frag) its data is copied into, used in turn: the current
-    /// chunk and the offset into it.
-    tx_frags: Vec<u64>,
-    tx_frag: usize,
-    tx_frag_off: u64,
+    /// The socket's page_frag (sk_page_frag) its data is copied into.
+    tx_frag: PageFrag,
     /// Pages the skbs' heads and indirect tables come from (kmalloc'd), used in turn.
     send_pages: Vec<u64>,
     next_send_page: usize,
@@ -233,9 +275,7 @@ impl VirtioNetWorkload {
             irq_cpu: 0,
             app_cpu: if vcpus > 1 { 1 } else { 0 },
             mss: mss(cfg.mtu),
-            rx_frags: Vec::new(),
-            rx_frag: 0,
-            rx_frag_off: 0,
+            rx_frag: PageFrag::default(),
             rx_buf_len: if cfg.mergeable {
                 Self::mergeable_buf_len(cfg)
             } else {
@@ -271,9 +311,7 @@ impl VirtioNetWorkload {
             sender_throttled: false,
             corked: 0,
             tsq_scheduled: false,
-            tx_frags: Vec::new(),
-            tx_frag: 0,
-            tx_frag_off: 0,
+            tx_frag: PageFrag::default(),
             send_pages: Vec::new(),
             next_send_page: 0,
             stats: WorkloadStats::default(),
@@ -712,8 +750,8 @@ impl VirtioNetWorkload {
     }
 
     /// add_recvbuf_big() for `n` buffers: BIG_PAGES fresh pages each (get_a_page: the last packet's skb
-    /// kept its pages), posted as BIG_SGS entries, the header and the data sharing the first page, so
-    /// two mappings of it, and an indirect table.
+    /// kept its pages), posted as BIG_PAGES + 1 scatterlist entries, the header and the data sharing
+    /// the first page, so two mappings of it, and an indirect table.
     fn refill_big(&mut self, host: &mut Host, now: Time, cpu: usize, n: usize) -> Time {
         let mut t = now;
         for _ in 0..n {
@@ -740,24 +778,16 @@ impl VirtioNetWorkload {
     /// add_recvbuf_mergeable() for `n` buffers (see `refill`).
     fn refill_mergeable(&mut self, host: &mut Host, now: Time, cpu: usize, n: usize) -> Time {
         let mut t = now;
-        let chunk = RX_FRAG_PAGES * PAGE;
         for _ in 0..n {
-            if self.rx_frag_off + self.rx_buf_len > chunk {
-                // skb_page_frag_refill(): the next chunk.
-                self.rx_frag = (self.rx_frag + 1) % self.rx_frags.len();
-                self.rx_frag_off = 0;
+            if self.rx_frag.refill(self.rx_buf_len) {
                 t += host.platform.cpu.page_alloc_ns;
             }
-            let off = self.rx_frag_off;
             let mut len = self.rx_buf_len;
-            if chunk - (off + len) < self.rx_buf_len {
-                len = chunk - off;
+            if self.rx_frag.room() - len < self.rx_buf_len {
+                len = self.rx_frag.room();
             }
-            self.rx_frag_off += len;
-            let phys = self.rx_frags[self.rx_frag] + off / PAGE;
-            let Some((chain, t2)) =
-                self.add_chain(host, t, cpu, &[(phys, pages_spanned(off, len))])
-            else {
+            let f = self.rx_frag.take(len);
+            let Some((chain, t2)) = self.add_chain(host, t, cpu, &[f.pages()]) else {
                 break;
             };
             t = t2;
@@ -937,18 +967,11 @@ impl VirtioNetWorkload {
         let mut out = Vec::new();
         let mut left = bytes;
         while left > 0 {
-            if self.tx_frag_off == FRAG_BYTES {
-                self.tx_frag = (self.tx_frag + 1) % self.tx_frags.len();
-                self.tx_frag_off = 0;
+            if self.tx_frag.refill(1) {
                 *t += host.platform.cpu.page_alloc_ns;
             }
-            let n = left.min(FRAG_BYTES - self.tx_frag_off);
-            out.push(Frag {
-                chunk: self.tx_frags[self.tx_frag],
-                off: self.tx_frag_off,
-                len: n,
-            });
-            self.tx_frag_off += n;
+            let n = left.min(self.tx_frag.room());
+            out.push(self.tx_frag.take(n));
             left -= n;
         }
         out
@@ -999,15 +1022,11 @@ impl Workload for VirtioNetWorkload {
         // The RX buffers' memory, enough for the ring twice over: page_frag chunks for mergeable ones,
         // single pages for big ones.
         if self.cfg.mergeable {
-            let per_chunk = (RX_FRAG_PAGES * PAGE / self.rx_buf_len).max(1) as usize;
-            let chunks = (2 * q).div_ceil(per_chunk) + 1;
-            let Some(frags) = (0..chunks)
-                .map(|_| host.pages.alloc_contiguous(RX_FRAG_PAGES))
-                .collect::<Option<Vec<u64>>>()
-            else {
+            let per_chunk = (FRAG_BYTES / self.rx_buf_len).max(1) as usize;
+            let Some(frag) = PageFrag::alloc(host, (2 * q).div_ceil(per_chunk) + 1) else {
                 return now;
             };
-            self.rx_frags = frags;
+            self.rx_frag = frag;
         } else {
             let Some(pages) = (0..(2 * q + 1) * BIG_PAGES)
                 .map(|_| host.pages.alloc())
@@ -1049,13 +1068,10 @@ impl Workload for VirtioNetWorkload {
         // The socket's page frags: enough for the TSQ budget and the peer's window; pages for the skbs'
         // heads and indirect tables, enough for the ring twice over.
         let chunks = (self.cfg.tsq_bytes + RX_WINDOW_BYTES).div_ceil(FRAG_BYTES) as usize + 1;
-        let Some(frags) = (0..chunks)
-            .map(|_| host.pages.alloc_contiguous(FRAG_BYTES / PAGE))
-            .collect::<Option<Vec<u64>>>()
-        else {
+        let Some(frag) = PageFrag::alloc(host, chunks) else {
             return now;
         };
-        self.tx_frags = frags;
+        self.tx_frag = frag;
         let Some(send) = (0..4 * q)
             .map(|_| host.pages.alloc())
             .collect::<Option<Vec<u64>>>()
@@ -1162,10 +1178,14 @@ mod tests {
         assert_eq!(exits(&none, "qi_tail"), 0);
     }
 
+    /// MiB at `gbps` over the run's window.
+    fn mib(r: &RunResult, gbps: f64) -> f64 {
+        gbps * 1e9 / 8.0 * r.sim_seconds / (1 << 20) as f64
+    }
+
     /// Strict unmaps (one PSI each) per MiB the guest sent.
     fn unmaps_per_mib(r: &RunResult) -> f64 {
-        let mib = r.throughput_gbps * 1e9 / 8.0 * r.sim_seconds / (1 << 20) as f64;
-        r.invalidations.total as f64 / mib
+        r.invalidations.total as f64 / mib(r, r.throughput_gbps)
     }
 
     const TX_OFF: &[(&str, &str)] = &[
@@ -1175,7 +1195,7 @@ mod tests {
 
     /// TX skbs per MiB sent.
     fn skbs_per_mib(r: &RunResult) -> f64 {
-        r.tx_packets as f64 / (r.throughput_gbps * 1e9 / 8.0 * r.sim_seconds / (1 << 20) as f64)
+        r.tx_packets as f64 / mib(r, r.throughput_gbps)
     }
 
     #[test]
@@ -1227,10 +1247,7 @@ mod tests {
         };
         let (mrg, big) = (rx("true"), rx("false"));
         // Per MiB the device took in (goodput lags it by what NAPI has not yet handed to the reader).
-        let per_mib = |r: &RunResult| {
-            r.invalidations.total as f64
-                / (r.received_gbps * 1e9 / 8.0 * r.sim_seconds / (1 << 20) as f64)
-        };
+        let per_mib = |r: &RunResult| r.invalidations.total as f64 / mib(r, r.received_gbps);
         let ratio = per_mib(&big) / per_mib(&mrg);
         assert!((1.1..1.5).contains(&ratio), "{ratio}");
         // The device reads the table's 19 entries and maps 19 pages per buffer: over two translations a
