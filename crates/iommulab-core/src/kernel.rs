@@ -56,6 +56,25 @@ impl KernelVersion {
         self >= KernelVersion(6, 6)
     }
 
+    /// "iommu/arm-smmu-v3: Reduce contention during command-queue insertion" (5.4): commands go in as batches
+    /// (arm_smmu_cmdq_issue_cmdlist), lock-free, one PROD write per batch. Before, arm_smmu_cmdq_issue_cmd()
+    /// inserted each command under `cmdq.lock` and wrote PROD for it (queue_inc_prod), and a CMD_SYNC
+    /// without MSI was polled with the lock held (__arm_smmu_cmdq_issue_sync).
+    pub fn smmuv3_cmdq_batched(self) -> bool {
+        self >= KernelVersion(5, 4)
+    }
+
+    /// "iommu/virtio: Add virtio-iommu driver" (5.3): the first kernel with a virtio-iommu driver.
+    pub fn virtio_iommu(self) -> bool {
+        self >= KernelVersion(5, 3)
+    }
+
+    /// "ACPI: Add driver for the VIOT table" (5.14): before it an x86 guest finds no virtio-iommu (x86 has
+    /// no device tree to describe it).
+    pub fn virtio_iommu_acpi(self) -> bool {
+        self >= KernelVersion(5, 14)
+    }
+
     /// "iommu/virtio: Add ops->flush_iotlb_all and enable deferred flush" (6.8).
     pub fn virtio_deferred_flush(self) -> bool {
         self >= KernelVersion(6, 8)

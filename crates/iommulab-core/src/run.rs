@@ -83,7 +83,7 @@ fn hardware_device(sc: &Scenario) -> bool {
 /// VFIO-assigned device's host IOMMU is in the platform already: the loader takes it from the host profile.)
 fn device_platform(sc: &Scenario) -> crate::scenario::Platform {
     let mut p = sc.platform.clone();
-    let Some(h) = p.hypervisor.clone() else {
+    let Some(h) = p.kvm.clone().filter(|_| p.hypervisor.is_some()) else {
         return p;
     };
     if let Some(vn) = &sc.workload.virtio_net {
@@ -122,6 +122,7 @@ pub(crate) fn build_host(sc: &Scenario) -> (Host, PolicyName, String) {
     let layer = |iommu, dom| {
         let mut core = DmaCore::new(iommu, cpus, &p.cpu);
         core.iovad.follow_layout_of(kernel.into());
+        core.map_pages = crate::kernel::KernelVersion::from(kernel) >= core.iommu.map_pages_since();
         core.dom = dom;
         DmaLayer::new(
             core,
@@ -224,8 +225,12 @@ impl Simulation {
                 p.cpu.socket_cores,
                 p.cpu.memset_ns_per_byte,
             ))
-        } else if let (Some(vn), Some(h)) = (&w.virtio_net, &p.hypervisor) {
-            Box::new(VirtioNetWorkload::new(vn, h, p.cpu.cores as usize))
+        } else if let (Some(vn), Some(_)) = (&w.virtio_net, &p.hypervisor) {
+            Box::new(VirtioNetWorkload::new(
+                vn,
+                p.host_kvm(),
+                p.cpu.cores as usize,
+            ))
         } else {
             unreachable!("validated: a workload is present")
         };

@@ -68,6 +68,9 @@ pub struct DmaCore {
     pci_32bit_workaround: bool,
     /// log2 of the 4 KiB pages one leaf table maps.
     leaf_table_shift: u32,
+    /// The driver has map_pages/unmap_pages (`Iommu::map_pages_since`): one walk per leaf table a call
+    /// spans, not one per page.
+    pub map_pages: bool,
     /// A timer the policy armed, for the engine to schedule: (expiry, CPU that armed it).
     pub timer_request: Option<(Time, usize)>,
     /// IOVAs come from a replayed trace (the traced kernel's allocator), not from `iovad`: freeing them is
@@ -104,6 +107,7 @@ impl DmaCore {
             granule: fmt.granule_pages(),
             pci_32bit_workaround: true,
             leaf_table_shift: fmt.walk_entry_shift(),
+            map_pages: true,
             timer_request: None,
             iova_from_trace: false,
             safety: safety::SafetyLog::default(),
@@ -121,11 +125,15 @@ impl DmaCore {
     }
 
     /// The page-table walks of a map or unmap of `len` pages at `iova` that wrote or cleared `entries` leaf
-    /// entries: map_pages/unmap_pages (Linux 5.15, before every kernel the model follows) walk down once per
-    /// leaf table the range spans (arm_lpae_map_pages' loop over __arm_lpae_map).
+    /// entries: map_pages/unmap_pages (`Iommu::map_pages_since`) walk down once per leaf table the range
+    /// spans (arm_lpae_map_pages' loop over __arm_lpae_map); before them, once per entry.
     fn pgtable_walks(&self, iova: u64, len: u64, entries: u64) -> u64 {
         if len == 0 {
             return 0;
+        }
+        if !self.map_pages {
+            // One driver call, and one walk, per entry.
+            return entries.max(1);
         }
         let s = self.leaf_table_shift;
         let tables = ((iova + len - 1) >> s) - (iova >> s) + 1;
@@ -629,6 +637,17 @@ pub(crate) mod tests {
         assert_eq!(t, walks * 60 + 256 * 2);
         let (_, t, _) = c.unmap_ptes(0, 0, iova, 256);
         assert_eq!(t, (1 + walks) * 60 + 256 * 2);
+        // Before the driver had map_pages (arm-smmu-v3 before 5.14), iommu_map() called it per page: a walk
+        // each.
+        assert_eq!(
+            c.iommu.map_pages_since(),
+            crate::kernel::KernelVersion(5, 14)
+        );
+        c.map_pages = false;
+        let (iova, t) = c.iommu_map(0, 0, 1 << 20, 256).unwrap();
+        assert_eq!(t, 256 * 60 + 256 * 2);
+        let (_, t, _) = c.unmap_ptes(0, 0, iova, 256);
+        assert_eq!(t, (1 + 256) * 60 + 256 * 2);
     }
 
     mod props {

@@ -9,7 +9,7 @@
 
 use super::cache::{PsiMatch, QemuIotlb};
 use super::DomainId;
-use crate::scenario::{HypervisorProfile, Vendor};
+use crate::scenario::{HypervisorProfile, KvmProfile, Vendor};
 use crate::sim::Time;
 use serde::Serialize;
 
@@ -173,14 +173,14 @@ pub struct Trap {
 }
 
 impl Trap {
-    pub fn new(h: &HypervisorProfile) -> Self {
+    pub fn new(h: &HypervisorProfile, k: &KvmProfile) -> Self {
         // The profile gives the round trip; KVM's exit and its re-entry are each about half of it.
-        let exit_ns = h.mmio_exit_ns / 2;
+        let exit_ns = k.mmio_exit_ns / 2;
         Trap {
             exit_ns,
-            entry_ns: h.mmio_exit_ns - exit_ns,
-            forward_ns: if h.nested { h.nested_inv_ns } else { 0 },
-            scan_ns: h.qemu_iotlb_scan_ns,
+            entry_ns: k.mmio_exit_ns - exit_ns,
+            forward_ns: if h.nested { k.nested_inv_ns } else { 0 },
+            scan_ns: k.qemu_iotlb_scan_ns,
             stats: ExitStats::default(),
         }
     }
@@ -256,14 +256,14 @@ pub struct Shadow {
 }
 
 impl Shadow {
-    pub fn new(h: &HypervisorProfile) -> Self {
+    pub fn new(k: &KvmProfile) -> Self {
         Shadow {
             mapped: Default::default(),
-            map_ns: h.vfio_map_ns,
-            map_page_ns: h.vfio_map_page_ns,
-            unmap_ns: h.vfio_unmap_ns,
-            unmap_page_ns: h.vfio_unmap_page_ns,
-            walk_ns: h.qemu_translate_ns,
+            map_ns: k.vfio_map_ns,
+            map_page_ns: k.vfio_map_page_ns,
+            unmap_ns: k.vfio_unmap_ns,
+            unmap_page_ns: k.vfio_unmap_page_ns,
+            walk_ns: k.qemu_translate_ns,
         }
     }
 
@@ -355,11 +355,10 @@ mod tests {
 
     #[test]
     fn a_trap_costs_the_round_trip_plus_the_handler_and_counts_once() {
-        let h = HypervisorProfile {
-            mmio_exit_ns: 5000,
-            ..crate::scenario::tests::hypervisor()
-        };
-        let mut t = Trap::new(&h);
+        let mut t = Trap::new(
+            &crate::scenario::tests::hypervisor(),
+            &crate::scenario::tests::kvm(),
+        );
         let start = t.exit(1000);
         assert_eq!(start, 3500);
         let back = t.resume(ExitCause::QiTail, 1000, start + 700, 700, 2);

@@ -98,13 +98,13 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32), vfio: bool) -> Box<d
         p.hypervisor
             .as_ref()
             .filter(|h| !h.vcmdq)
-            .map(emul::Trap::new)
+            .map(|h| emul::Trap::new(h, p.host_kvm()))
     };
     let shadow = || {
         p.hypervisor
             .as_ref()
             .filter(|h| vfio && !h.nested)
-            .map(emul::Shadow::new)
+            .map(|_| emul::Shadow::new(p.host_kvm()))
     };
     match p.vendor {
         Vendor::Vtd => Box::new(
@@ -112,7 +112,7 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32), vfio: bool) -> Box<d
                 .emulated(trap(), shadow()),
         ),
         Vendor::Smmuv3 => Box::new(
-            smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns, coh)
+            smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns, coh, kernel)
                 .emulated(trap(), shadow()),
         ),
         Vendor::Virtio => Box::new(
@@ -120,9 +120,7 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32), vfio: bool) -> Box<d
                 &p.iommu,
                 tr,
                 kernel.virtio_deferred_flush(),
-                p.hypervisor
-                    .as_ref()
-                    .expect("validated: a virtio-iommu platform is a guest"),
+                p.host_kvm(),
                 p.cpu.wakeup_ns,
             )
             .with_shadow(shadow()),
@@ -421,6 +419,12 @@ pub trait Iommu: Send + Sync {
     /// unmap freed no table (the F&S dmar.c fix on VT-d). SMMUv3's iotlb_sync already sends Leaf = 1, and
     /// virtio-iommu has no hint, so only VT-d changes.
     fn honour_psi_ih(&mut self) {}
+    /// The first kernel whose driver has map_pages/unmap_pages, one call walking the table once per leaf
+    /// table; before, iommu_map() called it once per page, each call walking down again. VT-d: "iommu/vt-d:
+    /// Implement map/unmap_pages() iommu_ops callback" (5.15).
+    fn map_pages_since(&self) -> KernelVersion {
+        KernelVersion(5, 15)
+    }
     /// Whole-domain invalidation and wait (the flush queue's flush_iotlb_all).
     fn flush_iotlb_all(&mut self, now: Time, cpu: usize, dom: DomainId) -> Time;
     /// attach_dev: install the device's context (VT-d context/PASID entry, SMMUv3 STE and CD) pointing at

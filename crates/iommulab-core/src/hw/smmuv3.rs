@@ -8,6 +8,7 @@
 use super::emul::{ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvKind, Iommu, IotlbGather};
+use crate::kernel::KernelVersion;
 use crate::scenario::{IommuProfile, Smmuv3Profile};
 use crate::sim::{Coherence, FifoServer, LockStats, SpinLock, Time};
 
@@ -123,6 +124,9 @@ pub struct Smmuv3 {
     llq_writes: std::collections::VecDeque<Time>,
     lock_owner: SpinLock,
     valid_map: SpinLock,
+    /// Before 5.4 (`KernelVersion::smmuv3_cmdq_batched` false): `cmdq.lock`, taken for every command's
+    /// insertion and, without MSI, held through a CMD_SYNC's poll.
+    cmdq_lock: Option<SpinLock>,
     /// Each command queue as the SMMU consumes it, in the order commands reach it (the shared one, or one
     /// ECMDQ per CPU): busy while it consumes commands, and while a CMD_SYNC waits for completion
     /// (SMMUv3 §4.7.3: commands after a CMD_SYNC do not begin processing until it completes).
@@ -157,6 +161,7 @@ impl Smmuv3 {
         cpus: usize,
         ats_inv_ns: u64,
         coh: Coherence,
+        kernel: KernelVersion,
     ) -> Self {
         let cfg = p
             .smmuv3
@@ -171,6 +176,7 @@ impl Smmuv3 {
             llq_writes: Default::default(),
             lock_owner: SpinLock::new(coh),
             valid_map: SpinLock::new(coh),
+            cmdq_lock: (!kernel.smmuv3_cmdq_batched()).then(|| SpinLock::new(coh)),
             // The SMMU's side moves no CPU cache lines.
             queues: vec![FifoServer::default(); queues],
             consumer: FifoServer::default(),
@@ -254,6 +260,9 @@ impl Smmuv3 {
     /// or after the SMMU has consumed up to its CMD_SYNC (which completes only once the devices have
     /// answered outstanding ATC invalidations).
     fn issue(&mut self, now: Time, cpu: usize, n: usize, what: Cmd, sync: bool) -> (Time, Time) {
+        if self.cmdq_lock.is_some() {
+            return self.issue_locked(now, cpu, n, what, sync);
+        }
         let cmds = n as u64 + sync as u64;
         let c = cpu as u32;
         let nq = self.queues.len();
@@ -315,6 +324,66 @@ impl Smmuv3 {
             seen
         } else {
             self.lock_owner.rmw_on(seen, c)
+        };
+        self.tr.c.inv_wait_ns += rel - now;
+        (start, rel)
+    }
+
+    /// Before 5.4 (arm_smmu_cmdq_issue_cmd, __arm_smmu_cmdq_issue_sync): `n` commands inserted one at a time
+    /// under `cmdq.lock`, each writing PROD (so in a guest each one traps and QEMU consumes it alone), then a
+    /// CMD_SYNC the same way. Without MSI (QEMU's SMMUv3) the CPU polls CONS with the lock held; with it (a
+    /// hardware SMMU's IDR0.MSI) it drops the lock and waits for the MSI write.
+    fn issue_locked(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        n: usize,
+        what: Cmd,
+        sync: bool,
+    ) -> (Time, Time) {
+        let c = cpu as u32;
+        let handler = self.trap.as_ref().map_or(0, Trap::handler_ns);
+        let (mut t, mut first, mut done) = (now, None, now);
+        for i in 0..n + sync as usize {
+            let work = if i == n {
+                self.cfg.sync_ns
+            } else {
+                self.cmd_ns(what) + std::mem::take(&mut self.shadow_ns)
+            } + handler;
+            let lock = self.cmdq_lock.as_mut().expect("issue_locked: before 5.4");
+            let (_, written) = lock.lock_on(t, c, self.cfg.submit_cmd_ns);
+            let arrive = self.trap.as_ref().map_or(written, |tr| tr.exit(written));
+            let (start, end) = self.queues[0].serve(arrive, work);
+            first.get_or_insert(start);
+            done = end;
+            self.tr.c.submissions += 1;
+            t = match self.trap.as_mut() {
+                Some(trap) => {
+                    let back = trap.resume(ExitCause::CmdqProd, written, end, work, 1);
+                    lock.extend(written, back);
+                    back
+                }
+                None => written,
+            };
+        }
+        let start = first.unwrap_or(now);
+        if !sync {
+            // A trapped command holds its vCPU until QEMU has consumed it: that is invalidation wait too.
+            if self.trap.is_some() {
+                self.tr.c.inv_wait_ns += t - now;
+            }
+            return (start, t);
+        }
+        self.tr.c.syncs += 1;
+        let rel = match self.trap.as_mut() {
+            Some(trap) => {
+                let seen = trap.read(ExitCause::CmdqCons, t, done);
+                if let Some(lock) = self.cmdq_lock.as_mut() {
+                    lock.extend(t, seen);
+                }
+                seen
+            }
+            None => done + self.cfg.sync_signal_ns,
         };
         self.tr.c.inv_wait_ns += rel - now;
         (start, rel)
@@ -400,6 +469,16 @@ impl Smmuv3 {
     fn issue_batched(&mut self, now: Time, cpu: usize, invs: &[CacheInval]) -> Time {
         let mut t = now;
         let per_cmd = self.cmd_ns(Cmd::Tlbi);
+        if self.cmdq_lock.is_some() {
+            // Before 5.4: arm_smmu_tlb_inv_range_nosync() issues each TLBI on its own, then the sync.
+            for &inv in invs {
+                self.shadow_sync(&[inv]);
+                let (start, rel) = self.issue(t, cpu, 1, Cmd::Tlbi, false);
+                self.consumed(start + per_cmd, inv);
+                t = rel;
+            }
+            return self.issue(t, cpu, 0, Cmd::Tlbi, true).1;
+        }
         let batches = invs.len().div_ceil(CMDQ_BATCH_ENTRIES);
         for (b, batch) in invs.chunks(CMDQ_BATCH_ENTRIES).enumerate() {
             self.shadow_sync(batch);
@@ -459,6 +538,11 @@ impl Smmuv3 {
 }
 
 impl Iommu for Smmuv3 {
+    /// "iommu/arm-smmu-v3: Implement the map_pages() IOMMU driver callback" (5.14).
+    fn map_pages_since(&self) -> KernelVersion {
+        KernelVersion(5, 14)
+    }
+
     fn name(&self) -> &'static str {
         "smmuv3"
     }
@@ -512,19 +596,20 @@ impl Iommu for Smmuv3 {
             .chain(&self.queues)
             .map(|q| &q.stats)
             .sum();
-        vec![
-            ("smmu cmdq llq", self.llq.stats.clone()),
-            ("smmu cmdq lock/owner_prod", self.lock_owner.stats.clone()),
-            ("smmu cmdq valid_map", self.valid_map.stats.clone()),
-            (
-                if self.trap.is_some() {
-                    BQL
-                } else {
-                    "smmu command queue"
-                },
-                queues,
-            ),
-        ]
+        let cpu_side = match &self.cmdq_lock {
+            Some(lock) => vec![("smmu cmdq.lock", lock.stats.clone())],
+            None => vec![
+                ("smmu cmdq llq", self.llq.stats.clone()),
+                ("smmu cmdq lock/owner_prod", self.lock_owner.stats.clone()),
+                ("smmu cmdq valid_map", self.valid_map.stats.clone()),
+            ],
+        };
+        let queue = if self.trap.is_some() {
+            BQL
+        } else {
+            "smmu command queue"
+        };
+        cpu_side.into_iter().chain([(queue, queues)]).collect()
     }
 
     fn unmap_pages(
@@ -636,11 +721,24 @@ pub(crate) mod tests {
     pub(crate) fn smmu_with(p: &IommuProfile, cpus: usize, atc: Option<u32>) -> Smmuv3 {
         let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, p).unwrap();
         let tr = Translator::new(p, fmt, atc.map(|n| (n, n)));
-        Smmuv3::new(p, tr, cpus, 2000, Coherence::default())
+        Smmuv3::new(
+            p,
+            tr,
+            cpus,
+            2000,
+            Coherence::default(),
+            KernelVersion(6, 12),
+        )
     }
 
     pub(crate) fn smmu(p: &IommuProfile, cpus: usize) -> Smmuv3 {
         smmu_with(p, cpus, None)
+    }
+
+    /// An SMMU of profile `c` for `cpus` CPUs driven by `kernel`'s driver, its lines moving at `coh()`'s costs.
+    fn smmu_on(c: &IommuProfile, cpus: usize, kernel: KernelVersion) -> Smmuv3 {
+        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, c).unwrap();
+        Smmuv3::new(c, Translator::new(c, fmt, None), cpus, 2000, coh(), kernel)
     }
 
     fn fields(c: &[TlbiRange]) -> Vec<(u32, u32, u64)> {
@@ -676,19 +774,26 @@ pub(crate) mod tests {
         assert_eq!((fields(&c), c[0].ttl), (vec![(1, 0, 2)], 0));
     }
 
-    #[test]
-    fn in_a_guest_every_prod_write_traps_and_the_emulator_consumes_every_command() {
-        let trap = Some(Trap::new(&crate::scenario::HypervisorProfile {
-            mmio_exit_ns: 5000,
-            ..crate::scenario::tests::hypervisor()
-        }));
-        // No RIL (QEMU's SMMUv3 before range invalidation): 130 pages are 130 TLBIs in three batches, each
-        // issue ringing CMDQ_PROD: three exits, the last one's handler completing the CMD_SYNC.
-        let mut s = smmu(&cfg(false, false), 2).emulated(trap, None);
+    /// An emulated SMMUv3 without RIL (QEMU's before range invalidation) driven by `kernel`'s driver, after a
+    /// strict sync of 130 unmapped pages: the SMMU and the time the CPU is released.
+    fn trapped_sync_of_130_pages(kernel: KernelVersion) -> (Smmuv3, Time) {
+        let (h, k) = (
+            crate::scenario::tests::hypervisor(),
+            crate::scenario::tests::kvm(),
+        );
+        let mut s = smmu_on(&cfg(false, false), 2, kernel).emulated(Some(Trap::new(&h, &k)), None);
         s.map_pages(1, 0, 0, 1);
         let mut g = IotlbGather::new();
         g.add_range(0x1000, 130);
         let t = s.iotlb_sync(0, 0, 1, &g);
+        (s, t)
+    }
+
+    #[test]
+    fn in_a_guest_every_prod_write_traps_and_the_emulator_consumes_every_command() {
+        // 130 pages are 130 TLBIs in three batches, each issue ringing CMDQ_PROD: three exits, the last one's
+        // handler completing the CMD_SYNC.
+        let (s, t) = trapped_sync_of_130_pages(KernelVersion(6, 12));
         let st = s.exit_stats().unwrap();
         // The CPU waiting for the CMD_SYNC then reads CMDQ_CONS once: QEMU advertises neither MSI nor SEV.
         assert_eq!(st.count, [0, 3, 1, 0]);
@@ -697,6 +802,23 @@ pub(crate) mod tests {
         assert_eq!(st.emulator_ns, 130 * per_cmd + s.cfg.sync_ns);
         assert!(t >= 4 * 5000 + 130 * per_cmd + s.cfg.sync_ns, "{t}");
         assert_eq!(s.tr.c.get(InvKind::TlbiNhVa), 130);
+    }
+
+    #[test]
+    fn before_5_4_every_command_writes_prod_and_a_guest_traps_for_each_under_cmdq_lock() {
+        // arm_smmu_cmdq_issue_cmd() wrote PROD per command: 130 TLBIs and the CMD_SYNC are 131 exits (against
+        // three batches from 5.4), and the CONS poll is made with cmdq.lock held.
+        let (mut s, t) = trapped_sync_of_130_pages(KernelVersion(4, 19));
+        let st = s.exit_stats().unwrap();
+        assert_eq!(st.count, [0, 131, 1, 0]);
+        assert_eq!(st.work.inv_processed, 130 + 1);
+        assert_eq!(s.tr.c.get(InvKind::TlbiNhVa), 130);
+        assert!(t >= 132 * crate::scenario::tests::kvm().mmio_exit_ns, "{t}");
+        // Another CPU's command waits for the lock until the first is back from its CONS read.
+        let u = s.issue(1000, 1, 1, Cmd::Tlbi, false).1;
+        assert!(u > t, "{u} <= {t}");
+        let names: Vec<_> = s.lock_stats().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["smmu cmdq.lock", BQL]);
     }
 
     #[test]
@@ -778,8 +900,7 @@ pub(crate) mod tests {
     fn two_syncs(ecmdq: bool, parallel: bool) -> (Smmuv3, Time, Time) {
         let mut c = cfg(true, ecmdq);
         c.smmuv3.as_mut().unwrap().ecmdq_parallel = parallel;
-        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, &c).unwrap();
-        let mut s = Smmuv3::new(&c, Translator::new(&c, fmt, None), 2, 2000, coh());
+        let mut s = smmu_on(&c, 2, KernelVersion(6, 12));
         let a = s.issue(0, 0, 1, Cmd::Tlbi, true).1;
         let b = s.issue(0, 1, 1, Cmd::Tlbi, true).1;
         (s, a, b)
@@ -804,8 +925,7 @@ pub(crate) mod tests {
     #[test]
     fn a_cpu_inserting_while_an_owner_gathers_leaves_the_doorbell_to_it() {
         let c = cfg(true, false);
-        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, &c).unwrap();
-        let mut s = Smmuv3::new(&c, Translator::new(&c, fmt, None), 2, 2000, coh());
+        let mut s = smmu_on(&c, 2, KernelVersion(6, 12));
         // CPU 0 copies 64 commands (640 ns) before it closes its gathering window; CPU 1 reserves slots in it.
         let a = s.shared_insert(0, 0, 64, false);
         let b = s.shared_insert(100, 1, 1, true);
@@ -825,10 +945,9 @@ pub(crate) mod tests {
         // whose cmpxchg lands after another CPU's write to llq fails and retries with the value it got
         // back. Sixteen CPUs insert at one instant.
         let c = cfg(true, false);
-        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, &c).unwrap();
         let cpus = 16;
         let fresh = || {
-            let mut s = Smmuv3::new(&c, Translator::new(&c, fmt, None), cpus, 2000, coh());
+            let mut s = smmu_on(&c, cpus, KernelVersion(6, 12));
             // CPU 0 has the line (its first toucher takes it for nothing).
             s.issue(0, 0, 1, Cmd::Tlbi, true);
             let counts = (

@@ -8,7 +8,7 @@
 use super::emul::{ExitCause, ExitStats, Shadow, BQL};
 use super::translator::{CacheInval, Translator};
 use super::{iommu_pgsize, DomainId, InvKind, Iommu, IotlbGather};
-use crate::scenario::{HypervisorProfile, IommuProfile, VirtioProfile};
+use crate::scenario::{IommuProfile, KvmProfile, VirtioProfile};
 use crate::sim::{FifoServer, LockStats, SpinLock, Time};
 use std::collections::BTreeMap;
 
@@ -46,12 +46,12 @@ pub struct VirtioIommu {
 }
 
 impl VirtioIommu {
-    /// A virtio-iommu whose host side runs under `h` (a woken host thread takes `wakeup_ns`).
+    /// A virtio-iommu whose host side costs `k` (a woken host thread takes `wakeup_ns`).
     pub fn new(
         p: &IommuProfile,
         tr: Translator,
         deferred: bool,
-        h: &HypervisorProfile,
+        k: &KvmProfile,
         wakeup_ns: u64,
     ) -> Self {
         let cfg = p
@@ -70,9 +70,9 @@ impl VirtioIommu {
             unsynced_maps: 0,
             request_lock: SpinLock::default(),
             host: FifoServer::default(),
-            kick_exit_ns: h.kick_exit_ns,
+            kick_exit_ns: k.kick_exit_ns,
             wakeup_ns,
-            notify_ns: h.vhost_invalidate_ns,
+            notify_ns: k.vhost_invalidate_ns,
             exits: ExitStats::default(),
             shadow: None,
             shadow_ns: 0,
@@ -348,11 +348,11 @@ pub(crate) mod tests {
     pub(crate) fn virtio(deferred: bool) -> VirtioIommu {
         let p = cfg();
         let tr = Translator::new(&p, PtFormat::vtd(48, false).unwrap(), None);
-        let h = crate::scenario::HypervisorProfile {
+        let k = crate::scenario::KvmProfile {
             kick_exit_ns: 2000,
-            ..crate::scenario::tests::hypervisor()
+            ..crate::scenario::tests::kvm()
         };
-        VirtioIommu::new(&p, tr, deferred, &h, 3000)
+        VirtioIommu::new(&p, tr, deferred, &k, 3000)
     }
 
     #[test]
@@ -399,7 +399,7 @@ pub(crate) mod tests {
         // QEMU's virtio_iommu_unmap() calls VFIO_IOMMU_UNMAP_DMA when it processes the request, after the
         // guest's kick; viommu_unmap_pages() only queues it. (Issue 33's VFIO model counted the unpin at
         // the queueing, and never gave virtio-iommu its shadow.)
-        let h = crate::scenario::tests::hypervisor();
+        let h = crate::scenario::tests::kvm();
         let mut v = virtio(true).with_shadow(Some(Shadow::new(&h)));
         v.map_pages(1, 0x100, 0x500, 4);
         v.iotlb_sync_map(0, 0, 1, 0x100, 4);

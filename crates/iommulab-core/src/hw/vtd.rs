@@ -683,10 +683,10 @@ pub(crate) mod tests {
     #[test]
     fn in_a_guest_each_tail_write_traps_once_and_holds_q_lock_through_the_exit() {
         let trap = || {
-            Some(Trap::new(&crate::scenario::HypervisorProfile {
-                mmio_exit_ns: 5000,
-                ..crate::scenario::tests::hypervisor()
-            }))
+            Some(Trap::new(
+                &crate::scenario::tests::hypervisor(),
+                &crate::scenario::tests::kvm(),
+            ))
         };
         let mut v = vtd(&cfg()).emulated(trap(), None);
         // One submission of 17 descriptors' worth: two batches (16 + 1), each with its wait: two exits.
@@ -724,7 +724,10 @@ pub(crate) mod tests {
         use crate::hw::cache::{PsiMatch, QemuIotlb};
         // QEMU's PSI walks its whole IOTLB hash: the same descriptor after 500 translations were cached costs
         // 500 entry scans more than on an empty hash.
-        let h = crate::scenario::tests::hypervisor();
+        let (h, k) = (
+            crate::scenario::tests::hypervisor(),
+            crate::scenario::tests::kvm(),
+        );
         let psi_done = |cached: u64| {
             let p = IommuProfile {
                 large_pages: false,
@@ -734,7 +737,7 @@ pub(crate) mod tests {
             let tr = Translator::new(&p, fmt, None)
                 .emulated_iotlb(QemuIotlb::new(1024, PsiMatch::LowByte));
             let mut v = Vtd::new(&p, tr, 1000, KernelVersion(6, 12), Coherence::default(), 10)
-                .emulated(Some(Trap::new(&h)), None);
+                .emulated(Some(Trap::new(&h, &k)), None);
             v.map_pages(1, 0x1000, 0x1000, 1000);
             for i in 0..cached {
                 v.translate(0, 1, 0x1000 + i);
@@ -748,7 +751,7 @@ pub(crate) mod tests {
             };
             v.flush_descs(0, 0, 1, &[psi])
         };
-        assert_eq!(psi_done(500) - psi_done(0), 500 * h.qemu_iotlb_scan_ns);
+        assert_eq!(psi_done(500) - psi_done(0), 500 * k.qemu_iotlb_scan_ns);
     }
 
     #[test]

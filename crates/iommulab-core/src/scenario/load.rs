@@ -193,8 +193,10 @@ fn compare_axes(
     Ok(())
 }
 
-/// A guest's devices sit on the host's PCIe: take the host profile's `[pcie]` into the guest's platform
-/// `profile` (the built-in guest profiles have none; a user's own keys go over the host's). A VFIO-assigned device (a hardware workload) also translates
+/// A guest runs on its host: take the host profile's `[pcie]` (its devices sit on the host's PCIe), `[cpu]`
+/// (the vCPUs are the host's cores) and `[kvm]` (what its KVM, QEMU and vhost cost) into the guest's platform
+/// `profile`; what the guest profile says itself (the built-in ones: the vCPUs' number) goes over the
+/// host's. A VFIO-assigned device (a hardware workload) also translates
 /// through the host's IOMMU: take its IOMMU caches and table format and walk latency too (and, nested, its
 /// command costs: the hardware executes the guest's commands). The scenario's own platform keys `own` go
 /// over them.
@@ -215,13 +217,29 @@ fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&tom
     let Some(host) = host else {
         return;
     };
-    if let Some(toml::Value::Table(pcie)) = host.get("pcie") {
-        // What a guest profile of the user's own says of [pcie] goes over the host's.
-        let mut pcie = pcie.clone();
-        if let Some(toml::Value::Table(mine)) = profile.remove("pcie") {
-            input::merge(&mut pcie, mine);
+    for section in ["pcie", "cpu", "kvm"] {
+        if let Some(toml::Value::Table(theirs)) = host.get(section) {
+            let mut t = theirs.clone();
+            if let Some(toml::Value::Table(mine)) = profile.remove(section) {
+                input::merge(&mut t, mine);
+            }
+            profile.insert(section.into(), toml::Value::Table(t));
         }
-        profile.insert("pcie".into(), toml::Value::Table(pcie));
+    }
+    // And their sources, where the guest profile gives none of its own.
+    if let Some(toml::Value::Table(theirs)) = host.get("sources") {
+        let host = host_name.as_str().unwrap_or_default();
+        let mine = profile
+            .entry("sources")
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let toml::Value::Table(mine) = mine {
+            for (k, v) in theirs {
+                let taken = ["pcie.", "cpu.", "kvm."].iter().any(|s| k.starts_with(s));
+                if let (true, false, Some(v)) = (taken, mine.contains_key(k), v.as_str()) {
+                    mine.insert(k.clone(), toml::Value::String(format!("host {host}: {v}")));
+                }
+            }
+        }
     }
     if !hardware {
         return;
@@ -404,6 +422,15 @@ pub fn load(
             })?;
             let mut merged = profile_doc.table()?;
             if let Some(toml::Value::Table(p)) = table.remove("platform") {
+                if p.contains_key("hypervisor") && !merged.contains_key("hypervisor") {
+                    return Err(origins.error(
+                        &["platform".into(), "hypervisor".into()],
+                        &format!(
+                            "expected no [hypervisor] keys: `{pname}` is a bare-metal profile (a guest \
+                             profile, e.g. kvm-vtd-guest, names its host)"
+                        ),
+                    ));
+                }
                 own_platform = p.clone();
                 with_host(&mut merged, &p, table.get("workload"));
                 input::merge(&mut merged, p);

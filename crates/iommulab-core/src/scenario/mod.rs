@@ -77,6 +77,14 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
         include_str!("../../data/profiles/vtd-server.toml"),
     ),
     (
+        "haswell-ep",
+        include_str!("../../data/profiles/haswell-ep.toml"),
+    ),
+    (
+        "thunderx",
+        include_str!("../../data/profiles/thunderx.toml"),
+    ),
+    (
         "smmuv3-server",
         include_str!("../../data/profiles/smmuv3-server.toml"),
     ),
@@ -433,7 +441,25 @@ impl Scenario {
             "os.sched_wakeup_granularity_us",
             "expected a granularity of at least 1 µs",
         )?;
-        parse_kernel(&self.os.kernel).map_err(|m| (vec!["os".into(), "kernel".into()], m))?;
+        let kernel =
+            parse_kernel(&self.os.kernel).map_err(|m| (vec!["os".into(), "kernel".into()], m))?;
+        check(
+            self.os.policy != PolicyName::Auto || kernel >= KERNEL_RULES_OLDEST,
+            "os.policy",
+            format!(
+                "expected strict, lazy or passthrough for kernel {}.{}: the default-domain rules `auto` \
+                 follows start at {}.{}",
+                kernel.0, kernel.1, KERNEL_RULES_OLDEST.0, KERNEL_RULES_OLDEST.1
+            ),
+        )?;
+        let k = crate::kernel::KernelVersion::from(kernel);
+        let virtio = self.platform.vendor == Vendor::Virtio;
+        check(
+            !virtio || (k.virtio_iommu() && (self.os.arch != Arch::X86_64 || k.virtio_iommu_acpi())),
+            "os.kernel",
+            "expected 5.3 or later for virtio-iommu (its driver's first kernel), 5.14 or later on x86 (where \
+             the ACPI VIOT table describes it)",
+        )?;
         // VT-d is an x86 IOMMU and SMMUv3 an Arm one; virtio-iommu serves any guest.
         let arch_ok = match self.platform.vendor {
             Vendor::Vtd => self.os.arch == Arch::X86_64,
@@ -460,16 +486,38 @@ impl Scenario {
             "platform.iommu.smmuv3.caching_mode",
             "expected false on bare metal: only an emulated SMMUv3 has the caching-mode quirk",
         )?;
-        if let Some(h) = &self.platform.hypervisor {
+        if let Some(why) = self
+            .platform
+            .unmodelled_iommu
+            .as_ref()
+            .filter(|_| self.platform.hypervisor.is_none())
+        {
+            return Err((
+                vec!["platform".into(), "profile".into()],
+                format!(
+                    "`{}` serves only as a guest's host (platform.hypervisor.host_profile): {why}",
+                    self.platform.profile
+                ),
+            ));
+        }
+        if self.platform.hypervisor.is_some() {
             // virtio-iommu's requests keep their own costs ([iommu.virtio]); QEMU's VT-d and SMMUv3 trap.
+            let Some(k) = &self.platform.kvm else {
+                return Err((
+                    vec!["platform".into(), "kvm".into()],
+                    "expected the host's [kvm] costs: a guest takes them from its host profile \
+                     (platform.hypervisor.host_profile), or sets them itself"
+                        .into(),
+                ));
+            };
             check(
                 !io.smmuv3.as_ref().is_some_and(|s| s.ecmdq),
                 "platform.iommu.smmuv3.ecmdq",
                 "expected false in a guest: QEMU's SMMUv3 emulates no ECMDQ",
             )?;
             check(
-                h.mmio_exit_ns <= 10_000_000,
-                "platform.hypervisor.mmio_exit_ns",
+                k.mmio_exit_ns <= 10_000_000,
+                "platform.kvm.mmio_exit_ns",
                 "expected at most 10 ms",
             )?;
         }
@@ -508,6 +556,13 @@ impl Scenario {
                     ),
                 ));
             };
+            if let Some(why) = host.unmodelled_iommu.as_ref().filter(|_| hw_device) {
+                let msg = format!(
+                    "`{}` cannot take a VFIO-assigned device: {why}",
+                    h.host_profile
+                );
+                check(false, "platform.hypervisor.host_profile", msg)?;
+            }
             check(
                 self.platform.vendor == Vendor::Virtio || host.vendor == self.platform.vendor,
                 "platform.hypervisor.host_profile",
@@ -652,6 +707,17 @@ pub(crate) mod tests {
     /// Hypervisor costs for unit tests across the crate.
     pub(crate) fn hypervisor() -> HypervisorProfile {
         HypervisorProfile {
+            host_profile: "vtd-server".into(),
+            nested: false,
+            nested_s2_reads: 1,
+            vcmdq: false,
+            qemu: DEFAULT_QEMU.into(),
+        }
+    }
+
+    /// Host costs for unit tests across the crate.
+    pub(crate) fn kvm() -> KvmProfile {
+        KvmProfile {
             mmio_exit_ns: 5000,
             kick_exit_ns: 1000,
             irq_inject_ns: 2000,
@@ -662,17 +728,12 @@ pub(crate) mod tests {
             vhost_iotlb_miss_ns: 10000,
             vhost_invalidate_ns: 1000,
             vhost_iotlb_entries: 2048,
-            host_profile: "vtd-server".into(),
             vfio_map_ns: 2000,
             vfio_map_page_ns: 300,
             vfio_unmap_ns: 4000,
             vfio_unmap_page_ns: 100,
-            nested: false,
             nested_inv_ns: 3000,
-            nested_s2_reads: 1,
-            vcmdq: false,
             qemu_iotlb_scan_ns: 10,
-            qemu: DEFAULT_QEMU.into(),
         }
     }
 
@@ -941,7 +1002,7 @@ pub(crate) mod tests {
                 .unwrap_or_default();
             let mut keys = vec![];
             setting_keys(&t, "", &mut keys);
-            assert!(keys.len() > 20, "{name}: {keys:?}");
+            assert!(keys.len() > 15, "{name}: {keys:?}");
             let missing: Vec<_> = keys
                 .iter()
                 .filter(|k| {
@@ -998,6 +1059,12 @@ pub(crate) mod tests {
                 sc.truncate(at);
                 sc.push_str(GUEST_NET);
                 sc = sc.replace("duration_ms = 1\n", "duration_ms = 5\n");
+            }
+            if builtin_platform(name).is_some_and(|p| p.unmodelled_iommu.is_some()) {
+                // A host whose IOMMU is not modelled runs no bare-metal scenario; it hosts guests.
+                let e = text(&sc).unwrap_err().to_string();
+                assert!(e.contains("platform.profile") && e.contains("host"), "{e}");
+                continue;
             }
             let v = text(&sc).unwrap();
             assert_eq!(v[0].scenario.platform.profile, *name);

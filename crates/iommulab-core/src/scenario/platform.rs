@@ -43,6 +43,13 @@ pub struct Platform {
     /// A guest: its IOMMU is emulated by the hypervisor, and the CPUs are vCPUs (absent: bare metal).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hypervisor: Option<HypervisorProfile>,
+    /// The host's own IOMMU is one iommulab does not model (why): the profile serves as the host of a guest's
+    /// emulated devices only, and its `[iommu]` keys go unused (no bare-metal run, no VFIO device on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmodelled_iommu: Option<String>,
+    /// A host: what its KVM, QEMU and vhost cost a guest (a guest platform holds its host's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvm: Option<KvmProfile>,
     /// Where each number comes from: `"section.key" = "source"`.
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
@@ -86,10 +93,36 @@ impl IommuProfile {
     }
 }
 
-/// The hypervisor a guest platform runs under (KVM with QEMU as the VMM).
+/// The hypervisor a guest platform runs under (KVM with QEMU as the VMM): which host, which QEMU, how a
+/// VFIO device is translated. What the host's KVM, QEMU and vhost cost is the host's (`[kvm]`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HypervisorProfile {
+    /// The bare-metal profile of the host the guest runs on (built-in): its IOMMU hardware translates a
+    /// VFIO-assigned device's DMA, through shadow mappings or, with `nested`, two stages.
+    pub host_profile: String,
+    /// Nested translation (a VFIO device): the guest's IOMMU tables are stage 1 in the host's hardware over
+    /// the host's stage 2; no shadowing, but a two-dimensional walk on a miss.
+    #[serde(default)]
+    pub nested: bool,
+    /// With `nested`: page-table reads of the stage-2 translation each stage-1 access needs after the
+    /// stage-2 caches (a 4-level by 4-level walk needs up to 24 reads in all with nothing cached).
+    pub nested_s2_reads: u32,
+    /// With `nested` on SMMUv3: the guest's command queue is a hardware one (NVIDIA's CMDQV, tegra241-cmdqv.c)
+    /// and its invalidations do not trap.
+    #[serde(default)]
+    pub vcmdq: bool,
+    /// The QEMU that emulates the IOMMU and the virtio devices, "MAJOR.MINOR" (what the model changes
+    /// with it: docs/virtualization.md).
+    #[serde(default = "default_qemu")]
+    pub qemu: String,
+}
+
+/// What a host's KVM, QEMU and vhost cost a guest (a bare-metal profile's `[kvm]`; a guest takes its host's,
+/// and its own `[kvm]` keys go over them).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KvmProfile {
     /// Round trip of an MMIO write the VMM handles in user space: VM exit, KVM's return to the VMM,
     /// dispatch to the device's handler and back, re-entry (without the handler's own work).
     pub mmio_exit_ns: u64,
@@ -116,9 +149,6 @@ pub struct HypervisorProfile {
     pub vhost_invalidate_ns: u64,
     /// vhost's device-IOTLB capacity (drivers/vhost/vhost.c max_iotlb_entries).
     pub vhost_iotlb_entries: u32,
-    /// The bare-metal profile of the host the guest runs on (built-in): its IOMMU hardware translates a
-    /// VFIO-assigned device's DMA, through shadow mappings or, with `nested`, two stages.
-    pub host_profile: String,
     /// VFIO_IOMMU_MAP_DMA: the ioctl, and per 4 KiB page the pin (pin_user_pages) and the host's iommu_map.
     pub vfio_map_ns: u64,
     /// VFIO_IOMMU_MAP_DMA per 4 KiB page (pin and host map).
@@ -127,40 +157,34 @@ pub struct HypervisorProfile {
     pub vfio_unmap_ns: u64,
     /// VFIO_IOMMU_UNMAP_DMA per 4 KiB page (unpin).
     pub vfio_unmap_page_ns: u64,
-    /// Nested translation (a VFIO device): the guest's IOMMU tables are stage 1 in the host's hardware over
-    /// the host's stage 2; no shadowing, but a two-dimensional walk on a miss.
-    #[serde(default)]
-    pub nested: bool,
     /// With `nested`: the VMM forwarding one trapped invalidation batch to the host (iommufd
     /// IOMMU_HWPT_INVALIDATE, the host driver's commands and their wait).
     pub nested_inv_ns: u64,
-    /// With `nested`: page-table reads of the stage-2 translation each stage-1 access needs after the
-    /// stage-2 caches (a 4-level by 4-level walk needs up to 24 reads in all with nothing cached).
-    pub nested_s2_reads: u32,
-    /// With `nested` on SMMUv3: the guest's command queue is a hardware one (NVIDIA's CMDQV, tegra241-cmdqv.c)
-    /// and its invalidations do not trap.
-    #[serde(default)]
-    pub vcmdq: bool,
     /// QEMU's scan of one entry of its IOTLB hash when an invalidation walks it (VT-d's
     /// vtd_iotlb_page_invalidate and domain invalidation: g_hash_table_foreach_remove with its callback).
     #[serde(default = "default_iotlb_scan_ns")]
     pub qemu_iotlb_scan_ns: u64,
-    /// The QEMU that emulates the IOMMU and the virtio devices, "MAJOR.MINOR" (what the model changes
-    /// with it: docs/virtualization.md).
-    #[serde(default = "default_qemu")]
-    pub qemu: String,
 }
 
 /// The QEMU of the testbed (Debian 12's 7.2), whose traces the emulator's counts are held to.
 pub const DEFAULT_QEMU: &str = "7.2";
 
-/// The estimate the built-in guest profiles give (their [sources]).
+/// The estimate the built-in host profiles give (their [sources]).
 fn default_iotlb_scan_ns() -> u64 {
     10
 }
 
 fn default_qemu() -> String {
     DEFAULT_QEMU.into()
+}
+
+impl Platform {
+    /// A guest's host costs (validated: a guest platform has its host's `[kvm]`).
+    pub fn host_kvm(&self) -> &KvmProfile {
+        self.kvm
+            .as_ref()
+            .expect("validated: a guest platform has its host's [kvm]")
+    }
 }
 
 impl HypervisorProfile {

@@ -41,7 +41,7 @@ use super::{event, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::hw::emul::ExitCause;
 use crate::hw::{pages_spanned, PAGE_SIZE as PAGE};
-use crate::scenario::{Direction, HypervisorProfile, Vendor, VirtioNet};
+use crate::scenario::{Direction, KvmProfile, Vendor, VirtioNet};
 use crate::sim::{Ctx, Time};
 use std::collections::VecDeque;
 
@@ -202,7 +202,8 @@ struct RxPkt {
 
 pub struct VirtioNetWorkload {
     cfg: VirtioNet,
-    h: HypervisorProfile,
+    /// The host's costs (its exits, QEMU's and vhost's work).
+    h: KvmProfile,
     /// vCPUs: the interrupt and NAPI's, and the application's (the same on a one-vCPU guest).
     irq_cpu: usize,
     app_cpu: usize,
@@ -268,7 +269,7 @@ pub struct VirtioNetWorkload {
 }
 
 impl VirtioNetWorkload {
-    pub fn new(cfg: &VirtioNet, h: &HypervisorProfile, vcpus: usize) -> Self {
+    pub fn new(cfg: &VirtioNet, h: &KvmProfile, vcpus: usize) -> Self {
         VirtioNetWorkload {
             cfg: cfg.clone(),
             h: h.clone(),
@@ -1264,15 +1265,8 @@ mod tests {
     fn a_vhost_iotlb_miss_is_a_round_trip_to_the_vmm() {
         // Lazy with vhost: every fresh buffer IOVA misses vhost's IOTLB, and the device thread waits for
         // QEMU's answer each time; doubling that round trip costs the device-bound stream accordingly.
-        let base = x86("lazy", RX_ON);
-        let slow = x86(
-            "lazy",
-            &[
-                RX_ON,
-                &[("platform.hypervisor.vhost_iotlb_miss_ns", "20000")],
-            ]
-            .concat(),
-        );
+        let miss = |ns| [RX_ON, &[("platform.kvm.vhost_iotlb_miss_ns", ns)]].concat();
+        let (base, slow) = (x86("lazy", &miss("10000")), x86("lazy", &miss("20000")));
         let misses = base.caches.atc.misses;
         assert!(
             misses as f64 > 0.9 * base.dma_pages as f64,
