@@ -728,6 +728,7 @@ pub(crate) mod tests {
             vhost_iotlb_miss_ns: 10000,
             vhost_invalidate_ns: 1000,
             vhost_iotlb_entries: 2048,
+            vhost_meta_cache: true,
             vfio_map_ns: 2000,
             vfio_map_page_ns: 300,
             vfio_unmap_ns: 4000,

@@ -149,6 +149,11 @@ pub struct KvmProfile {
     pub vhost_invalidate_ns: u64,
     /// vhost's device-IOTLB capacity (drivers/vhost/vhost.c max_iotlb_entries).
     pub vhost_iotlb_entries: u32,
+    /// vhost keeps the translations of each virtqueue's rings (vhost_vq_meta_prefetch: `vq->meta_iotlb`,
+    /// looked up in O(1) by vhost_get_avail/used helpers); without it every ring access is a device-IOTLB
+    /// lookup like a buffer's.
+    #[serde(default = "default_true")]
+    pub vhost_meta_cache: bool,
     /// VFIO_IOMMU_MAP_DMA: the ioctl, and per 4 KiB page the pin (pin_user_pages) and the host's iommu_map.
     pub vfio_map_ns: u64,
     /// VFIO_IOMMU_MAP_DMA per 4 KiB page (pin and host map).
