@@ -134,21 +134,14 @@ def test_deferred_beats_strict_which_beats_strict_with_caching_mode():
     assert gbps("guest-arm", "smmuv3", "rx", False) > gbps("guest-arm", "smmuv3-cm", "rx", False)
 
 
-@pytest.mark.xfail(strict=True, reason="the seed's Arm host is taken to predate vhost's ring translation cache "
-                   "(kvm.vhost_meta_cache = false): every ring access is then a device-IOTLB lookup in both configs "
-                   "and vSMMUv3's vhost RX (0.91 Gbps) falls below virtio-iommu's (0.93); with the cache it is 0.98 "
-                   "against 0.94, as the seed found")
+@pytest.mark.xfail(strict=True, reason="the model puts vSMMUv3's vhost RX on the seed's ThunderX just below "
+                   "virtio-iommu's (0.86 against 0.87 Gbps; 0.90 against 0.93 with vhost's ring cache): vhost's IOTLB "
+                   "misses wait for QEMU's answer under the BQL, which the 4.19 guest's per-command SMMUv3 exits hold "
+                   "too. The seed's exact QEMU, kernels and host costs, which could decide a 2-4 % gap, are unknown")
 def test_virtio_iommus_explicit_requests_cost_most_in_the_vhost_case_on_arm():
     # Every MAP is a request the guest waits for (before 6.8), and with vhost every UNMAP is forwarded too;
     # the emulated SMMUv3 traps only its invalidations.
     assert gbps("guest-arm", "virtio-iommu", "rx", True) < gbps("guest-arm", "smmuv3", "rx", True)
-
-
-def test_with_vhosts_ring_cache_virtio_iommus_requests_cost_most_in_the_vhost_case_on_arm():
-    cache = "platform.kvm.vhost_meta_cache=true"
-    virtio, smmu = (runs_of("guest-arm", cache)[f"{c} rx vhost=on netperf"]["throughput_gbps"]
-                    for c in ("virtio-iommu", "smmuv3"))
-    assert virtio < smmu, (virtio, smmu)
 
 
 def test_rx_and_tx_differ_off_the_wire():
@@ -216,7 +209,9 @@ def test_nested_vcmdq_avoids_the_trap_and_trapped_syncs_queue_in_the_vmm():
 def test_a_long_invalidation_batch_delays_qemus_device_through_the_bql():
     # QEMU's virtio-net runs in its main loop under the BQL, and a vCPU's trapped invalidations are processed
     # under it too: the device waits for the handlers. Ten times dearer descriptors make it wait longer per
-    # packet and cost TX throughput; vhost's worker (a kernel thread) and a guest without a vIOMMU never wait.
+    # packet and cost TX throughput. A guest without a vIOMMU never waits. vhost's worker is a kernel thread
+    # and takes no BQL for its own work, but its IOTLB misses wait for QEMU's answer, which its main loop
+    # gives under the BQL: behind the handlers too.
     # On today's host (on the seed's Haswell-EP, TX is bound by the vCPUs' q_lock first and the device's wait
     # per packet grows by 2 % only).
     sets = ("workload.virtio_net.direction=tx", "workload.virtio_net.tool=iperf3",
@@ -230,7 +225,12 @@ def test_a_long_invalidation_batch_delays_qemus_device_through_the_bql():
         assert wait(b) > 1.05 * wait(a) and b["throughput_gbps"] < 0.9 * a["throughput_gbps"], (a["vm_exits"], b["vm_exits"])
     assert cheap["noiommu"]["vm_exits"]["device_bql_wait"] == 0
     vhost = runs_of("guest-x86", *sets, "workload.virtio_net.vhost=true")
-    assert all(r["vm_exits"]["device_bql_wait"] == 0 for r in vhost.values())
+    dear_vhost = runs_of("guest-x86", *sets, "workload.virtio_net.vhost=true", "platform.iommu.vtd.inv_desc_ns=5000")
+    assert vhost["noiommu"]["vm_exits"]["device_bql_wait"] == 0
+    for config in ("strict", "strict-cm"):
+        a, b = vhost[config], dear_vhost[config]
+        assert 0 < a["vm_exits"]["device_bql_wait"] < b["vm_exits"]["device_bql_wait"], config
+        assert b["throughput_gbps"] < 0.95 * a["throughput_gbps"], config
 
 
 @pytest.mark.parametrize("key, value, expected", [

@@ -68,7 +68,8 @@ pub struct ExitStats {
     /// Of it, QEMU's device work under the BQL (virtio-net in QEMU's main loop), which the emulated
     /// IOMMU's handlers also take.
     pub bql_ns: u64,
-    /// Time QEMU's device waited for the BQL (held by a vCPU's IOMMU handler) before its work.
+    /// Time the software device waited for the BQL (held by a vCPU's IOMMU handler): QEMU's before its
+    /// work, vhost's for QEMU's answer to an IOTLB miss.
     pub bql_wait_ns: u64,
     /// A VFIO device's shadow mappings: VFIO_IOMMU_MAP_DMA / UNMAP_DMA calls and the pages they pinned
     /// and unpinned.

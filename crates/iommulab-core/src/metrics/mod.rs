@@ -63,7 +63,8 @@ pub struct VmExits {
     pub device_busy: f64,
     /// QEMU's big lock held over the window: the emulator's handlers and QEMU's own device work.
     pub bql_busy: f64,
-    /// QEMU's device waiting for the BQL over the window (held by the vCPUs' IOMMU handlers).
+    /// The software device waiting for the BQL over the window (held by the vCPUs' IOMMU handlers): QEMU's
+    /// virtio-net before its work, vhost for QEMU's answer to its IOTLB misses.
     pub device_bql_wait: f64,
     /// A VFIO device's shadow mappings: VFIO map and unmap calls, pages pinned and unpinned.
     pub vfio_maps: u64,
