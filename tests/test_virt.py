@@ -287,10 +287,11 @@ def test_before_5_4_an_smmuv3_guest_traps_for_every_command():
 
 
 @pytest.mark.parametrize("sets, key, expected", [
+    (("platform.hypervisor.mmio_exit_ns=3000",), "platform.hypervisor.mmio_exit_ns", "platform.kvm.mmio_exit_ns"),
     (("os.kernel=4.19", "os.policy=auto"), "os.policy", "start at 5.15"),
     (("os.kernel=5.10", "platform.profile=virtio-guest"), "os.kernel", "5.14 or later on x86"),
     (("os.kernel=4.14",), "os.kernel", "4.19 to 6.18"),
 ])
-def test_older_guests_refuse_what_their_kernel_lacks(sets, key, expected):
+def test_older_guests_and_moved_keys_are_refused_in_one_line(sets, key, expected):
     err = one_line_error(cli("run", "guest-x86", *[a for s in sets for a in ("--set", s)]))
     assert key in err and expected in err, err

@@ -299,6 +299,15 @@ fn shared_keys(over: &toml::Table, base: &toml::Table) -> toml::Table {
     out
 }
 
+/// `key` is one of `[kvm]`'s (a host's costs, once `[hypervisor]` keys).
+fn is_kvm_key(key: &str) -> bool {
+    let schema = schemars::schema_for!(super::KvmProfile);
+    schema
+        .schema
+        .object
+        .is_some_and(|o| o.properties.contains_key(key))
+}
+
 fn deserialize(table: toml::Table) -> Result<Scenario, (Vec<String>, String)> {
     check_provenance(&table)?;
     let de = toml::Value::Table(table);
@@ -312,7 +321,19 @@ fn deserialize(table: toml::Table) -> Result<Scenario, (Vec<String>, String)> {
                 _ => None,
             })
             .collect();
-        (path, e.into_inner().message().to_string())
+        let mut msg = e.into_inner().message().to_string();
+        if let [p, h, key] = &path[..] {
+            if p == "platform"
+                && h == "hypervisor"
+                && msg.starts_with("unknown field")
+                && is_kvm_key(key)
+            {
+                msg = format!(
+                    "moved: a host's cost, now `platform.kvm.{key}` (the host profile's [kvm])"
+                );
+            }
+        }
+        (path, msg)
     })?;
     sc.validate()?;
     Ok(sc)
