@@ -295,3 +295,18 @@ def test_before_5_4_an_smmuv3_guest_traps_for_every_command():
 def test_older_guests_and_moved_keys_are_refused_in_one_line(sets, key, expected):
     err = one_line_error(cli("run", "guest-x86", *[a for s in sets for a in ("--set", s)]))
     assert key in err and expected in err, err
+
+
+@pytest.mark.parametrize("key, section", [("walk_read_ns", "memory"), ("iotlb_entries", "iommu"),
+                                          ("pwc_entries", "iommu")])
+def test_only_virtio_iommu_may_leave_out_the_iotlb_and_the_walk(tmp_path, key, section):
+    # virtio-iommu keeps no IOTLB and walks no table: its profiles have neither. A VT-d profile without them
+    # is refused in one line naming the key (not a silent zero).
+    from iommulab import _core
+    text = dict(_core.builtin_profiles())["vtd-server"]
+    mine = tmp_path / "mine.toml"
+    mine.write_text("\n".join(line for line in text.splitlines()
+                              if not line.startswith((f"{key} =", f'"{section}.{key}"'))))
+    err = one_line_error(cli("run", "default", "--set", f"platform.profile={mine}"))
+    assert f"platform.{section}.{key}" in err, err
+    assert "iotlb_entries" not in dict(_core.builtin_profiles())["virtio-guest"]

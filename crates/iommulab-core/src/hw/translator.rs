@@ -245,10 +245,10 @@ impl Translator {
             fmt,
             domains: Vec::new(),
             iotlb: Tlb::new(p.iotlb_entries as usize, p.iotlb_ways as usize),
-            pwc: p
-                .pwc_entries
-                .iter()
-                .map(|&n| {
+            // One walk cache per non-leaf level; a profile without them (virtio-iommu) has empty ones.
+            pwc: (0..fmt.levels as usize - 1)
+                .map(|l| {
+                    let n = p.pwc_entries.get(l).copied().unwrap_or(0);
                     let ways = if p.pwc_ways == 0 { n } else { p.pwc_ways };
                     TagCache::new(n as usize, ways as usize)
                 })

@@ -58,13 +58,18 @@ pub struct Platform {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct IommuProfile {
-    /// IOTLB entries and associativity.
+    /// IOTLB entries and associativity (VT-d and SMMUv3; virtio-iommu keeps none: absent there).
+    #[serde(default)]
     pub iotlb_entries: u32,
     /// IOTLB ways (entries / ways sets).
+    #[serde(default)]
     pub iotlb_ways: u32,
-    /// Entries of each paging-structure (walk) cache, top level first: one per non-leaf level; LRU.
+    /// Entries of each paging-structure (walk) cache, top level first: one per non-leaf level; LRU (VT-d
+    /// and SMMUv3; virtio-iommu walks no table: absent there).
+    #[serde(default)]
     pub pwc_entries: Vec<u32>,
     /// Associativity of the walk caches (0 = fully associative).
+    #[serde(default)]
     pub pwc_ways: u32,
     /// Input address bits of the DMA domain's page table (VT-d address width: 48 → 4 levels, 57 → 5;
     /// LPAE IAS); with the granule it decides the levels a walk reads.
@@ -279,7 +284,8 @@ pub struct Smmuv3Profile {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MemoryProfile {
-    /// One page-walk memory read by the IOMMU.
+    /// One page-walk memory read by the IOMMU (VT-d and SMMUv3; virtio-iommu walks no table: absent there).
+    #[serde(default)]
     pub walk_read_ns: u64,
     /// Physical pages the simulated kernel can hand out.
     pub pages: u64,
