@@ -15,12 +15,16 @@ X86 = {"noiommu", "lazy", "strict", "strict-cm", "virtio-iommu"}
 ARM = {"noiommu", "smmuv3", "smmuv3-cm", "virtio-iommu"}
 
 
+def set_args(*sets):
+    """`--set` before each of `sets`."""
+    return [a for s in sets for a in ("--set", s)]
+
+
 @functools.cache
 def runs_of(name, *sets):
     """`iommulab run NAME --json` with `--set` of each of `sets`: its runs by label (one run prints itself,
     a comparison {"runs": [...]})."""
-    args = [a for s in sets for a in ("--set", s)]
-    out = json.loads(cli("run", name, *args, "--json", check_rc=0).stdout)
+    out = json.loads(cli("run", name, *set_args(*sets), "--json", check_rc=0).stdout)
     return {r["label"]: r for r in out.get("runs", [out])}
 
 
@@ -83,8 +87,7 @@ def vfio_nic(*sets):
 def test_a_vfio_nic_behind_an_emulated_iommu_needs_caching_mode_or_nesting(guest, caching_mode):
     # QEMU refuses vfio-pci behind intel-iommu without caching-mode=on: without an invalidation after each
     # map it could not shadow the guest's mappings into the host IOMMU.
-    args = [a for s in (*VFIO_NIC, *guest) for a in ("--set", s)]
-    p = cli("run", "default", *args, check_rc=2)
+    p = cli("run", "default", *set_args(*VFIO_NIC, *guest), check_rc=2)
     assert caching_mode.removeprefix("platform.") in p.stderr and "VFIO" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     # Shadowed: QEMU maps every page the guest maps into the host with VFIO, pinning it, and (strict)
@@ -267,10 +270,9 @@ def test_the_seeds_hosts_price_the_guest_and_one_without_a_modelled_iommu_hosts_
     # ThunderX's SMMU is an SMMUv2: it runs no bare-metal scenario and takes no VFIO device.
     err = one_line_error(cli("run", "c1", "--set", "platform.profile=thunderx"))
     assert "platform.profile" in err and "SMMUv2" in err, err
-    err = one_line_error(cli("run", "default", *[a for s in (*VFIO_NIC, "platform.profile=kvm-smmuv3-guest",
-                                                           "os.arch=arm64", "platform.iommu.smmuv3.caching_mode=true",
-                                                           "platform.hypervisor.host_profile=thunderx")
-                                               for a in ("--set", s)]))
+    err = one_line_error(cli("run", "default", *set_args(*VFIO_NIC, "platform.profile=kvm-smmuv3-guest",
+                                                         "os.arch=arm64", "platform.iommu.smmuv3.caching_mode=true",
+                                                         "platform.hypervisor.host_profile=thunderx")))
     assert "platform.hypervisor.host_profile" in err and "VFIO" in err, err
 
 
@@ -293,7 +295,7 @@ def test_before_5_4_an_smmuv3_guest_traps_for_every_command():
     (("os.kernel=4.14",), "os.kernel", "4.19 to 6.18"),
 ])
 def test_older_guests_and_moved_keys_are_refused_in_one_line(sets, key, expected):
-    err = one_line_error(cli("run", "guest-x86", *[a for s in sets for a in ("--set", s)]))
+    err = one_line_error(cli("run", "guest-x86", *set_args(*sets)))
     assert key in err and expected in err, err
 
 

@@ -193,6 +193,9 @@ fn compare_axes(
     Ok(())
 }
 
+/// The sections of its host profile a guest takes (`with_host`).
+const FROM_HOST: [&str; 3] = ["pcie", "cpu", "kvm"];
+
 /// A guest runs on its host: take the host profile's `[pcie]` (its devices sit on the host's PCIe), `[cpu]`
 /// (the vCPUs are the host's cores) and `[kvm]` (what its KVM, QEMU and vhost cost) into the guest's platform
 /// `profile`; what the guest profile says itself (the built-in ones: the vCPUs' number) goes over the
@@ -217,7 +220,7 @@ fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&tom
     let Some(host) = host else {
         return;
     };
-    for section in ["pcie", "cpu", "kvm"] {
+    for section in FROM_HOST {
         if let Some(toml::Value::Table(theirs)) = host.get(section) {
             let mut t = theirs.clone();
             if let Some(toml::Value::Table(mine)) = profile.remove(section) {
@@ -228,15 +231,17 @@ fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&tom
     }
     // And their sources, where the guest profile gives none of its own.
     if let Some(toml::Value::Table(theirs)) = host.get("sources") {
-        let host = host_name.as_str().unwrap_or_default();
+        let name = host_name.as_str().unwrap_or_default();
         let mine = profile
             .entry("sources")
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         if let toml::Value::Table(mine) = mine {
             for (k, v) in theirs {
-                let taken = ["pcie.", "cpu.", "kvm."].iter().any(|s| k.starts_with(s));
+                let taken = k
+                    .split_once('.')
+                    .is_some_and(|(section, _)| FROM_HOST.contains(&section));
                 if let (true, false, Some(v)) = (taken, mine.contains_key(k), v.as_str()) {
-                    mine.insert(k.clone(), toml::Value::String(format!("host {host}: {v}")));
+                    mine.insert(k.clone(), toml::Value::String(format!("host {name}: {v}")));
                 }
             }
         }

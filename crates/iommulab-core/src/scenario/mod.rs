@@ -503,13 +503,11 @@ impl Scenario {
             .as_ref()
             .filter(|_| self.platform.hypervisor.is_none())
         {
-            return Err((
-                vec!["platform".into(), "profile".into()],
-                format!(
-                    "`{}` serves only as a guest's host (platform.hypervisor.host_profile): {why}",
-                    self.platform.profile
-                ),
-            ));
+            let msg = format!(
+                "`{}` serves only as a guest's host (platform.hypervisor.host_profile): {why}",
+                self.platform.profile
+            );
+            check(false, "platform.profile", msg)?;
         }
         if self.platform.hypervisor.is_some() {
             // virtio-iommu's requests keep their own costs ([iommu.virtio]); QEMU's VT-d and SMMUv3 trap.
