@@ -213,6 +213,11 @@ IOPS_COLUMNS = [
     ("kIOPS", 9, lambda r: f"{r.packets_per_sec / 1e3:.0f}"),
 ]
 
+# Frames forwarded per second (a packet-rate workload).
+MPPS_COLUMNS = [
+    ("Mpps", 7, lambda r: f"{r.packets_per_sec / 1e6:.2f}"),
+]
+
 
 def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, str]] | None = None) -> str:
     columns = COLUMNS
@@ -223,6 +228,8 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
         columns = COLUMNS[:1] + LATENCY_COLUMNS + COLUMNS[1:]
     elif scenario.get("workload", {}).get("nvme"):
         columns = COLUMNS[:1] + IOPS_COLUMNS + COLUMNS[1:]
+    elif scenario.get("workload", {}).get("l2fwd"):
+        columns = MPPS_COLUMNS + COLUMNS
     run = scenario["run"]
     plat = scenario["platform"]
     os_ = scenario["os"]
@@ -269,4 +276,7 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
                      "rate, from when each request was due)")
     elif columns[1] is IOPS_COLUMNS[0]:
         lines.append("kIOPS: I/Os completed per second (fio's IOPS)")
+    elif columns[0] is MPPS_COLUMNS[0]:
+        lines.append("Mpps: frames forwarded per second, in millions (Gbps: their bytes) · CPU busy: the forwarding "
+                     "lcore's work, its polling aside")
     return "\n".join(lines) + "\n"

@@ -76,6 +76,17 @@ impl PageAllocator {
         self.allocated += n;
         Some(self.next_fresh - n)
     }
+    /// `n` contiguous pages starting at a multiple of `align` pages (hugepages), taken from never-used
+    /// memory; the pages skipped to align them stay unused.
+    pub fn alloc_aligned(&mut self, n: u64, align: u64) -> Option<u64> {
+        let skip = self.next_fresh.next_multiple_of(align) - self.next_fresh;
+        if self.next_fresh + skip + n > self.limit {
+            self.exhausted = true;
+            return None;
+        }
+        self.next_fresh += skip;
+        self.alloc_contiguous(n)
+    }
     pub fn free(&mut self, pfn: u64) {
         self.freed += 1;
         self.free.push(pfn);
@@ -355,6 +366,11 @@ impl Host {
     pub fn sw_translate(&mut self, now: Time, iova_pfn: u64) -> Option<crate::hw::Translation> {
         self.lend(0).data_access(iova_pfn);
         self.layer(self.iommu_at).translate(now, iova_pfn)
+    }
+
+    /// Entries in the software device's IOTLB (vhost's, vhost-user's: the platform's ATC).
+    pub fn sw_iotlb_len(&mut self) -> usize {
+        self.layer(self.iommu_at).core.iommu.translator().atc_len()
     }
 
     /// The emulated IOMMU caches translations in an IOTLB of its own (QEMU's hash; virtio-iommu has none).

@@ -4,6 +4,8 @@
 pub const ETH_HLEN: u64 = 14;
 /// IEEE 802.3 per-frame wire overhead: preamble 7 + SFD 1 + header 14 + FCS 4 + inter-frame gap 12 bytes.
 pub const ETH_WIRE_OVERHEAD: u64 = 38;
+/// IEEE 802.3: preamble 7 + SFD 1 + inter-frame gap 12 bytes around every frame (FCS counted in the frame).
+pub const ETH_PREAMBLE_GAP: u64 = 20;
 /// IPv4 (20) + TCP (20) + TCP timestamp option (12) header bytes per packet.
 pub const TCPIP_HLEN: u64 = 52;
 /// A pure ACK frame: Ethernet + IPv4 + TCP with timestamps.

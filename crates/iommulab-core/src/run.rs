@@ -9,8 +9,9 @@ use crate::metrics::{RunInfo, RunResult, Snapshot};
 use crate::scenario::{PolicyName, Scenario, Variant};
 use crate::sim::{Ctx, Rng, Time, NS_PER_MS};
 use crate::workload::{
-    map_benchmark::MapBenchmarkWorkload, nic_rx::NicRxWorkload, nic_tx::NicTxWorkload,
-    nvme::NvmeWorkload, rr::RrWorkload, virtio_net::VirtioNetWorkload, Workload,
+    l2fwd::L2fwdWorkload, map_benchmark::MapBenchmarkWorkload, nic_rx::NicRxWorkload,
+    nic_tx::NicTxWorkload, nvme::NvmeWorkload, rr::RrWorkload, virtio_net::VirtioNetWorkload,
+    Workload,
 };
 
 /// The malicious device replays in rounds this far apart (a modelling batch like the wire chunk, not a device
@@ -86,13 +87,14 @@ fn device_platform(sc: &Scenario) -> crate::scenario::Platform {
     let Some(h) = p.kvm.clone().filter(|_| p.hypervisor.is_some()) else {
         return p;
     };
-    if let Some(vn) = &sc.workload.virtio_net {
-        if vn.vhost {
-            p.pcie.ats = true;
-            p.pcie.atc_entries = h.vhost_iotlb_entries;
-            p.pcie.atc_ways = h.vhost_iotlb_entries;
-            p.pcie.ats_inv_ns = h.vhost_invalidate_ns;
-        }
+    // A DPDK guest's backend (vhost-net, or DPDK's vhost-user whose lib/vhost/iotlb.c has vhost-net's
+    // IOTLB_CACHE_SIZE and miss path) always has a device IOTLB.
+    let vhost = sc.workload.virtio_net.as_ref().is_some_and(|vn| vn.vhost);
+    if vhost || sc.workload.l2fwd.is_some() {
+        p.pcie.ats = true;
+        p.pcie.atc_entries = h.vhost_iotlb_entries;
+        p.pcie.atc_ways = h.vhost_iotlb_entries;
+        p.pcie.ats_inv_ns = h.vhost_invalidate_ns;
     }
     p
 }
@@ -231,6 +233,8 @@ impl Simulation {
                 p.host_kvm(),
                 p.cpu.cores as usize,
             ))
+        } else if let (Some(l2), Some(_)) = (&w.l2fwd, &p.hypervisor) {
+            Box::new(L2fwdWorkload::new(l2, p.host_kvm(), p.cpu.cores as usize))
         } else {
             unreachable!("validated: a workload is present")
         };

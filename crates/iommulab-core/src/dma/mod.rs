@@ -575,6 +575,7 @@ pub(crate) mod tests {
             tx_packet_ns: 0,
             nvme_submit_ns: 0,
             nvme_complete_ns: 0,
+            pmd_packet_ns: 0,
             memset_ns_per_byte: 0.0,
             pgtable_walk_ns: 0,
         }

@@ -141,6 +141,15 @@ impl<V: Copy + Default> TagCache<V> {
     pub fn valid(&self) -> usize {
         self.tags.iter().filter(|&&t| t != EMPTY).count()
     }
+
+    /// Entries held (as `valid`, without the scan).
+    pub fn len(&self) -> usize {
+        self.filled
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.filled == 0
+    }
 }
 
 /// Which cached entries QEMU's page-selective invalidation drops (vtd_hash_remove_by_page,

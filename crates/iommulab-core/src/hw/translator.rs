@@ -88,6 +88,18 @@ impl Tlb {
         }
     }
 
+    /// Entries it holds.
+    pub fn len(&self) -> usize {
+        match &self.c {
+            Store::Sets(c) => c.len(),
+            Store::Hash(h) => h.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Whether it can hold an entry at all.
     fn holds_any(&self) -> bool {
         match &self.c {
@@ -282,6 +294,11 @@ impl Translator {
     /// Whether the device being served has an ATS cache in front of this IOMMU.
     pub fn has_atc(&self) -> bool {
         self.atc.is_some() && self.ats_active
+    }
+
+    /// Entries in the device's ATS cache (0 without one).
+    pub fn atc_len(&self) -> usize {
+        self.atc.as_ref().map_or(0, Tlb::len)
     }
 
     /// Serve a device with (true) or without ATS; a no-op without an ATS cache.

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+mod l2fwd;
 mod load;
 mod map_benchmark;
 mod nic_rx;
@@ -19,6 +20,7 @@ mod os;
 mod platform;
 mod rr;
 mod virtio_net;
+pub use l2fwd::*;
 pub use load::*;
 pub use map_benchmark::*;
 pub use nic_rx::*;
@@ -50,6 +52,10 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
     (
         "guest-arm",
         include_str!("../../data/scenarios/guest-arm.toml"),
+    ),
+    (
+        "guest-dpdk",
+        include_str!("../../data/scenarios/guest-dpdk.toml"),
     ),
     ("nested", include_str!("../../data/scenarios/nested.toml")),
     ("tx", include_str!("../../data/scenarios/tx.toml")),
@@ -226,6 +232,7 @@ pub struct Workload {
     pub rr: Option<Rr>,
     pub nvme: Option<Nvme>,
     pub virtio_net: Option<VirtioNet>,
+    pub l2fwd: Option<L2fwd>,
     pub dma_map_benchmark: Option<MapBenchmark>,
 }
 
@@ -536,13 +543,15 @@ impl Scenario {
             + w.rr.is_some() as u32
             + w.nvme.is_some() as u32
             + w.virtio_net.is_some() as u32
+            + w.l2fwd.is_some() as u32
             + w.dma_map_benchmark.is_some() as u32;
         check(
             sections == 1,
             "workload",
             format!(
                 "expected exactly one workload section ([workload.nic_rx], [workload.nic_tx], \
-                 [workload.rr], [workload.nvme], [workload.virtio_net] or [workload.dma_map_benchmark]), \
+                 [workload.rr], [workload.nvme], [workload.virtio_net], [workload.l2fwd] or \
+                 [workload.dma_map_benchmark]), \
                  found {sections}"
             ),
         )?;
@@ -612,10 +621,10 @@ impl Scenario {
                 "expected false for virtio-iommu: nesting puts an emulated VT-d or SMMUv3's tables in hardware",
             )?;
             check(
-                !(h.nested && w.virtio_net.is_some()),
+                !(h.nested && (w.virtio_net.is_some() || w.l2fwd.is_some())),
                 "platform.hypervisor.nested",
-                "expected false with [workload.virtio_net]: QEMU's and vhost's software device cannot use \
-                 hardware nested translation",
+                "expected false with [workload.virtio_net] or [workload.l2fwd]: QEMU's and vhost's software \
+                 device cannot use hardware nested translation",
             )?;
             check(
                 !h.vcmdq || (h.nested && self.platform.vendor == Vendor::Smmuv3),
@@ -624,17 +633,25 @@ impl Scenario {
                  guest owns)",
             )?;
         }
-        if let Some(vn) = &w.virtio_net {
+        for (key, section) in [
+            ("workload.virtio_net", w.virtio_net.is_some()),
+            ("workload.l2fwd", w.l2fwd.is_some()),
+        ] {
             check(
-                self.platform.hypervisor.is_some(),
-                "workload.virtio_net",
+                !section || self.platform.hypervisor.is_some(),
+                key,
                 format!(
                     "expected a guest platform (a profile with [hypervisor], e.g. kvm-vtd-guest): \
                      profile {} is bare metal",
                     self.platform.profile
                 ),
             )?;
+        }
+        if let Some(vn) = &w.virtio_net {
             vn.validate()?;
+        }
+        if let Some(l2) = &w.l2fwd {
+            l2.validate()?;
         }
         if let Some(nic) = &w.nic_rx {
             nic.validate(cpu.cores)?;
@@ -738,6 +755,10 @@ pub(crate) mod tests {
             vhost_invalidate_ns: 1000,
             vhost_iotlb_entries: 2048,
             vhost_meta_cache: true,
+            vhost_user_packet_ns: 50,
+            vhost_user_iotlb_lookup_ns: 10,
+            vhost_user_iotlb_entry_ns: 7,
+            vhost_user_iotlb_entry_l1_ns: 1.5,
             vfio_map_ns: 2000,
             vfio_map_page_ns: 300,
             vfio_unmap_ns: 4000,

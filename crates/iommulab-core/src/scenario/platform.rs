@@ -159,6 +159,22 @@ pub struct KvmProfile {
     /// lookup like a buffer's.
     #[serde(default = "default_true")]
     pub vhost_meta_cache: bool,
+    /// A DPDK vhost-user backend's work per packet it enqueues to or dequeues from a guest, besides the
+    /// buffer's translation and copy (rte_vhost_enqueue_burst, rte_vhost_dequeue_burst: the descriptor,
+    /// the used ring, the mbuf).
+    #[serde(default = "default_vhost_user_packet_ns")]
+    pub vhost_user_packet_ns: u64,
+    /// The vhost-user backend's device-IOTLB lookup on a hit (vhost_user_iotlb_cache_find), besides its
+    /// walk of the sorted entry list.
+    #[serde(default = "default_vhost_user_iotlb_lookup_ns")]
+    pub vhost_user_iotlb_lookup_ns: u64,
+    /// Each IOTLB entry vhost_user_iotlb_cache_find steps over before the one it wants (a linked list kept
+    /// in IOVA order, lib/vhost/iotlb.c), the list longer than the L1 data cache holds.
+    #[serde(default = "default_vhost_user_iotlb_entry_ns")]
+    pub vhost_user_iotlb_entry_ns: u64,
+    /// The same step with the list in the L1 data cache.
+    #[serde(default = "default_vhost_user_iotlb_entry_l1_ns")]
+    pub vhost_user_iotlb_entry_l1_ns: f64,
     /// VFIO_IOMMU_MAP_DMA: the ioctl, and per 4 KiB page the pin (pin_user_pages) and the host's iommu_map.
     pub vfio_map_ns: u64,
     /// VFIO_IOMMU_MAP_DMA per 4 KiB page (pin and host map).
@@ -182,6 +198,23 @@ pub const DEFAULT_QEMU: &str = "7.2";
 /// The estimate the built-in host profiles give (their [sources]).
 fn default_iotlb_scan_ns() -> u64 {
     10
+}
+
+/// vtd-server's (a host profile written before these keys takes them): see its [sources].
+fn default_vhost_user_packet_ns() -> u64 {
+    50
+}
+fn default_vhost_user_iotlb_lookup_ns() -> u64 {
+    10
+}
+fn default_vhost_user_iotlb_entry_ns() -> u64 {
+    7
+}
+fn default_vhost_user_iotlb_entry_l1_ns() -> f64 {
+    1.5
+}
+fn default_pmd_packet_ns() -> u64 {
+    40
 }
 
 fn default_qemu() -> String {
@@ -367,6 +400,10 @@ pub struct CpuProfile {
     /// Submitting one block I/O: the application's submission (io_uring/libaio), blk-mq, nvme_queue_rq() and
     /// the doorbell, without the DMA mapping.
     pub nvme_submit_ns: u64,
+    /// A DPDK poll-mode driver forwarding one packet: received (virtio_recv_pkts and its refill from the
+    /// mempool cache), its MAC addresses swapped, sent (virtio_xmit_pkts and its cleanup).
+    #[serde(default = "default_pmd_packet_ns")]
+    pub pmd_packet_ns: u64,
     /// Completing one block I/O: the interrupt, nvme_irq()/blk_mq_complete_request() and the application's
     /// reap, without the DMA unmapping.
     pub nvme_complete_ns: u64,

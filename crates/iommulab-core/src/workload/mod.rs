@@ -2,6 +2,7 @@
 
 pub mod desc_ring;
 mod dim;
+pub mod l2fwd;
 pub mod map_benchmark;
 pub mod napi;
 /// Ethernet, IP and TCP sizes live below the workloads (the schema reads them too).
