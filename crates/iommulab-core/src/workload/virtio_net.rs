@@ -1243,6 +1243,36 @@ mod tests {
     }
 
     #[test]
+    fn a_jumbo_mtu_maps_less_per_byte_where_segments_are_what_is_mapped() {
+        // Where every MSS segment is mapped on its own (TSO off when sending; no GRO'd packets, so
+        // MTU-sized mergeable buffers, when receiving), 9000-byte frames carry six times a 1500-byte
+        // frame's payload. Receiving, a 9000-byte frame fills three page-sized buffers.
+        fn at(mtu: &str, dir: &[(&str, &str)], extra: &[(&str, &str)]) -> RunResult {
+            let ov = [dir, &[("workload.virtio_net.mtu", mtu)], extra].concat();
+            x86("strict", &ov)
+        }
+        let tx = |mtu| {
+            let r = at(mtu, TX_OFF, &[("workload.virtio_net.tso", "false")]);
+            unmaps_per_mib(&r)
+        };
+        let ratio = tx("9000") / tx("1500");
+        assert!((0.12..0.3).contains(&ratio), "{ratio}");
+        let rx = |mtu: &'static str| {
+            let r = at(mtu, RX_OFF, &[("workload.virtio_net.gso_max_bytes", mtu)]);
+            r.invalidations.total as f64 / mib(&r, r.received_gbps)
+        };
+        let ratio = rx("9000") / rx("1500");
+        assert!((0.35..0.65).contains(&ratio), "{ratio}");
+        // With the host's GRO'd packets and TSO the MTU leaves the mappings per byte nearly as they were.
+        let gro = |mtu| {
+            let r = at(mtu, RX_OFF, &[]);
+            r.invalidations.total as f64 / mib(&r, r.received_gbps)
+        };
+        let ratio = gro("9000") / gro("1500");
+        assert!((0.9..1.1).contains(&ratio), "{ratio}");
+    }
+
+    #[test]
     fn big_packets_buffers_map_every_page_of_a_buffer_and_their_table() {
         // Mergeable buffers are page-sized, one mapping each: a 64 KiB packet is 16 buffers, 16 strict
         // unmaps (and one for the ACK the guest sends). A big-packets buffer holds the whole packet in 19
