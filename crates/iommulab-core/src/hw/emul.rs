@@ -30,9 +30,12 @@ pub enum ExitCause {
     /// A virtqueue notification (virtio-net's, virtio-iommu's request queue): an ioeventfd exit KVM
     /// completes in the kernel.
     Kick,
+    /// A device's interrupt (irqfd) reaching a running vCPU on a host without posted interrupts: KVM kicks
+    /// the vCPU out to load it (arm64's vgic: kvm_vgic_inject_irq → kvm_vcpu_kick).
+    Irq,
 }
 
-pub const EXIT_CAUSES: usize = 4;
+pub const EXIT_CAUSES: usize = 5;
 
 impl ExitCause {
     pub const ALL: [ExitCause; EXIT_CAUSES] = [
@@ -40,6 +43,7 @@ impl ExitCause {
         ExitCause::CmdqProd,
         ExitCause::CmdqCons,
         ExitCause::Kick,
+        ExitCause::Irq,
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -47,11 +51,12 @@ impl ExitCause {
             ExitCause::CmdqProd => "cmdq_prod",
             ExitCause::CmdqCons => "cmdq_cons",
             ExitCause::Kick => "kick",
+            ExitCause::Irq => "irq",
         }
     }
     /// An access to the IOMMU's registers (not a virtqueue's).
     pub fn is_mmio(self) -> bool {
-        !matches!(self, ExitCause::Kick)
+        !matches!(self, ExitCause::Kick | ExitCause::Irq)
     }
 }
 
@@ -364,7 +369,7 @@ mod tests {
         assert_eq!(start, 3500);
         let back = t.resume(ExitCause::QiTail, 1000, start + 700, 700, 2);
         assert_eq!(back, 1000 + 5000 + 700);
-        assert_eq!(t.stats.count, [1, 0, 0, 0]);
+        assert_eq!(t.stats.count, [1, 0, 0, 0, 0]);
         assert_eq!(t.stats.work.inv_processed, 2);
         assert_eq!(t.handler_ns(), 0);
         assert_eq!(t.stats.vcpu_ns[0], 5700);

@@ -747,6 +747,7 @@ pub(crate) mod tests {
             mmio_exit_ns: 5000,
             kick_exit_ns: 1000,
             irq_inject_ns: 2000,
+            posted_interrupts: true,
             qemu_packet_ns: 2000,
             vhost_packet_ns: 1000,
             qemu_translate_ns: 100,

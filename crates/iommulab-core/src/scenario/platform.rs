@@ -136,6 +136,11 @@ pub struct KvmProfile {
     pub kick_exit_ns: u64,
     /// From the device's interrupt (irqfd) to the guest vCPU running its handler.
     pub irq_inject_ns: u64,
+    /// The host posts a device's interrupt to a running vCPU without an exit (x86's APICv posted
+    /// interrupts: vmx_deliver_posted_interrupt). Without them (arm64's vgic for an irqfd) KVM kicks the
+    /// vCPU out to load it: an in-kernel exit, priced as `kick_exit_ns`.
+    #[serde(default)]
+    pub posted_interrupts: bool,
     /// Device-thread CPU per packet (one GSO skb), besides translation and copying: QEMU's virtio-net
     /// (virtqueue_pop, the tap read or write) and vhost-net (handle_rx/handle_tx, the socket call).
     pub qemu_packet_ns: u64,
