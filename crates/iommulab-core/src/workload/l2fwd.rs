@@ -80,8 +80,8 @@ pub struct L2fwdWorkload {
     /// Added to the TX virtqueue; sent by the backend, not yet reclaimed by the guest.
     tx_avail: VecDeque<u32>,
     tx_used: VecDeque<u32>,
-    /// Frames the generator has put on the wire by `arrived_at` since traffic began, and those the NIC's
-    /// ring took or dropped.
+    /// When traffic began (the generator's first frame), and the frames the queue in front of the
+    /// backend has handed it or dropped since.
     start: Time,
     taken: u64,
     nic_dropped: u64,
@@ -94,7 +94,7 @@ pub struct L2fwdWorkload {
     asleep: bool,
     /// The guest's lcore has a loop pending.
     guest_scheduled: bool,
-    /// vhost-net: the worker found frames and no RX buffer, and waits for the guest's kick.
+    /// vhost-net went to sleep with frames queued and no RX buffer: it waits for the guest's kick.
     rx_starved: bool,
     /// The virtqueues as the backend steps through them, and where their rings are mapped (DMA pfn).
     rxq: Vring,
@@ -298,8 +298,6 @@ impl L2fwdWorkload {
             Backend::VhostUser => backlog.min(burst),
             Backend::Vhost => backlog.min(burst).min(self.rx_avail.len() as u64),
         };
-        self.rx_starved =
-            self.cfg.backend == Backend::Vhost && backlog > 0 && self.rx_avail.is_empty();
         self.taken += n;
         let (done, t2, mut stalled) = self.backend_burst(host, t, false, n);
         t = t2;
@@ -337,7 +335,10 @@ impl L2fwdWorkload {
             Backend::Vhost => t - now,
         };
         self.backend_free = end;
-        let work = (self.nic_backlog(end) > 0 && !self.rx_starved) || !self.tx_avail.is_empty();
+        // vhost-net leaves frames queued while the guest has posted no buffer for them.
+        let can_rx = self.cfg.backend == Backend::VhostUser || !self.rx_avail.is_empty();
+        let backlog = self.nic_backlog(end);
+        let work = (backlog > 0 && can_rx) || !self.tx_avail.is_empty();
         match (stalled, self.cfg.backend) {
             (Some(_), _) => self.poll_backend(host, end),
             (None, _) if work => self.poll_backend(host, end),
@@ -346,11 +347,12 @@ impl L2fwdWorkload {
                 let next = self.arrival(self.taken + self.nic_dropped).max(end + 1);
                 self.poll_backend(host, next)
             }
-            // vhost-net sleeps with notifications on: the tap's next frame wakes it (unless it waits for
-            // RX buffers), or the guest's kick.
+            // vhost-net sleeps with notifications on: the tap's next frame wakes it, or, when frames wait
+            // for RX buffers, the guest's kick as it posts them.
             (None, Backend::Vhost) => {
                 self.txq.set_notification(true);
                 self.asleep = true;
+                self.rx_starved = backlog > 0;
                 if !self.rx_starved {
                     let next = self.arrival(self.taken + self.nic_dropped).max(end + 1);
                     self.poll_backend(host, next + host.platform.cpu.wakeup_ns);
@@ -416,8 +418,7 @@ impl L2fwdWorkload {
             self.rx_avail.push_back(m);
             self.rxq.posted += 1;
         }
-        if n > 0 && self.rx_starved && self.backend_sleeps() {
-            self.rx_starved = false;
+        if n > 0 && std::mem::take(&mut self.rx_starved) && self.backend_sleeps() {
             t = self.kick(host, t);
         }
         // virtio_xmit_cleanup: used TX descriptors' mbufs back to the pool.
