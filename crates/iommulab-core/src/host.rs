@@ -368,6 +368,30 @@ impl Host {
         self.layer(self.iommu_at).translate(now, iova_pfn)
     }
 
+    /// The emulator's software walk of the guest's page table behind translation `tr`: its reads (none for
+    /// virtio-iommu, whose device looks its mappings up in a tree: virtio_iommu_translate's g_tree_lookup).
+    pub fn emulator_walk_ns(&self, tr: &crate::hw::Translation) -> u64 {
+        if self.platform.vendor == crate::scenario::Vendor::Virtio {
+            0
+        } else {
+            tr.walk_reads as u64 * self.platform.memory.walk_read_ns
+        }
+    }
+
+    /// A vhost or vhost-user device-IOTLB miss sent at `asked` for translation `tr`: QEMU reads the message
+    /// in its main loop and translates under the BQL (vhost_device_iotlb_miss →
+    /// address_space_get_iotlb_entry), behind any vCPU's trapped IOMMU handler, and sends the update back.
+    /// Returns when the update is back, and how long the request waited for the BQL.
+    pub fn vhost_iotlb_miss(&mut self, asked: Time, tr: &crate::hw::Translation) -> (Time, u64) {
+        let walk = self.emulator_walk_ns(tr);
+        let h = self.platform.host_kvm();
+        let (miss, qemu) = (h.vhost_iotlb_miss_ns, h.qemu_translate_ns + walk);
+        let wait = self
+            .bql_serve(asked, qemu)
+            .map_or(0, |(start, _)| start - asked);
+        (asked + wait + miss + walk, wait)
+    }
+
     /// Entries in the software device's IOTLB (vhost's, vhost-user's: the platform's ATC).
     pub fn sw_iotlb_len(&mut self) -> usize {
         self.layer(self.iommu_at).core.iommu.translator().atc_len()

@@ -119,6 +119,12 @@ impl EmulatorWork {
 }
 
 impl ExitStats {
+    /// `n` exits of `cause` that cost the vCPUs `vcpu_ns` in all.
+    pub fn record(&mut self, cause: ExitCause, n: u64, vcpu_ns: u64) {
+        self.count[cause as usize] += n;
+        self.vcpu_ns[cause as usize] += vcpu_ns;
+    }
+
     pub fn since(&self, e: &ExitStats) -> ExitStats {
         let mut d = *self;
         for i in 0..EXIT_CAUSES {
@@ -206,8 +212,7 @@ impl Trap {
     /// commands in `work` ns: when the vCPU runs guest code again.
     pub fn resume(&mut self, cause: ExitCause, at: Time, done: Time, work: u64, cmds: u64) -> Time {
         let back = done + self.entry_ns;
-        self.stats.count[cause as usize] += 1;
-        self.stats.vcpu_ns[cause as usize] += back - at;
+        self.stats.record(cause, 1, back - at);
         self.consumed(work, cmds);
         back
     }
@@ -223,8 +228,7 @@ impl Trap {
     /// guest code again.
     pub fn read(&mut self, cause: ExitCause, at: Time, ready: Time) -> Time {
         let back = (at + self.exit_ns).max(ready) + self.entry_ns;
-        self.stats.count[cause as usize] += 1;
-        self.stats.vcpu_ns[cause as usize] += back - at;
+        self.stats.record(cause, 1, back - at);
         back
     }
 }

@@ -119,9 +119,7 @@ impl VirtioIommu {
         let vfio = self.vfio_unmaps(&unmaps);
         let work = n * self.cfg.req_ns + notify + std::mem::take(&mut self.shadow_ns) + vfio;
         let (_, done) = self.host.serve(kicked + self.wakeup_ns, work);
-        let k = ExitCause::Kick as usize;
-        self.exits.count[k] += 1;
-        self.exits.vcpu_ns[k] += self.kick_exit_ns;
+        self.exits.record(ExitCause::Kick, 1, self.kick_exit_ns);
         self.exits.emulator_ns += work;
         self.exits.work.inv_processed += n;
         // Simplification: the queued UNMAPs act when the host has done the whole batch.

@@ -198,15 +198,10 @@ impl L2fwdWorkload {
         if !tr.ats_request {
             return Ok(t);
         }
-        // A miss: QEMU reads the backend's message in its main loop and translates under the BQL
-        // (vhost_device_iotlb_miss → address_space_get_iotlb_entry), then sends the update.
         self.stats.exits.work.translations += 1;
-        let walk = tr.walk_reads as u64 * host.platform.memory.walk_read_ns;
-        let wait = host
-            .bql_serve(t, self.h.qemu_translate_ns + walk)
-            .map_or(0, |(s, _)| s - t);
+        let (back, wait) = host.vhost_iotlb_miss(t, &tr);
         self.stats.exits.bql_wait_ns += wait;
-        Err(t + wait + self.h.vhost_iotlb_miss_ns + walk)
+        Err(back)
     }
 
     /// The backend's access to mbuf `m` (header and frame): each page it spans looked up.
@@ -381,8 +376,7 @@ impl L2fwdWorkload {
     /// Returns the vCPU's release time.
     fn kick(&mut self, host: &mut Host, t: Time) -> Time {
         let exit = self.h.kick_exit_ns;
-        self.stats.exits.count[ExitCause::Kick as usize] += 1;
-        self.stats.exits.vcpu_ns[ExitCause::Kick as usize] += exit;
+        self.stats.exits.record(ExitCause::Kick, 1, exit);
         // KVM signals the eventfd between the exit and the re-entry; the worker wakes from there.
         self.poll_backend(host, t + exit / 2 + host.platform.cpu.wakeup_ns);
         t + exit

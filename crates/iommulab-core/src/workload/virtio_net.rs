@@ -41,7 +41,7 @@ use super::{event, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::hw::emul::ExitCause;
 use crate::hw::{pages_spanned, PAGE_SIZE as PAGE};
-use crate::scenario::{Direction, KvmProfile, Vendor, VirtioNet};
+use crate::scenario::{Direction, KvmProfile, VirtioNet};
 use crate::sim::{Ctx, Time};
 use std::collections::VecDeque;
 
@@ -452,8 +452,7 @@ impl VirtioNetWorkload {
     fn irq_exit_time(&mut self) -> u64 {
         let n = std::mem::take(&mut self.irq_exits);
         let ns = n * self.h.kick_exit_ns;
-        self.stats.exits.count[ExitCause::Irq as usize] += n;
-        self.stats.exits.vcpu_ns[ExitCause::Irq as usize] += ns;
+        self.stats.exits.record(ExitCause::Irq, n, ns);
         ns
     }
 
@@ -468,8 +467,9 @@ impl VirtioNetWorkload {
     /// if it was idle. Returns the vCPU's release time.
     fn kick(&mut self, host: &mut Host, t: Time) -> Time {
         let back = t + self.h.kick_exit_ns;
-        self.stats.exits.count[ExitCause::Kick as usize] += 1;
-        self.stats.exits.vcpu_ns[ExitCause::Kick as usize] += self.h.kick_exit_ns;
+        self.stats
+            .exits
+            .record(ExitCause::Kick, 1, self.h.kick_exit_ns);
         // KVM signals the eventfd between the exit and the re-entry; the device thread wakes from there.
         let signalled = back - self.h.kick_exit_ns / 2;
         let wake = host.platform.cpu.wakeup_ns;
@@ -519,25 +519,12 @@ impl VirtioNetWorkload {
                 }
             }
         }
-        // virtio-iommu's device keeps mappings in a tree (virtio_iommu_translate: g_tree_lookup), its cost
-        // the lookup's: no table to walk.
-        let walk = if host.platform.vendor == Vendor::Virtio {
-            0
-        } else {
-            tr.walk_reads as u64 * host.platform.memory.walk_read_ns
-        };
         if !tr.ats_request {
-            return t + lookup + walk;
+            return t + lookup + host.emulator_walk_ns(&tr);
         }
-        // A vhost IOTLB miss: QEMU reads the message in its main loop and translates under the BQL
-        // (vhost_device_iotlb_miss → address_space_get_iotlb_entry), behind any vCPU's trapped IOMMU handler.
-        let (miss, qemu) = (h.vhost_iotlb_miss_ns, h.qemu_translate_ns + walk);
-        let asked = t + lookup;
-        let wait = host
-            .bql_serve(asked, qemu)
-            .map_or(0, |(start, _)| start - asked);
+        let (back, wait) = host.vhost_iotlb_miss(t + lookup, &tr);
         self.stats.exits.bql_wait_ns += wait;
-        asked + wait + miss + walk
+        back
     }
 
     /// One unit of the device thread's work: the guest's TX skbs first, then packets for the guest.
