@@ -104,6 +104,17 @@ pub struct EmulatorWork {
 }
 
 impl EmulatorWork {
+    /// One translation by the emulator (vtd_iommu_translate, smmuv3_translate, virtio_iommu_translate); with
+    /// an IOTLB of its own (`iotlb`), its hit, or its miss and the walk behind it.
+    pub fn translated(&mut self, iotlb: bool, hit: bool) {
+        self.translations += 1;
+        if iotlb {
+            self.iotlb_hits += hit as u64;
+            self.iotlb_misses += !hit as u64;
+            self.walks += !hit as u64;
+        }
+    }
+
     fn combine(&mut self, o: &EmulatorWork, f: impl Fn(u64, u64) -> u64) {
         for (a, b) in [
             (&mut self.translations, o.translations),

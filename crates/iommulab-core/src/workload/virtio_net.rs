@@ -508,16 +508,10 @@ impl VirtioNetWorkload {
         // QEMU's translation (vtd_iommu_translate, smmuv3_translate, virtio_iommu_translate): every access
         // of QEMU's device; of vhost's, only its IOTLB misses.
         if !self.cfg.vhost || tr.ats_request {
-            let e = &mut self.stats.exits.work;
-            e.translations += 1;
-            if self.emul_iotlb {
-                if tr.iotlb_hit {
-                    e.iotlb_hits += 1;
-                } else {
-                    e.iotlb_misses += 1;
-                    e.walks += 1;
-                }
-            }
+            self.stats
+                .exits
+                .work
+                .translated(self.emul_iotlb, tr.iotlb_hit);
         }
         if !tr.ats_request {
             return t + lookup + host.emulator_walk_ns(&tr);
