@@ -53,8 +53,8 @@ const MBUF_ELT_BYTES: u64 = 64 + 128 + 2048 + 128;
 /// Where a frame's virtio-net header starts in its element: after the object header, the mbuf and the
 /// headroom, less the header itself (virtio_rxq/xmit put it at data_off - hdr_size).
 const MBUF_HDR_OFF: u64 = 64 + 128 + 128 - VNET_HDR_BYTES;
-/// The queue in front of the backend: the host NIC's receive ring a vhost-user backend's core polls
-/// (testpmd's default --rxd), about a tap's (txqueuelen 1000) for vhost-net.
+/// The queue in front of the backend: the host NIC's receive ring a vhost-user backend's core polls (DPDK
+/// examples/l2fwd/main.c RTE_TEST_RX_DESC_DEFAULT), about a tap's (txqueuelen 1000) for vhost-net.
 const NIC_RX_DESC: u64 = 1024;
 
 /// IOTLB entries an L1 data cache of 32 KiB holds (struct vhost_iotlb_entry with its list link is one 64-byte
