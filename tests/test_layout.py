@@ -6,16 +6,13 @@ import re
 from collections import defaultdict
 
 SRC = pathlib.Path(__file__).parent.parent / "crates/iommulab-core/src"
-# Bottom to top; modules on one rank do not import each other. The schema (scenario, input) sits above the
-# shared constants and below the models it configures.
-RANKS = [["sim"], ["kernel", "net", "input"], ["scenario"], ["hw"], ["dma"], ["host"], ["workload"], ["metrics"],
+# Bottom to top; modules on one rank do not import each other. The hardware (hw, with the platform profile it
+# is built from) sits on the shared constants; the scenario schema above it asks each IOMMU's driver to check its
+# own profile section, and configures the layers above.
+RANKS = [["sim"], ["kernel", "net", "input"], ["hw"], ["scenario"], ["dma"], ["host"], ["workload"], ["metrics"],
          ["replay"], ["run"]]
 # Known edges up the stack, each with what it would take to remove it.
-KNOWN = {
-    # The schema checks pwc_entries against the table geometry hw::pt_format computes; moving PtFormat (and
-    # iommu_pgsize, which it uses) below the schema removes it.
-    ("scenario", "hw"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def imports() -> dict[str, set[str]]:
@@ -98,3 +95,44 @@ def test_cargo_doc_builds_without_warnings():
     p = subprocess.run(["cargo", "doc", "--no-deps", "-q"], cwd=SRC.parent.parent.parent, capture_output=True,
                        text=True, env={**os.environ, "RUSTDOCFLAGS": "-D warnings"}, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
+
+
+def _code(f: pathlib.Path) -> str:
+    return f.read_text().split("#[cfg(test)]")[0]
+
+
+def test_no_code_outside_hw_names_a_vendor():
+    """A vendor is its driver's file in hw/ (and its module in python/iommulab/vendors/): the rest of the core
+    asks the driver (`Vendor::driver()`, `hw::drivers()`) and never matches on a vendor or reaches into one."""
+    vendor_files = {p.stem for p in (SRC / "hw").glob("*.rs")} - {"mod", "driver", "platform", "cache", "emul",
+                                                                  "pgtable", "translator"}
+    named = re.compile(r"Vendor::[A-Z]\w*|\bhw::(" + "|".join(sorted(vendor_files)) + r")::")
+    found = [f"{f.relative_to(SRC)}: {m.group(0)}" for f in sorted(SRC.rglob("*.rs"))
+             if f.parent.name != "hw" and f.name != "tests.rs"
+             for m in named.finditer(_code(f))]
+    py = SRC.parent.parent / "iommulab-py/src/lib.rs"
+    found += [f"{py.name}: {m.group(0)}" for m in named.finditer(py.read_text())]
+    assert not found, f"code outside hw/ that names a vendor: {found}"
+
+
+def test_python_takes_every_vendor_and_policy_list_from_the_core():
+    """Outside python/iommulab/vendors/, no Python compares with a vendor's name or lists policies: adding a
+    vendor or a policy touches no Python list."""
+    from iommulab import _core, vendors
+
+    names = sorted(vendors.DRIVERS)
+    pkg = SRC.parent.parent.parent / "python/iommulab"
+    lit = re.compile(r"""["'](""" + "|".join(names) + r""")["']""")
+    # PCI base class 0x00/0xff is what virtio devices report (a device class, not the IOMMU).
+    allowed = {'(0x00, 0xff): "virtio"}'}
+    found = [f"{f.name}:{i}: {line.strip()}" for f in sorted(pkg.glob("*.py"))
+             for i, line in enumerate(f.read_text().splitlines(), 1)
+             if lit.search(line) and not any(a in line for a in allowed)]
+    assert not found, f"vendor names outside python/iommulab/vendors/: {found}"
+    assert set(vendors.MODULES) >= set(vendors.names(modelled=True)), "a modelled IOMMU without its Python module"
+    # The kernel's three domain modes (strict, lazy, passthrough) are the kernel's words; the policies the
+    # simulator has beyond them come from the core only.
+    pol = re.compile(r"""["'](""" + "|".join(_core.policies()) + r""")["']""")
+    found = [f"{f.name}:{i}" for f in sorted(pkg.glob("*.py")) for i, line in enumerate(f.read_text().splitlines(), 1)
+             if len(set(pol.findall(line))) > 3]
+    assert not found, f"a policy list outside the core: {found}"

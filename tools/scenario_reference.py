@@ -1,7 +1,7 @@
 """Generate docs/scenario-reference.md from the scenario schema: every key with its type, default, valid range
 and meaning. Keys, types, defaults and meanings come from the Rust types (their JSON Schema, via schemars: field
-doc comments, serde defaults); the valid ranges from the loader's checks in scenario/*.rs (each names its key and
-says what it expects). tests/test_readme.py fails when the committed page differs from what this writes.
+doc comments, serde defaults); the valid ranges from the loader's checks in scenario/*.rs and from each IOMMU
+driver's checks of its own profile section in hw/*.rs (each names its key and says what it expects). tests/test_readme.py fails when the committed page differs from what this writes.
 
     python tools/scenario_reference.py > docs/scenario-reference.md
 """
@@ -15,6 +15,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).parent.parent
 SCENARIO_DIR = ROOT / "crates/iommulab-core/src/scenario"
+HW_DIR = ROOT / "crates/iommulab-core/src/hw"
 # Tables in the order a scenario file has them.
 ORDER = ["run", "platform", "os", "workload", "hypervisor", "attack", "provenance", "compare"]
 
@@ -27,13 +28,22 @@ def _consts(src: str) -> dict[str, str]:
     return out
 
 
-def checks(src: str | None = None) -> dict[str, list[str]]:
+def checks(src: str | None = None, hw: str | None = None) -> dict[str, list[str]]:
     """What the loader expects of each key: the `expected …` message of every check naming it."""
     src = src if src is not None else "\n".join(p.read_text() for p in sorted(SCENARIO_DIR.glob("*.rs")))
     consts = _consts(src)
     out: dict[str, list[str]] = {}
     pat = r'check\(\s*(?:[^;]*?),\s*"([a-z_.0-9]+)",\s*(?:format!\(\s*)?"((?:[^"\\]|\\.)*)"'
-    for key, msg in re.findall(pat, src, re.S):
+    found = re.findall(pat, src, re.S)
+    if hw is None:
+        hw = "\n".join(p.read_text().split("#[cfg(test)]")[0] for p in sorted(HW_DIR.glob("*.rs")))
+    # A driver's check names the key under platform.iommu: Err(("vtd.mamv", "expected …".into())).
+    drv = r'Err\(\(\s*"([a-z_.0-9]+)",\s*(?:format!\(\s*)?"(expected (?:[^"\\]|\\.)*)"'
+    found += [(f"platform.iommu.{k}", m) for k, m in re.findall(drv, hw, re.S)]
+    # And the kernels it exists in (Driver::check_kernel): Err("expected …").
+    for body in re.findall(r"fn check_kernel\(.*?\n    }\n", hw, re.S):
+        found += [("os.kernel", m) for m in re.findall(r'Err\(\s*"(expected (?:[^"\\]|\\.)*)"', body, re.S)]
+    for key, msg in found:
         msg = re.sub(r"\\\n\s*", "", msg).replace('\\"', '"')
         msg = re.sub(r"\{([A-Z_][A-Z0-9_]*)\}", lambda m: consts.get(m.group(1), m.group(0)), msg)
         msg = re.sub(r"\{[a-z_]*\}", "…", msg)

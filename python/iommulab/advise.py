@@ -16,7 +16,7 @@ import re
 import tomllib
 from typing import Any
 
-from . import _core, hostinfo
+from . import _core, hostinfo, vendors
 from .api import RunResult, ScenarioError, load, run_variants, toml_value
 from .report import exposure, rate
 from .validate import profile_value, read_profile
@@ -134,11 +134,11 @@ def _resolve(res: dict[str, Any], kernel: str | None, words: list[str]) -> tuple
     """An option's command line, the policy the kernel's rules give a PCI device with it, and why; and the
     untrusted devices' policy."""
     cmd = _cmdline(res.get("cmdline") or "", words)
-    vendors = [i["vendor"] for i in res["iommus"] if i["vendor"] in ("vtd", "smmuv3", "virtio")]
-    if not vendors or not kernel or res.get("arch") not in ("x86_64", "arm64"):
+    vendor = vendors.first({i["vendor"] for i in res["iommus"]})
+    if not vendor or not kernel or res.get("arch") not in vendors.DRIVERS[vendor]["archs"]:
         return cmd, "", {}
-    cm = any(i.get("caching_mode") for i in res["iommus"])
-    rules = json.loads(_core.explain(res["arch"], kernel, cmd, cm, vendors[0]))
+    cm = any(vendors.caching_mode(i) for i in res["iommus"])
+    rules = json.loads(_core.explain(res["arch"], kernel, cmd, cm, vendor))
     by = {d["device"]: d for d in rules["devices"]}
     return cmd, by["PCI device"]["policy"], by.get("untrusted PCI device", {})
 
@@ -286,7 +286,7 @@ def _speed_text(o: dict[str, Any], key: str) -> str:
 def format_advise(doc: dict[str, Any]) -> str:
     h = doc["host"]
     iommus = ", ".join(f"{i['name']} ({i['vendor']}"
-                       + (f", caching mode {'on' if i.get('caching_mode') else 'off'}" if i["vendor"] == "vtd" else "")
+                       + (f", caching mode {'on' if i.get('caching_mode') else 'off'}" if "caching_mode" in i else "")
                        + ")" for i in h["iommus"]) or "no IOMMU"
     lines = [f"host: Linux {h['kernel'] or '?'} {h['arch']} · {iommus} · "
              f"{h['cpus'] or '?'} CPUs · NICs {', '.join(n['name'] for n in h['nics']) or 'none seen'} · "

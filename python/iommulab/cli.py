@@ -12,7 +12,7 @@ import tempfile
 import tomllib
 from typing import Any, Callable
 
-from . import __version__, _core
+from . import __version__, _core, vendors
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
 from .compare import POLICIES, compare, format_compare
 from .inputs import shown, utf8
@@ -155,9 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and an IOMMU model, and count per phase (TB_BEGIN/TB_END trace markers) the invalidations, "
                         "wait descriptors and requests that reached the IOMMU.")
     rp.add_argument("trace", metavar="TRACE", help="ftrace text file, or - for standard input")
-    rp.add_argument("--iommu", choices=["vtd", "smmuv3", "virtio"], default="vtd", help="IOMMU model (default vtd)")
+    modelled = vendors.names(modelled=True)
+    rp.add_argument("--iommu", choices=modelled, default=modelled[0], help=f"IOMMU model (default {modelled[0]})")
     rp.add_argument("--caching-mode", choices=["on", "off"], default="off",
-                    help="VT-d caching mode (a virtual IOMMU; default off)")
+                    help=f"caching mode (a virtual IOMMU's {_caching_mode_caps()}; default off)")
     rp.add_argument("--ats", action="store_true",
                     help="the traced devices use ATS (device-TLB invalidations); the trace does not name devices")
     rp.add_argument("--ats-phases", type=_phase_list, metavar="PHASE[,PHASE...]",
@@ -177,12 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Resolve the default DMA domain as the kernel does (arch Kconfig default, "
                        "iommu.passthrough=, iommu=pt, iommu.strict=, caching mode, untrusted devices, driver "
                        "capabilities) and print it per device type with the kernel's own log lines.")
-    e.add_argument("--arch", choices=["x86_64", "arm64", "s390"], default="x86_64", help="default x86_64")
+    archs = list(dict.fromkeys(a for d in vendors.DRIVERS.values() for a in d["archs"]))
+    e.add_argument("--arch", choices=archs, default=archs[0], help=f"default {archs[0]}")
     e.add_argument("--kernel", default="6.12", metavar="V", help="kernel version, MAJOR.MINOR (default 6.12)")
     e.add_argument("--cmdline", default="", help="kernel command line")
-    e.add_argument("--caching-mode", choices=["on", "off"], default="off", help="VT-d caching mode (a vIOMMU)")
-    e.add_argument("--iommu", choices=["vtd", "smmuv3", "virtio", "s390"],
-                   help="IOMMU driver (default: vtd on x86_64, smmuv3 on arm64, s390 on s390)")
+    e.add_argument("--caching-mode", choices=["on", "off"], default="off",
+                   help=f"caching mode (a virtual IOMMU's {_caching_mode_caps()})")
+    e.add_argument("--iommu", choices=vendors.names(),
+                   help="IOMMU driver (default: " + ", ".join(f"{_default_driver(a)} on {a}" for a in archs) + ")")
     e.add_argument("--json", action="store_true", help='print {"kernel_log": [...], "devices": [...]}')
 
     i = sub.add_parser("inspect", help="this machine's IOMMUs, groups and devices: the DMA mode in effect and why",
@@ -397,6 +400,16 @@ class _progress:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _default_driver(arch: str) -> str:
+    """The hardware IOMMU driver an `arch` kernel has first (explain's default)."""
+    return next(n for n in vendors.names(arch=arch) if not vendors.DRIVERS[n].get("paravirtual"))
+
+
+def _caching_mode_caps() -> str:
+    return ", ".join(f"{d['title']} {d['caching_mode_cap']}" for d in vendors.DRIVERS.values()
+                     if d["caching_mode_cap"])
 
 
 def _policy_list(text: str) -> list[str]:
@@ -619,7 +632,7 @@ def _cmd_replay(a: argparse.Namespace) -> int:
 
 
 def _cmd_explain(a: argparse.Namespace) -> int:
-    iommu = a.iommu or {"x86_64": "vtd", "arm64": "smmuv3", "s390": "s390"}[a.arch]
+    iommu = a.iommu or _default_driver(a.arch)
     utf8(a.kernel, "--kernel")
     utf8(a.cmdline, "--cmdline")
     res = json.loads(_core.explain(a.arch, a.kernel, a.cmdline, a.caching_mode == "on", iommu))

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from . import __version__
+from . import __version__, _core
 from .api import ProgressFn, RunResult, load, run_variants
 from .report import (EXPOSURE_LEGEND, LIMITED_BY_COLUMN, LIMITED_BY_LEGEND, note_lines, per_sec, render,
                      run_exposure, set_lines, warning_lines)
 
-# Every policy the simulator has, cheapest protection first.
-POLICIES = ["passthrough", "lazy", "xsmmu", "blocks", "fns", "fands", "strict"]
+# Every policy the simulator has, cheapest protection first (the core's list).
+POLICIES: list[str] = _core.policies()
 
 
 def compare(scenario: Any = None, sets: Mapping[str, Any] | None = None, policies: list[str] | None = None,

@@ -17,16 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _core
+from . import _core, vendors
 from .api import ScenarioError, newer_than_modelled
 from .inputs import file_kind, shown
 
 # The group types sysfs shows (drivers/iommu/iommu.c iommu_group_show_type) and the DMA mode each means.
 GROUP_MODES = {"DMA": "strict", "DMA-FQ": "lazy", "identity": "passthrough", "blocked": "blocked",
                "unmanaged": "owned by a user-space driver (VFIO) or a driver's own domain"}
-# VT-d capability register fields (VT-d spec §11.4.2) and extended capability fields (§11.4.3).
-CAP_CM, CAP_RWBF, CAP_PSI = 7, 4, 39
-ECAP_DT, ECAP_PT = 2, 6
 # PCI Express extended capability ID of Address Translation Services (PCIe Base Spec §7.8.2).
 PCI_EXT_CAP_ID_ATS = 0x0F
 # PCI class codes (base class, subclass) named for the table.
@@ -315,35 +312,12 @@ def _config_default(tree: Tree, release: str) -> str | None:
     return None
 
 
-def _bit(v: int, b: int) -> bool:
-    return bool((v >> b) & 1)
-
-
 def _iommus(tree: Tree) -> list[dict[str, Any]]:
-    """Every IOMMU in /sys/class/iommu: its vendor and, for VT-d, the capabilities that decide the model."""
+    """Every IOMMU in /sys/class/iommu: its vendor and what the vendor's module reads of it."""
     out = []
     for name in tree.must_ls("sys/class/iommu"):
-        d: dict[str, Any] = {"name": name}
-        if name.startswith("dmar"):
-            d["vendor"] = "vtd"
-            c = tree.hex(f"sys/class/iommu/{name}/intel-iommu/cap")
-            e = tree.hex(f"sys/class/iommu/{name}/intel-iommu/ecap")
-            if c is not None:
-                d |= {"cap": f"{c:x}", "caching_mode": _bit(c, CAP_CM), "rwbf": _bit(c, CAP_RWBF),
-                      "page_selective": _bit(c, CAP_PSI), "mamv": (c >> 48) & 0x3F}
-            if e is not None:
-                d |= {"ecap": f"{e:x}", "device_tlb": _bit(e, ECAP_DT), "pass_through": _bit(e, ECAP_PT)}
-        elif "smmu" in name:
-            d["vendor"] = "smmuv3"
-        elif name.startswith("virtio") or "viommu" in name or re.fullmatch(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]", name):
-            # virtio-iommu registers under its virtio device's bus name, which for virtio-iommu-pci is the PCI
-            # function's (virtio-iommu.c viommu_probe → virtio_bus_name): the only IOMMU named like a device.
-            d["vendor"] = "virtio"
-        elif name.startswith("ivhd"):
-            d["vendor"] = "amd"
-        else:
-            d["vendor"] = "unknown"
-        out.append(d)
+        vendor = vendors.identify(name)
+        out.append({"name": name, "vendor": vendor} | vendors.read(tree, vendor, name))
     return out
 
 
@@ -464,24 +438,26 @@ def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
 def _apply_rules(res: dict[str, Any], release: str) -> None:
     """Notes on the IOMMUs, and per device the mode the default-domain rules predict and why."""
     arch = res["arch"]
-    vendors = {i["vendor"] for i in res["iommus"]}
-    vendor = next((v for v in ("vtd", "smmuv3", "virtio") if v in vendors), None)
+    seen = {i["vendor"] for i in res["iommus"]}
+    vendor = vendors.first(seen)
     kernel = _kernel(release) if release else None
-    cm = any(i.get("caching_mode") for i in res["iommus"])
-    if cm:
-        res["notes"].append("VT-d caching mode is set: this is a virtual IOMMU (only emulated ones set CAP.CM); "
-                            "every map is invalidated too.")
+    cm_iommu = next((i for i in res["iommus"] if vendors.caching_mode(i)), None)
+    cm = cm_iommu is not None
+    if cm_iommu:
+        d = vendors.DRIVERS[cm_iommu["vendor"]]
+        res["notes"].append(f"{d['title']} caching mode is set: this is a virtual IOMMU (only emulated ones set "
+                            f"{d['caching_mode_cap']}); every map is invalidated too.")
     rules = None
     if kernel and newer_than_modelled(kernel):
         res["notes"].append(f"Linux {kernel} is after {_core.KERNEL_NEWEST}, the newest kernel whose changes the model "
                             f"knows: its rules stand in (checked on Linux 7.3 guests).")
-    if vendor and kernel and arch in ("x86_64", "arm64"):
+    if vendor and kernel and arch in vendors.DRIVERS[vendor]["archs"]:
         try:
             rules = json.loads(_core.explain(arch, kernel, res["cmdline"], cm, vendor))
         except ScenarioError as e:
             res["notes"].append(f"The default-domain rules cannot be applied: {e}")
     elif not vendor:
-        res["notes"].append("The IOMMU's vendor is not one the model knows (" + ", ".join(sorted(vendors)) + ").")
+        res["notes"].append("The IOMMU's vendor is not one the model knows (" + ", ".join(sorted(seen)) + ").")
     if rules:
         _compare(res, rules)
 
@@ -509,25 +485,17 @@ def _compare(res: dict[str, Any], rules: dict[str, Any]) -> None:
 
 def profile_for(res: dict[str, Any]) -> tuple[str, str]:
     """The built-in platform profile closest to the inspected host, and why."""
-    vendors = [i["vendor"] for i in res["iommus"]]
-    cm = any(i.get("caching_mode") for i in res["iommus"])
-    vendor = next((v for v in ("vtd", "smmuv3", "virtio") if v in vendors), None)
-    if vendor == "vtd":
-        return ("kvm-vtd-guest", "VT-d with caching mode: QEMU's emulated VT-d") if cm else \
-            ("vtd-server", "VT-d on bare metal")
-    if vendor == "smmuv3":
-        return "smmuv3-server", "an Arm SMMUv3"
-    if vendor == "virtio":
-        return ("virtio-guest" if res["arch"] == "x86_64" else "virtio-guest-arm64"), "a virtio-iommu guest"
-    other = f"its IOMMU ({', '.join(sorted(set(vendors)))}) is not one the model has" if vendors else "no IOMMU"
-    if res["arch"] == "arm64":
-        return "smmuv3-server", f"{other}: the Arm server profile stands in"
-    return "vtd-server", f"{other}: the x86 server profile (Intel VT-d) stands in"
+    seen = [i["vendor"] for i in res["iommus"]]
+    vendor = vendors.first(seen)
+    if vendor:
+        return vendors.profile(next(i for i in res["iommus"] if i["vendor"] == vendor), res["arch"])
+    other = f"its IOMMU ({', '.join(sorted(set(seen)))}) is not one the model has" if seen else "no IOMMU"
+    profile, title = vendors.stand_in(res["arch"])
+    return profile, f"{other}: the {res['arch']} server profile ({title}) stands in"
 
 
 def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
     """A scenario for this host: the closest built-in profile, its kernel, the policy in effect."""
-    cm = any(i.get("caching_mode") for i in res["iommus"])
     modes = [d["mode"] for d in res["devices"] if d.get("mode") in ("strict", "lazy", "passthrough")]
     policy = max(set(modes), key=modes.count) if modes else "passthrough"
     kernel = _kernel(res["kernel"] or "") or "6.12"
@@ -541,11 +509,12 @@ def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
         "description": described,
         "run": {"duration_ms": 50, "warmup_ms": 10, "seed": 1},
         "platform": {"profile": profile_for(res)[0]},
-        "os": {"kernel": kernel, "arch": res["arch"] if res["arch"] in ("x86_64", "arm64") else "x86_64",
+        "os": {"kernel": kernel, "arch": res["arch"] if vendors.names(modelled=True, arch=res["arch"]) else "x86_64",
                "policy": policy, "cmdline": res["cmdline"]},
     }
-    if cm:
-        sc["platform"]["iommu"] = {"vtd": {"caching_mode": True}}
+    cm_iommu = next((i for i in res["iommus"] if vendors.caching_mode(i)), None)
+    if cm_iommu:
+        sc["platform"]["iommu"] = vendors.scenario_iommu(cm_iommu)
     queues = max(1, min(cores, 8))
     sc["workload"] = {"nic_rx": {"line_rate_gbps": 100, "queues": queues, "flows": queues, "mtu": 1500,
                                  "ring_size": 1024}}
@@ -633,13 +602,7 @@ def format_inspect(res: dict[str, Any]) -> str:
                      + (f" · confidential: {hw['confidential']}" if hw.get("confidential") else "")
                      + f" · NICs {nics or 'none'} · NVMe {', '.join(hw['nvme']) or 'none'}")
     for i in res["iommus"]:
-        extra = ""
-        if i["vendor"] == "vtd" and "cap" in i:
-            extra = (f": caching mode {'on' if i['caching_mode'] else 'off'}, RWBF {'on' if i['rwbf'] else 'off'}, "
-                     f"page-selective {'yes' if i['page_selective'] else 'no'}, MAMV {i['mamv']}")
-            if "device_tlb" in i:
-                extra += f", device-TLB {'yes' if i['device_tlb'] else 'no'}"
-        lines.append(f"IOMMU {i['name']} ({i['vendor']}){extra}")
+        lines.append(f"IOMMU {i['name']} ({i['vendor']}){vendors.describe(i)}")
     if res.get("kernel_log_seen"):
         lines.append("kernel log, IOMMU lines:")
         lines += [f"  {line}" for line in res["kernel_log_seen"]]

@@ -14,6 +14,7 @@ import tomllib
 from typing import IO, Any
 
 from ._core import ScenarioError
+from . import vendors
 from .inputs import open_trace, shown
 from .validate import profile_value, set_profile_value
 
@@ -421,7 +422,7 @@ def modelled(f: Fit, profile: str, kernel: str | None) -> list[dict[str, Any]]:
                 "workload.dma_map_benchmark.granule": pages, "workload.dma_map_benchmark.dma_dir": "from_device",
                 "run.duration_ms": 2, "run.warmup_ms": 1}
         arch = {"x86_64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}.get(f.m.get("machine", ""))
-        arch = arch or ("x86_64" if f.base.get("vendor") == "vtd" else "arm64")
+        arch = arch or vendors.DRIVERS[f.base["vendor"]]["archs"][0]
         keys["os.arch"] = arch
         pol = policy_of(f.m)
         if pol in ("strict", "lazy"):

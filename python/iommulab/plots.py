@@ -9,12 +9,13 @@ import json
 import math
 from typing import Any
 
-from . import __version__
+from . import __version__, _core
 from .report import flat_cell
 
-# One colour per policy (plotly's default qualitative order, cheapest protection first).
-COLOURS = {"passthrough": "#d62728", "lazy": "#ff7f0e", "xsmmu": "#2ca02c", "blocks": "#17becf", "fns": "#8c564b",
-           "fands": "#9467bd", "strict": "#1f77b4"}
+# One colour per policy, in the core's order (cheapest protection first), from plotly's default qualitative set.
+PALETTE = ["#d62728", "#ff7f0e", "#2ca02c", "#17becf", "#8c564b", "#9467bd", "#1f77b4", "#e377c2", "#7f7f7f",
+           "#bcbd22"]
+COLOURS = dict(zip(_core.policies(), PALETTE))
 # Where runs with nothing exposed, and unprotected runs, sit on the log axis of exposure windows (µs): lanes
 # either side of the 1 µs .. 100 ms decades.
 NONE_US, UNPROTECTED_US = 0.1, 1e6

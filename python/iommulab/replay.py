@@ -9,7 +9,7 @@ import queue
 import threading
 from typing import IO, Any, Callable
 
-from . import _core
+from . import _core, vendors
 from ._core import ScenarioError
 from .inputs import open_trace, shown, utf8
 
@@ -17,11 +17,9 @@ CHUNK = 1 << 20
 # Chunks read and decompressed ahead of the replay at most.
 READ_AHEAD = 4
 
-COUNT_KEYS = ("map_events", "unmap_events", "map_syncs", "iotlb_psi", "iotlb_dsi", "iotlb_global", "wait", "devtlb",
-              "virtio_map", "virtio_unmap")
 
 
-def replay(trace: str | os.PathLike, *, iommu: str = "vtd", caching_mode: bool = False, ats: bool = False,
+def replay(trace: str | os.PathLike, *, iommu: str = vendors.names(modelled=True)[0], caching_mode: bool = False, ats: bool = False,
            kernel: str = "6.12", cmdline: str = "", mode: str | None = None, hz: int = 250,
            tick_phase_us: float | None = None, ats_phases: list[str] | None = None,
            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -105,7 +103,8 @@ def _read_ahead(f: IO[bytes], raw: IO[bytes] | None, name: str):
 
 def format_replay(res: dict[str, Any]) -> str:
     """The per-phase table the CLI prints, under the replay's warnings."""
-    keys = next((list(d["counts"]) for d in res["phases"].values()), COUNT_KEYS)
+    keys = next((list(d["counts"]) for d in res["phases"].values()),
+                ["map_events", "unmap_events", "map_syncs"] + vendors.DRIVERS[res["iommu"]]["replay_columns"])
     cols = [("phase", 10)] + [(k, max(len(k), 8)) for k in keys]
     lines = [f"iommu {res['iommu']} · kernel {res['kernel']} · HZ {res['hz']} · policy {res['policy']} "
              f"({res['policy_reason']})",
@@ -131,12 +130,7 @@ def format_replay(res: dict[str, Any]) -> str:
             fits.append(f"{ph} {d['tick_fit']['tick_phase_us']:g} µs ({d['tick_fit']['early_reuses']} early reuses)")
     lines += _timer_lines(rt, fits)
     lines.append("")
-    lines.append("map_syncs: iotlb_sync_map calls (one per map_sg) · " + {
-        "smmuv3": "tlbi_nh_va / tlbi_nh_asid: TLBI by address / by ASID (VMID at stage 2) · cmd_sync: CMD_SYNCs · "
-                  "atc_inv: ATC invalidations · doorbells: CMDQ_PROD writes",
-        "virtio": "virtio_map / virtio_unmap: MAP and UNMAP requests",
-    }.get(res["iommu"], "iotlb_psi/dsi/global: IOTLB invalidations · wait: wait descriptors · devtlb: device-TLB "
-                        "invalidations"))
+    lines.append("map_syncs: iotlb_sync_map calls (one per map_sg) · " + vendors.legend(res["iommu"]))
     return "\n".join(lines) + "\n"
 
 

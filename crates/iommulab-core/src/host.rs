@@ -371,10 +371,10 @@ impl Host {
     /// The emulator's software walk of the guest's page table behind translation `tr`: its reads (none for
     /// virtio-iommu, whose device looks its mappings up in a tree: virtio_iommu_translate's g_tree_lookup).
     pub fn emulator_walk_ns(&self, tr: &crate::hw::Translation) -> u64 {
-        if self.platform.vendor == crate::scenario::Vendor::Virtio {
-            0
-        } else {
+        if self.platform.vendor.driver().walks_tables() {
             tr.walk_reads as u64 * self.platform.memory.walk_read_ns
+        } else {
+            0
         }
     }
 

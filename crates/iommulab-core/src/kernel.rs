@@ -1,6 +1,38 @@
 //! What changed between kernel versions in what reaches the IOMMU, and in the stack paths that decide it. Each
 //! predicate names the change.
 
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The kernel's architecture (`os.arch`): an IOMMU driver serves the ones it is built for.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Arch {
+    X86_64,
+    Arm64,
+    S390,
+}
+
+impl Arch {
+    pub const ALL: [Arch; 3] = [Arch::X86_64, Arch::Arm64, Arch::S390];
+    /// The name or one of the kernel's, Debian's or GNU's other names for it.
+    pub fn parse(s: &str) -> Option<Arch> {
+        match s {
+            "x86_64" | "x86" | "amd64" => Some(Arch::X86_64),
+            "arm64" | "aarch64" => Some(Arch::Arm64),
+            "s390" | "s390x" => Some(Arch::S390),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arch::X86_64 => "x86_64",
+            Arch::Arm64 => "arm64",
+            Arch::S390 => "s390",
+        }
+    }
+}
+
 /// A kernel version, MAJOR.MINOR (upstream semantics; stable backports are not tracked).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct KernelVersion(pub u32, pub u32);

@@ -111,7 +111,7 @@ pub(crate) fn build_host(sc: &Scenario) -> (Host, PolicyName, String) {
                 kernel,
                 &sc.os.cmdline,
                 p.iommu.vtd.as_ref().is_some_and(|v| v.caching_mode),
-                default_domain::Driver::of(p.vendor),
+                p.vendor.driver(),
             );
             (r.policy, r.reason)
         }
@@ -502,7 +502,7 @@ pub fn run_variant(v: &Variant) -> RunResult {
 mod tests {
     use super::*;
     use crate::hw::emul::ExitStats;
-    use crate::hw::InvKind;
+    use crate::hw::InvClass;
 
     /// The default NIC receive, VFIO-assigned to a guest behind QEMU's VT-d with caching mode.
     fn vfio_guest(ov: &[(&str, &str)]) -> Simulation {
@@ -908,12 +908,13 @@ mod tests {
         assert!(strict.iova_pages_unmapped > 0, "{strict:?}");
         // One PSI + one wait descriptor per single-page unmap.
         assert_eq!(
-            strict.invalidations.get(InvKind::Psi),
+            strict.invalidations.class(InvClass::Range),
             strict.iova_pages_unmapped
         );
         assert_eq!(strict.syncs, strict.invalidations.total);
         assert!(
-            lazy.invalidations.get(InvKind::Psi) == 0 && lazy.invalidations.get(InvKind::Dsi) > 0
+            lazy.invalidations.class(InvClass::Range) == 0
+                && lazy.invalidations.class(InvClass::Domain) > 0
         );
         assert!(lazy.inv_per_page < strict.inv_per_page);
     }
@@ -962,13 +963,13 @@ mod tests {
         let xsmmu = c2("xsmmu", "3");
         // FANDS: no recycling, so every RX page is unmapped, 64 at a time with one PSI, beside one-page ACK
         // heads with one PSI each: unmapped pages - PSIs = 63 per block.
-        let psi = fands.invalidations.get(InvKind::Psi);
+        let psi = fands.invalidations.class(InvClass::Range);
         let extra = fands.iova_pages_unmapped - psi;
         assert!(extra > 0 && extra.is_multiple_of(63), "{fands:?}");
         assert!(fands.inv_per_page < strict.inv_per_page);
         // xSMMU: domain-wide invalidations only, at most one per poll end or TX completion batch.
-        assert_eq!(xsmmu.invalidations.get(InvKind::Psi), 0);
-        assert!(xsmmu.invalidations.get(InvKind::Dsi) > 0);
+        assert_eq!(xsmmu.invalidations.class(InvClass::Range), 0);
+        assert!(xsmmu.invalidations.class(InvClass::Domain) > 0);
         assert!(xsmmu.invalidations.total <= xsmmu.iova_pages_unmapped);
         for r in [&strict, &fands, &xsmmu] {
             assert!(r.safety.protected && r.safety.pages_settled > 0, "{r:?}");
@@ -1196,17 +1197,17 @@ mod tests {
             run_variant(&builtin_with(scenario, &ov)[0])
         };
         for (scenario, domain_wide, range) in [
-            ("c2", InvKind::Dsi, InvKind::Psi),
-            ("c1", InvKind::TlbiNhAsid, InvKind::TlbiNhVa),
+            ("c2", InvClass::Domain, InvClass::Range),
+            ("c1", InvClass::Domain, InvClass::Range),
         ] {
             let lazy = on(scenario, "lazy");
             let xsmmu = on(scenario, "xsmmu");
-            assert_eq!(xsmmu.invalidations.get(range), 0, "{scenario}");
-            assert!(xsmmu.invalidations.get(domain_wide) > 0, "{scenario}");
+            assert_eq!(xsmmu.invalidations.class(range), 0, "{scenario}");
+            assert!(xsmmu.invalidations.class(domain_wide) > 0, "{scenario}");
             for p in ["fands", "fns", "blocks"] {
                 let r = on(scenario, p);
-                assert_eq!(r.invalidations.get(domain_wide), 0, "{scenario} {p}");
-                assert!(r.invalidations.get(range) > 0, "{scenario} {p}");
+                assert_eq!(r.invalidations.class(domain_wide), 0, "{scenario} {p}");
+                assert!(r.invalidations.class(range) > 0, "{scenario} {p}");
                 assert_eq!(
                     r.pwc_misses_per_page[0], 0.0,
                     "{scenario} {p}: walk caches kept"

@@ -96,7 +96,12 @@ fn line() -> impl Strategy<Value = String> {
 
 fn options() -> impl Strategy<Value = ReplayOptions> {
     (
-        prop::sample::select(vec![Vendor::Vtd, Vendor::Smmuv3, Vendor::Virtio]),
+        prop::sample::select(
+            iommulab_core::hw::drivers()
+                .iter()
+                .map(|d| d.vendor())
+                .collect::<Vec<Vendor>>(),
+        ),
         any::<bool>(),
         prop::sample::select(vec![
             None,
@@ -110,7 +115,7 @@ fn options() -> impl Strategy<Value = ReplayOptions> {
         .prop_map(
             |(vendor, ats, mode, kernel, jiffy_phase_ns)| ReplayOptions {
                 vendor,
-                caching_mode: vendor == Vendor::Vtd && ats,
+                caching_mode: vendor.driver().caching_mode_cap().is_some() && ats,
                 ats,
                 kernel: kernel.into(),
                 mode,

@@ -1,7 +1,7 @@
 //! Thin PyO3 bindings: load scenarios, step simulations, hand results back as JSON text.
 //! Everything of substance lives in iommulab-core; everything user-facing lives in the Python package.
 
-use iommulab_core::{replay, run, scenario};
+use iommulab_core::{hw, replay, run, scenario};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -156,21 +156,16 @@ impl Replay {
         jiffy_phase_ns: Option<u64>,
         ats_phases: Vec<String>,
     ) -> PyResult<Self> {
-        let vendor = match vendor {
-            "vtd" => scenario::Vendor::Vtd,
-            "smmuv3" => scenario::Vendor::Smmuv3,
-            "virtio" => scenario::Vendor::Virtio,
-            other => {
-                return Err(ScenarioError::new_err(format!(
-                    "--iommu {other}: expected vtd, smmuv3 or virtio"
-                )))
-            }
+        let Some(driver) = hw::driver(vendor) else {
+            return Err(ScenarioError::new_err(format!(
+                "--iommu {vendor}: expected {}",
+                or_list(hw::drivers().iter().map(|d| d.name()))
+            )));
         };
-        if caching_mode && vendor != scenario::Vendor::Vtd {
-            return Err(ScenarioError::new_err(
-                "--caching-mode on: caching mode is a VT-d capability (CAP.CM); expected --iommu vtd",
-            ));
+        if caching_mode && driver.caching_mode_cap().is_none() {
+            return Err(ScenarioError::new_err(caching_mode_refusal()));
         }
+        let vendor = driver.vendor();
         let mode = match mode {
             None => None,
             Some("strict") => Some(scenario::PolicyName::Strict),
@@ -227,56 +222,40 @@ fn explain(
     caching_mode: bool,
     iommu: &str,
 ) -> PyResult<String> {
-    use iommulab_core::dma::default_domain::{self, Driver};
-    let arch = match arch {
-        "x86_64" | "x86" | "amd64" => scenario::Arch::X86_64,
-        "arm64" | "aarch64" => scenario::Arch::Arm64,
-        "s390" | "s390x" => scenario::Arch::S390,
-        other => {
-            return Err(ScenarioError::new_err(format!(
-                "--arch {other}: expected x86_64, arm64 or s390"
-            )))
-        }
-    };
-    let driver = match iommu {
-        "vtd" => Driver::Vtd,
-        "smmuv3" => Driver::Smmuv3,
-        "virtio" => Driver::Virtio,
-        "s390" => Driver::S390,
-        other => {
-            return Err(ScenarioError::new_err(format!(
-                "--iommu {other}: expected vtd, smmuv3, virtio or s390"
-            )))
-        }
+    use iommulab_core::dma::default_domain;
+    use iommulab_core::hw::kernel_drivers;
+    let arch = scenario::Arch::parse(arch).ok_or_else(|| {
+        ScenarioError::new_err(format!(
+            "--arch {arch}: expected {}",
+            or_list(scenario::Arch::ALL.iter().map(|a| a.as_str()))
+        ))
+    })?;
+    let drivers = kernel_drivers();
+    let Some(&driver) = drivers.iter().find(|d| d.name() == iommu) else {
+        return Err(ScenarioError::new_err(format!(
+            "--iommu {iommu}: expected {}",
+            or_list(drivers.iter().map(|d| d.name()))
+        )));
     };
     let kernel = scenario::rules_kernel(kernel)
         .map_err(|m| ScenarioError::new_err(format!("--kernel: {m}")))?;
-    // Each IOMMU driver serves its architectures: VT-d x86, SMMUv3 arm64, s390's zPCI s390; virtio-iommu
-    // any guest but s390.
-    let fits = matches!(
-        (driver, arch),
-        (Driver::Vtd, scenario::Arch::X86_64)
-            | (Driver::Smmuv3, scenario::Arch::Arm64)
-            | (Driver::S390, scenario::Arch::S390)
-            | (
-                Driver::Virtio,
-                scenario::Arch::X86_64 | scenario::Arch::Arm64
-            )
-    );
-    if !fits {
-        let name = match arch {
-            scenario::Arch::X86_64 => "x86_64",
-            scenario::Arch::Arm64 => "arm64",
-            scenario::Arch::S390 => "s390",
-        };
+    // Each IOMMU driver serves its architectures.
+    if !driver.archs().contains(&arch) {
+        let serves: Vec<String> = drivers
+            .iter()
+            .map(|d| {
+                let archs: Vec<_> = d.archs().iter().map(|a| a.as_str()).collect();
+                format!("{} {}", d.name(), archs.join(" or "))
+            })
+            .collect();
         return Err(ScenarioError::new_err(format!(
-            "--iommu {iommu}: no such IOMMU on {name} (VT-d is x86_64, SMMUv3 arm64, s390 s390, virtio x86_64 or arm64)"
+            "--iommu {iommu}: no such IOMMU on {} ({})",
+            arch.as_str(),
+            serves.join(", ")
         )));
     }
-    if caching_mode && driver != Driver::Vtd {
-        return Err(ScenarioError::new_err(
-            "--caching-mode on: caching mode is a VT-d capability (CAP.CM); expected --iommu vtd",
-        ));
+    if caching_mode && driver.caching_mode_cap().is_none() {
+        return Err(ScenarioError::new_err(caching_mode_refusal()));
     }
     let e = default_domain::explain(arch, kernel, cmdline, caching_mode, driver);
     Ok(serde_json::to_string(&e).expect("serialises"))
@@ -313,6 +292,47 @@ fn builtin_profiles() -> Vec<(String, String)> {
     owned(scenario::BUILTIN_PROFILES)
 }
 
+/// Every policy a run can pin, cheapest protection first.
+#[pyfunction]
+fn policies() -> Vec<&'static str> {
+    scenario::PolicyName::BY_PROTECTION
+        .iter()
+        .map(|p| p.as_str())
+        .collect()
+}
+
+/// Every IOMMU driver the core knows, as JSON: name, title, archs, and for a modelled one its built-in
+/// replay profile, caching-mode key and replay columns (`modelled` false: `explain` only).
+#[pyfunction]
+fn drivers() -> String {
+    let v: Vec<serde_json::Value> = hw::kernel_drivers()
+        .iter()
+        .map(|k| {
+            let archs: Vec<_> = k.archs().iter().map(|a| a.as_str()).collect();
+            let mut o = serde_json::json!({
+                "name": k.name(),
+                "title": k.title(),
+                "archs": archs,
+                "param": k.param(),
+                "caching_mode_cap": k.caching_mode_cap(),
+                "modelled": false,
+            });
+            if let Some(d) = hw::driver(k.name()) {
+                let (profile, arch) = d.replay_profile();
+                let cols: Vec<_> = d.replay_columns().iter().map(|(n, _)| *n).collect();
+                o["modelled"] = true.into();
+                o["paravirtual"] = d.paravirtual().into();
+                o["replay_profile"] = profile.into();
+                o["replay_arch"] = arch.as_str().into();
+                o["caching_mode_key"] = d.caching_mode_key().into();
+                o["replay_columns"] = cols.into();
+            }
+            o
+        })
+        .collect();
+    serde_json::to_string(&v).expect("serialises")
+}
+
 /// The longest a lazy domain's freed IOVA waits for the flush-queue timer at CONFIG_HZ `hz`, µs.
 #[pyfunction]
 fn fq_timer_bound_us(hz: u32) -> f64 {
@@ -347,5 +367,34 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scenario_schema, m)?)?;
     m.add_function(wrap_pyfunction!(explain, m)?)?;
     m.add_function(wrap_pyfunction!(builtin_profiles, m)?)?;
+    m.add_function(wrap_pyfunction!(drivers, m)?)?;
+    m.add_function(wrap_pyfunction!(policies, m)?)?;
     Ok(())
+}
+
+/// "a, b or c".
+fn or_list<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let v: Vec<&str> = names.collect();
+    match v.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => v.join(""),
+    }
+}
+
+/// `--caching-mode on` for an IOMMU without the capability: which ones have it.
+fn caching_mode_refusal() -> String {
+    let with: Vec<String> = hw::kernel_drivers()
+        .iter()
+        .filter_map(|d| d.caching_mode_cap().map(|c| format!("{} ({c})", d.name())))
+        .collect();
+    format!(
+        "--caching-mode on: caching mode is a capability of {}; expected --iommu {}",
+        with.join(", "),
+        or_list(
+            hw::kernel_drivers()
+                .iter()
+                .filter(|d| d.caching_mode_cap().is_some())
+                .map(|d| d.name())
+        )
+    )
 }

@@ -146,7 +146,7 @@ impl DmaPolicy for Blocks {
 mod tests {
     use super::*;
     use crate::dma::flush_queue::tests::core;
-    use crate::hw::InvKind;
+    use crate::hw::InvClass;
 
     #[test]
     fn one_psi_per_chunk_per_batch_and_pages_held_until_it() {
@@ -168,8 +168,12 @@ mod tests {
         assert_eq!(c.safety.exposed_open(t), 0);
         assert_eq!(c.iommu.iova_to_phys(c.dom, iovas[0]), None, "PTE cleared");
         let t = b.batch_end(&mut c, t, 0);
-        assert_eq!(c.iommu.counters().get(InvKind::Psi), 2, "one PSI per chunk");
-        assert_eq!(c.iommu.counters().get(InvKind::Dsi), 0);
+        assert_eq!(
+            c.iommu.counters().class(InvClass::Range),
+            2,
+            "one PSI per chunk"
+        );
+        assert_eq!(c.iommu.counters().class(InvClass::Domain), 0);
         assert_eq!(
             (c.safety.stats.pages_settled, c.safety.stats.pages_exposed),
             (35, 0)
@@ -198,7 +202,7 @@ mod tests {
             t = b.unmap(&mut c, t2, 0, iova, 1);
         }
         assert_eq!(
-            c.iommu.counters().get(InvKind::Psi),
+            c.iommu.counters().class(InvClass::Range),
             BLOCKS_PENDING_THRESHOLD / 64
         );
         assert_eq!(b.held.get(0).map(|h| h.pages), Some(1));

@@ -9,7 +9,9 @@ use super::flush_queue::{
     IOVA_DEFAULT_FQ_SIZE, IOVA_DEFAULT_FQ_TIMEOUT_MS, IOVA_SINGLE_FQ_SIZE,
     IOVA_SINGLE_FQ_TIMEOUT_MS,
 };
-use crate::scenario::{Arch, PolicyName, Vendor};
+use crate::hw::driver::{KernelDriver, Switch};
+use crate::kernel::{Arch, KernelVersion};
+use crate::scenario::PolicyName;
 use serde::Serialize;
 
 /// The resolved policy and the kernel-log-style reason.
@@ -17,26 +19,6 @@ use serde::Serialize;
 pub struct Resolved {
     pub policy: PolicyName,
     pub reason: String,
-}
-
-/// The IOMMU driver in charge (its capabilities change the outcome).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Driver {
-    Vtd,
-    Smmuv3,
-    Virtio,
-    /// drivers/iommu/s390-iommu.c (zPCI); explain only.
-    S390,
-}
-
-impl Driver {
-    pub fn of(v: Vendor) -> Self {
-        match v {
-            Vendor::Vtd => Driver::Vtd,
-            Vendor::Smmuv3 => Driver::Smmuv3,
-            Vendor::Virtio => Driver::Virtio,
-        }
-    }
 }
 
 /// What a kind of device ends up with.
@@ -83,15 +65,16 @@ pub fn explain(
     kernel: (u32, u32),
     cmdline: &str,
     caching_mode: bool,
-    driver: Driver,
+    driver: &dyn KernelDriver,
 ) -> Explained {
+    let kver = KernelVersion::from(kernel);
     // CONFIG_IOMMU_DEFAULT_DMA_LAZY on X86 and S390, STRICT elsewhere (drivers/iommu/Kconfig).
     let mut strict = !matches!(arch, Arch::X86_64 | Arch::S390);
     let mut passthrough = false;
     let mut type_cmdline = false;
     let mut strict_cmdline = false;
     let mut log = Vec::new();
-    let mut iommu_off = false;
+    let mut iommu_off = None;
     for tok in cmdline.split_whitespace() {
         let (k, v) = tok.split_once('=').unwrap_or((tok, ""));
         match k {
@@ -119,32 +102,26 @@ pub fn explain(
                     strict_cmdline = true;
                 }
             }
-            // intel/iommu.c intel_iommu_setup(): "strict" is deprecated but still sets strict; "off".
-            "intel_iommu" if driver == Driver::Vtd => {
+            // The driver's own parameter (intel_iommu=, s390_iommu=): comma-separated options.
+            _ if driver.param() == Some(k) => {
                 for opt in v.split(',') {
-                    match opt {
-                        "strict" => {
-                            log.push(
-                                "DMAR: intel_iommu=strict deprecated; use iommu.strict=1".into(),
-                            );
+                    match driver.switch(opt, kver) {
+                        Some(Switch::Strict(line)) => {
+                            log.push(line.into());
                             strict = true;
                         }
-                        "off" => iommu_off = true,
-                        _ => {}
+                        Some(Switch::Off(line)) => iommu_off = Some((line, format!("{k}={opt}"))),
+                        Some(Switch::Log(line)) => log.push(line.into()),
+                        None => {}
                     }
                 }
-            }
-            // s390-iommu.c s390_iommu_setup().
-            "s390_iommu" if driver == Driver::S390 && v == "strict" => {
-                log.push("s390_iommu=strict deprecated; use iommu.strict=1 instead".into());
-                strict = true;
             }
             _ => {}
         }
     }
-    if iommu_off {
-        log.push("DMAR: IOMMU disabled".into());
-        let why = "intel_iommu=off: no IOMMU, DMA goes through dma-direct untranslated".to_string();
+    if let Some((line, switch)) = iommu_off {
+        log.push(line.into());
+        let why = format!("{switch}: no IOMMU, DMA goes through dma-direct untranslated");
         return Explained {
             kernel_log: log,
             devices: vec![
@@ -193,24 +170,28 @@ pub fn explain(
             cl(strict_cmdline)
         ));
     }
-    // intel_iommu_init(): a caching-mode IOMMU makes every DMA domain strict (after the lines above).
     let mut trusted = default;
     let mut why = log
         .last()
         .map(|l| l.trim_start_matches("iommu: ").to_string())
         .unwrap_or_default();
-    if driver == Driver::Vtd && caching_mode {
-        log.push("DMAR: IOMMU batching disallowed due to virtualization".into());
+    // intel_iommu_init(): a caching-mode IOMMU makes every DMA domain strict (after the lines above).
+    if let Some((line, reason)) = driver
+        .strict_under_caching_mode(kver)
+        .filter(|_| caching_mode)
+    {
+        log.push(line.into());
         if trusted == PolicyName::Lazy {
             trusted = PolicyName::Strict;
-            why = "caching mode (a virtual VT-d): IOMMU batching disallowed due to virtualization"
-                .into();
+            why = reason.into();
         }
     }
-    // iommu_dma_init_domain(): DMA-FQ needs IOMMU_CAP_DEFERRED_FLUSH; virtio-iommu has it from 6.8.
-    if trusted == PolicyName::Lazy && driver == Driver::Virtio && kernel < (6, 8) {
-        trusted = PolicyName::Strict;
-        why = "virtio-iommu before 6.8 lacks IOMMU_CAP_DEFERRED_FLUSH: the DMA-FQ domain falls back to DMA (strict)".into();
+    // iommu_dma_init_domain(): DMA-FQ needs IOMMU_CAP_DEFERRED_FLUSH.
+    if let Err(reason) = driver.deferred_flush(kver) {
+        if trusted == PolicyName::Lazy {
+            trusted = PolicyName::Strict;
+            why = reason.into();
+        }
     }
     let untrusted = PolicyName::Strict;
     let mut devices = vec![DeviceMode {
@@ -221,9 +202,12 @@ pub fn explain(
     }];
     // s390_iommu_probe_device(): a zPCI function that needs TLB refreshes (z/VM, KVM) sets shadow_on_flush,
     // and iommu_dma_init_options() gives its DMA-FQ domain one large queue instead of per-CPU rings.
-    if driver == Driver::S390 && trusted == PolicyName::Lazy {
+    if let Some(device) = driver
+        .shadow_on_flush()
+        .filter(|_| trusted == PolicyName::Lazy)
+    {
         devices.push(DeviceMode {
-            device: "zPCI (tlb_refresh)",
+            device,
             sysfs: sysfs(trusted),
             policy: trusted,
             why: format!(
@@ -249,7 +233,7 @@ pub fn resolve(
     kernel: (u32, u32),
     cmdline: &str,
     caching_mode: bool,
-    driver: Driver,
+    driver: &dyn KernelDriver,
 ) -> Resolved {
     let e = explain(arch, kernel, cmdline, caching_mode, driver);
     let d = &e.devices[0];
@@ -268,14 +252,18 @@ pub fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn drv(name: &str) -> &'static dyn KernelDriver {
+        crate::hw::kernel_driver(name).unwrap()
+    }
     #[test]
     fn arch_defaults_and_cmdline() {
         assert_eq!(
-            resolve(Arch::X86_64, (6, 12), "", false, Driver::Vtd).policy,
+            resolve(Arch::X86_64, (6, 12), "", false, drv("vtd")).policy,
             PolicyName::Lazy
         );
         assert_eq!(
-            resolve(Arch::Arm64, (6, 12), "", false, Driver::Smmuv3).policy,
+            resolve(Arch::Arm64, (6, 12), "", false, drv("smmuv3")).policy,
             PolicyName::Strict
         );
         assert_eq!(
@@ -284,17 +272,17 @@ mod tests {
                 (6, 12),
                 "quiet iommu.strict=0",
                 false,
-                Driver::Smmuv3
+                drv("smmuv3")
             )
             .policy,
             PolicyName::Lazy
         );
         assert_eq!(
-            resolve(Arch::X86_64, (6, 12), "iommu=pt", false, Driver::Vtd).policy,
+            resolve(Arch::X86_64, (6, 12), "iommu=pt", false, drv("vtd")).policy,
             PolicyName::Passthrough
         );
         assert_eq!(
-            resolve(Arch::Arm64, (6, 12), "iommu=pt", false, Driver::Smmuv3).policy,
+            resolve(Arch::Arm64, (6, 12), "iommu=pt", false, drv("smmuv3")).policy,
             PolicyName::Strict,
             "iommu=pt is x86 only"
         );
@@ -304,12 +292,12 @@ mod tests {
                 (6, 12),
                 "iommu.strict=0 iommu.passthrough=1",
                 false,
-                Driver::Smmuv3
+                drv("smmuv3")
             )
             .policy,
             PolicyName::Passthrough
         );
-        let r = resolve(Arch::X86_64, (6, 12), "iommu.strict=0", true, Driver::Vtd);
+        let r = resolve(Arch::X86_64, (6, 12), "iommu.strict=0", true, drv("vtd"));
         assert_eq!(r.policy, PolicyName::Strict);
         assert!(r.reason.contains("virtualization"));
         assert_eq!(
@@ -318,7 +306,7 @@ mod tests {
                 (6, 12),
                 "intel_iommu=on,strict",
                 false,
-                Driver::Vtd
+                drv("vtd")
             )
             .policy,
             PolicyName::Strict
@@ -333,7 +321,7 @@ mod tests {
             (6, 12),
             "quiet iommu.strict=0",
             false,
-            Driver::Vtd,
+            drv("vtd"),
         );
         assert_eq!(
             e.kernel_log,
@@ -348,7 +336,7 @@ mod tests {
             (6, 12),
             "iommu.passthrough=1",
             false,
-            Driver::Vtd,
+            drv("vtd"),
         );
         assert_eq!(
             e.kernel_log,
@@ -362,22 +350,22 @@ mod tests {
 
     #[test]
     fn virtio_iommu_gets_deferred_flush_in_6_8() {
-        let old = explain(Arch::X86_64, (6, 1), "", false, Driver::Virtio);
-        let new = explain(Arch::X86_64, (6, 8), "", false, Driver::Virtio);
+        let old = explain(Arch::X86_64, (6, 1), "", false, drv("virtio"));
+        let new = explain(Arch::X86_64, (6, 8), "", false, drv("virtio"));
         assert_eq!(
             (old.devices[0].sysfs, new.devices[0].sysfs),
             ("DMA", "DMA-FQ")
         );
         // Caching mode is a VT-d matter only.
         assert_eq!(
-            explain(Arch::X86_64, (6, 12), "", true, Driver::Smmuv3).devices[0].sysfs,
+            explain(Arch::X86_64, (6, 12), "", true, drv("smmuv3")).devices[0].sysfs,
             "DMA-FQ"
         );
     }
 
     #[test]
     fn s390_is_lazy_by_default_and_shadowing_devices_get_the_single_queue() {
-        let e = explain(Arch::S390, (6, 12), "", false, Driver::S390);
+        let e = explain(Arch::S390, (6, 12), "", false, drv("s390"));
         assert_eq!(e.devices[0].policy, PolicyName::Lazy);
         let z = &e.devices[1];
         assert_eq!((z.device, z.sysfs), ("zPCI (tlb_refresh)", "DMA-FQ"));
@@ -386,13 +374,7 @@ mod tests {
             "{}",
             z.why
         );
-        let e = explain(
-            Arch::S390,
-            (6, 12),
-            "s390_iommu=strict",
-            false,
-            Driver::S390,
-        );
+        let e = explain(Arch::S390, (6, 12), "s390_iommu=strict", false, drv("s390"));
         assert_eq!(e.devices[0].policy, PolicyName::Strict);
         assert_eq!(e.devices.len(), 2, "no flush queue to describe when strict");
         assert!(e.kernel_log[0].contains("deprecated"));

@@ -305,7 +305,7 @@ pub(crate) mod tests {
             let expect = if i < 255 { 0 } else { 1 };
             assert_eq!(c.stats.fq_flush_full, expect, "after {} unmaps", i + 1);
         }
-        assert_eq!(c.iommu.counters().get(crate::hw::InvKind::Dsi), 1);
+        assert_eq!(c.iommu.counters().class(crate::hw::InvClass::Domain), 1);
         assert_eq!(fq.queued(0), 1, "255 freed by the flush, the 256th queued");
     }
 

@@ -87,7 +87,7 @@ impl DmaPolicy for Fns {
 mod tests {
     use super::*;
     use crate::dma::flush_queue::tests::core;
-    use crate::hw::InvKind;
+    use crate::hw::InvClass;
 
     #[test]
     fn a_descriptor_of_adjacent_slots_costs_one_psi() {
@@ -101,12 +101,12 @@ mod tests {
             t = t2;
         }
         let t = f.unmap_desc(&mut c, t, 0, &segs);
-        assert_eq!(c.iommu.counters().get(InvKind::Psi), 1);
+        assert_eq!(c.iommu.counters().class(InvClass::Range), 1);
         assert_eq!(c.stats.iova_pages_unmapped, 4);
         // A lone single-page descriptor: its own PSI.
         let (iova, t) = f.map(&mut c, t, 0, 77, 1).unwrap();
         f.unmap(&mut c, t, 0, iova, 1);
-        assert_eq!(c.iommu.counters().get(InvKind::Psi), 2);
+        assert_eq!(c.iommu.counters().class(InvClass::Range), 2);
         assert_eq!(c.safety.exposed_open(t + 1_000_000), 0);
     }
 }

@@ -653,7 +653,7 @@ pub(crate) mod tests {
 
     mod props {
         use super::super::*;
-        use crate::hw::InvKind;
+        use crate::hw::InvClass;
         use crate::hw::LATER;
         use proptest::prelude::*;
         use std::collections::BTreeMap;
@@ -800,7 +800,7 @@ pub(crate) mod tests {
                             for &(a, n) in &live {
                                 prop_assert!(iova + pages <= a || a + n <= iova, "{iova:#x}+{pages} overlaps live {a:#x}+{n}");
                             }
-                            let dsi = d.core.iommu.counters().get(InvKind::Dsi);
+                            let dsi = d.core.iommu.counters().class(InvClass::Domain);
                             for (&a, &(n, dsi_then)) in &queued {
                                 if iova < a + n && a < iova + pages {
                                     prop_assert!(lazy, "strict frees at unmap; nothing stays queued");
@@ -816,7 +816,7 @@ pub(crate) mod tests {
                             now = now.max(d.unmap(now, 0, iova, pages));
                             if let Some(t) = d.core.timer_request.take() { timers.push(t); }
                             if lazy {
-                                queued.insert(iova, (pages, d.core.iommu.counters().get(InvKind::Dsi)));
+                                queued.insert(iova, (pages, d.core.iommu.counters().class(InvClass::Domain)));
                             } else {
                                 for p in iova..iova + pages {
                                     prop_assert!(!d.translate(LATER, p).unwrap().stale, "stale after strict unmap");

@@ -78,7 +78,7 @@ impl DmaPolicy for Xsmmu {
 mod tests {
     use super::*;
     use crate::dma::flush_queue::tests::core;
-    use crate::hw::InvKind;
+    use crate::hw::InvClass;
     use crate::hw::LATER;
 
     #[test]
@@ -100,7 +100,7 @@ mod tests {
         assert_eq!(c.safety.exposed_open(t), 0);
         assert_eq!(x.batch_end(&mut c, t, 1), t, "CPU 1 holds nothing");
         let t = x.batch_end(&mut c, t, 0);
-        assert_eq!(c.iommu.counters().get(InvKind::Dsi), 1);
+        assert_eq!(c.iommu.counters().class(InvClass::Domain), 1);
         assert_eq!(
             (c.safety.stats.pages_settled, c.safety.stats.pages_exposed),
             (10, 0)
@@ -145,7 +145,7 @@ mod tests {
             let (iova, t2) = c.iommu_map(t, 0, 1000 + p, 1).unwrap();
             t = x.unmap(&mut c, t2, 0, iova, 1);
         }
-        assert_eq!(c.iommu.counters().get(InvKind::Dsi), 1);
+        assert_eq!(c.iommu.counters().class(InvClass::Domain), 1);
         assert_eq!(x.pending.get(0).map(Vec::len), Some(1));
     }
 }

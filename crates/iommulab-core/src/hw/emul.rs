@@ -7,9 +7,8 @@
 //! keeps the guest driver's side (descriptors, batching, locks) and its queue of work, which the emulator
 //! serves in place of hardware; this module adds the exit and re-entry and counts them.
 
-use super::cache::{PsiMatch, QemuIotlb};
 use super::DomainId;
-use crate::scenario::{HypervisorProfile, KvmProfile, Vendor};
+use super::{HypervisorProfile, KvmProfile};
 use crate::sim::Time;
 use serde::Serialize;
 
@@ -241,18 +240,6 @@ impl Trap {
         let back = (at + self.exit_ns).max(ready) + self.entry_ns;
         self.stats.record(cause, 1, back - at);
         back
-    }
-}
-
-/// QEMU's IOTLB for an emulated `vendor` whose profile gives `entries`: its size, and how the QEMU of `h`
-/// matches a page-selective invalidation against it. virtio-iommu keeps none: virtio_iommu_translate
-/// looks every address up in the domain's mapping tree (g_tree_lookup).
-pub fn iotlb_of(vendor: Vendor, h: &HypervisorProfile, entries: u32) -> QemuIotlb<(u64, u64)> {
-    let fixed = h.qemu_version().is_some_and(|v| v >= (9, 1));
-    match vendor {
-        Vendor::Virtio => QemuIotlb::new(0, PsiMatch::Range),
-        Vendor::Vtd if !fixed => QemuIotlb::new(entries as usize, PsiMatch::LowByte),
-        _ => QemuIotlb::new(entries as usize, PsiMatch::Range),
     }
 }
 

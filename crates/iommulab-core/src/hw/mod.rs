@@ -5,17 +5,24 @@
 //! A vendor is one file implementing it.
 
 pub mod cache;
+pub mod driver;
 pub mod emul;
 pub mod pgtable;
+pub mod platform;
+pub mod s390;
 pub mod smmuv3;
 pub mod translator;
 pub mod virtio;
 pub mod vtd;
 
 use crate::kernel::KernelVersion;
-use crate::scenario::{IommuProfile, Platform, Vendor};
 use crate::sim::{self, LockStats, Time};
+pub use driver::{Driver, KernelDriver};
 pub use pgtable::PtFormat;
+pub use platform::{
+    CpuProfile, HypervisorProfile, IommuProfile, KvmProfile, MemoryProfile, PcieProfile, Platform,
+    Vendor,
+};
 
 pub type DomainId = u16;
 
@@ -58,26 +65,42 @@ fn low_bits(n: u32) -> u64 {
     }
 }
 
-/// The page-table format a vendor's DMA domains use, from the profile. Errors name the profile key.
-pub fn pt_format(vendor: Vendor, p: &IommuProfile) -> Result<PtFormat, (&'static str, String)> {
-    match vendor {
-        Vendor::Vtd => {
-            if p.granule_kb != 4 {
-                return Err(("granule_kb", "expected 4: VT-d pages are 4 KiB".into()));
-            }
-            PtFormat::vtd(p.ias_bits, p.large_pages).map_err(|m| ("ias_bits", m))
-        }
-        // The host keeps the guest's mappings; a 4 KiB radix table stands for its translation state.
-        Vendor::Virtio => PtFormat::vtd(p.ias_bits, false).map_err(|m| ("ias_bits", m)),
-        Vendor::Smmuv3 => {
-            let stage = p.smmuv3.as_ref().map_or(1, |s| s.stage);
-            match p.granule_kb {
-                4 | 16 | 64 => {}
-                _ => return Err(("granule_kb", "expected a granule of 4, 16 or 64 KiB".into())),
-            }
-            PtFormat::lpae(p.granule_kb, p.ias_bits, stage, p.large_pages)
-                .map_err(|m| ("ias_bits", m))
-        }
+/// Every IOMMU iommulab models.
+pub fn drivers() -> &'static [&'static dyn Driver] {
+    &[
+        &vtd::VtdDriver,
+        &smmuv3::Smmuv3Driver,
+        &virtio::VirtioDriver,
+    ]
+}
+
+/// Every kernel driver `explain` knows: the modelled ones and those it explains only.
+pub fn kernel_drivers() -> Vec<&'static dyn KernelDriver> {
+    let mut v: Vec<&'static dyn KernelDriver> = drivers().iter().map(|&d| d as _).collect();
+    v.push(&s390::S390Driver);
+    v
+}
+
+/// The kernel driver named `name`.
+pub fn kernel_driver(name: &str) -> Option<&'static dyn KernelDriver> {
+    kernel_drivers().into_iter().find(|d| d.name() == name)
+}
+
+/// The modelled IOMMU named `name`.
+pub fn driver(name: &str) -> Option<&'static dyn Driver> {
+    drivers().iter().copied().find(|d| d.name() == name)
+}
+
+impl Vendor {
+    /// The vendor's driver.
+    pub fn driver(self) -> &'static dyn Driver {
+        *drivers()
+            .iter()
+            .find(|d| d.vendor() == self)
+            .expect("every vendor has a driver")
+    }
+    pub fn as_str(self) -> &'static str {
+        self.driver().name()
     }
 }
 
@@ -85,47 +108,28 @@ pub fn pt_format(vendor: Vendor, p: &IommuProfile) -> Result<PtFormat, (&'static
 /// `vfio`: the device is a VFIO-assigned one (on a guest platform, QEMU shadows its mappings unless nested).
 pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32), vfio: bool) -> Box<dyn Iommu> {
     let kernel = KernelVersion::from(kernel);
-    let fmt = pt_format(p.vendor, &p.iommu).expect("validated platform");
+    let d = p.vendor.driver();
+    let fmt = d.pt_format(&p.iommu).expect("validated platform");
     let atc = p.pcie.ats.then_some((p.pcie.atc_entries, p.pcie.atc_ways));
     let mut tr = translator::Translator::new(&p.iommu, fmt, atc);
     // An IOMMU QEMU emulates caches translations in its own hash (hardware's, under nesting).
     if let Some(h) = p.hypervisor.as_ref().filter(|h| !h.nested) {
-        tr = tr.emulated_iotlb(emul::iotlb_of(p.vendor, h, p.iommu.iotlb_entries));
+        tr = tr.emulated_iotlb(d.qemu_iotlb(h, p.iommu.iotlb_entries));
     }
-    let coh = p.cpu.coherence();
-    // A guest's doorbells trap unless its command queue is a hardware one (vCMDQ).
-    let trap = || {
-        p.hypervisor
+    let emu = driver::Emulation {
+        // A guest's doorbells trap unless its command queue is a hardware one (vCMDQ).
+        trap: p
+            .hypervisor
             .as_ref()
             .filter(|h| !h.vcmdq)
-            .map(|h| emul::Trap::new(h, p.host_kvm()))
-    };
-    let shadow = || {
-        p.hypervisor
+            .map(|h| emul::Trap::new(h, p.host_kvm())),
+        shadow: p
+            .hypervisor
             .as_ref()
             .filter(|h| vfio && !h.nested)
-            .map(|_| emul::Shadow::new(p.host_kvm()))
+            .map(|_| emul::Shadow::new(p.host_kvm())),
     };
-    match p.vendor {
-        Vendor::Vtd => Box::new(
-            vtd::Vtd::new(&p.iommu, tr, p.pcie.ats_inv_ns, kernel, coh, p.cpu.lock_ns)
-                .emulated(trap(), shadow()),
-        ),
-        Vendor::Smmuv3 => Box::new(
-            smmuv3::Smmuv3::new(&p.iommu, tr, cpus, p.pcie.ats_inv_ns, coh, kernel)
-                .emulated(trap(), shadow()),
-        ),
-        Vendor::Virtio => Box::new(
-            virtio::VirtioIommu::new(
-                &p.iommu,
-                tr,
-                kernel.virtio_deferred_flush(),
-                p.host_kvm(),
-                p.cpu.wakeup_ns,
-            )
-            .with_shadow(shadow()),
-        ),
-    }
+    d.build(p, cpus, kernel, tr, emu)
 }
 
 /// What a DMA layer holds while another domain's layer has the host's IOMMU (`Host::lend`): an IOMMU of
@@ -224,106 +228,62 @@ impl Translation {
     }
 }
 
-/// Invalidation requests by type, named as the specifications and the kernel name them.
+/// What an invalidation command does, whatever the vendor calls it: the core counts and compares by this, and
+/// reports each vendor's commands by their own names ([`InvKind`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InvKind {
-    /// VT-d page-selective-within-domain IOTLB invalidation.
-    Psi,
-    /// VT-d domain-selective IOTLB invalidation.
-    Dsi,
-    /// VT-d global IOTLB invalidation.
+pub enum InvClass {
+    /// IOTLB entries of an address range in one domain (VT-d PSI, SMMUv3 TLBI by VA or IPA, virtio-iommu UNMAP).
+    Range,
+    /// Every IOTLB entry of one domain (VT-d DSI, SMMUv3 TLBI by ASID or VMID).
+    Domain,
+    /// Every IOTLB entry of every domain.
     Global,
-    /// VT-d device-TLB (ATS) invalidation.
+    /// A device's ATS translation cache (VT-d device-TLB, SMMUv3 ATC).
     DevTlb,
-    /// SMMUv3 CMD_TLBI_NH_VA (stage 1, by VA and ASID).
-    TlbiNhVa,
-    /// SMMUv3 CMD_TLBI_S2_IPA (stage 2, by IPA and VMID).
-    TlbiS2Ipa,
-    /// SMMUv3 CMD_TLBI_NH_ASID (stage 1, a whole ASID).
-    TlbiNhAsid,
-    /// SMMUv3 CMD_TLBI_S12_VMALL (a whole VMID).
-    TlbiS12Vmall,
-    /// SMMUv3 CMD_ATC_INV (ATS translation cache in the device).
-    AtcInv,
-    /// VT-d context-cache invalidation (a device's context entry changed).
-    ContextCache,
-    /// VT-d write-buffer flush (GCMD.WBF, hardware with CAP.RWBF).
-    Wbf,
-    /// SMMUv3 CMD_CFGI_STE (a stream table entry changed).
-    CfgiSte,
-    /// SMMUv3 CMD_CFGI_CD (a context descriptor changed).
-    CfgiCd,
-    /// virtio-iommu VIRTIO_IOMMU_T_MAP request.
-    VirtioMap,
-    /// virtio-iommu VIRTIO_IOMMU_T_UNMAP request (the device drops the range: its invalidation).
-    VirtioUnmap,
-    /// virtio-iommu VIRTIO_IOMMU_T_ATTACH request.
-    VirtioAttach,
+    /// A device's cached configuration (VT-d context entry, SMMUv3 STE and CD, virtio-iommu ATTACH).
+    Config,
+    /// The write buffer (VT-d RWBF).
+    WriteBuffer,
+    /// A new mapping told to the IOMMU (virtio-iommu MAP): no invalidation.
+    Map,
 }
 
-pub const INV_KINDS: usize = 16;
+pub const INV_CLASSES: usize = 7;
+
+impl InvClass {
+    /// IOMMU TLB invalidations (counted in `invalidations.total`); device-side ATC or device-TLB ones,
+    /// configuration-cache, write-buffer flushes and map requests are not.
+    pub fn is_iotlb(self) -> bool {
+        matches!(self, InvClass::Range | InvClass::Domain | InvClass::Global)
+    }
+}
+
+/// One of a vendor's invalidation commands (or requests), named as its specification and Linux driver name
+/// it; declared by the vendor's file, counted in its IOMMU's `slot`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvKind {
+    pub name: &'static str,
+    pub class: InvClass,
+    pub slot: u8,
+}
+
+/// Invalidation kinds an IOMMU may declare.
+pub const INV_SLOTS: usize = 8;
 
 impl InvKind {
-    pub const ALL: [InvKind; INV_KINDS] = [
-        InvKind::Psi,
-        InvKind::Dsi,
-        InvKind::Global,
-        InvKind::DevTlb,
-        InvKind::TlbiNhVa,
-        InvKind::TlbiS2Ipa,
-        InvKind::TlbiNhAsid,
-        InvKind::TlbiS12Vmall,
-        InvKind::AtcInv,
-        InvKind::ContextCache,
-        InvKind::Wbf,
-        InvKind::CfgiSte,
-        InvKind::CfgiCd,
-        InvKind::VirtioMap,
-        InvKind::VirtioUnmap,
-        InvKind::VirtioAttach,
-    ];
-    pub fn name(self) -> &'static str {
-        match self {
-            InvKind::Psi => "psi",
-            InvKind::Dsi => "dsi",
-            InvKind::Global => "global",
-            InvKind::DevTlb => "devtlb",
-            InvKind::TlbiNhVa => "tlbi_nh_va",
-            InvKind::TlbiS2Ipa => "tlbi_s2_ipa",
-            InvKind::TlbiNhAsid => "tlbi_nh_asid",
-            InvKind::TlbiS12Vmall => "tlbi_s12_vmall",
-            InvKind::AtcInv => "atc_inv",
-            InvKind::ContextCache => "context_cache",
-            InvKind::Wbf => "wbf",
-            InvKind::CfgiSte => "cfgi_ste",
-            InvKind::CfgiCd => "cfgi_cd",
-            InvKind::VirtioMap => "map",
-            InvKind::VirtioUnmap => "unmap",
-            InvKind::VirtioAttach => "attach",
-        }
-    }
-    /// IOMMU TLB invalidations (counted in `invalidations.total`); device-side ATC/device-TLB ones and
-    /// configuration-cache or write-buffer flushes are not.
-    pub fn is_iotlb(self) -> bool {
-        matches!(
-            self,
-            InvKind::Psi
-                | InvKind::Dsi
-                | InvKind::Global
-                | InvKind::TlbiNhVa
-                | InvKind::TlbiS2Ipa
-                | InvKind::TlbiNhAsid
-                | InvKind::TlbiS12Vmall
-                | InvKind::VirtioUnmap
-        )
+    pub const fn new(slot: u8, name: &'static str, class: InvClass) -> Self {
+        assert!((slot as usize) < INV_SLOTS);
+        InvKind { name, class, slot }
     }
 }
 
 /// Invalidations by type, synchronisations, and the cache counters behind translations.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct IommuCounters {
-    /// Invalidation descriptors/commands, indexed by `InvKind as usize`.
-    pub inv: [u64; INV_KINDS],
+    /// Invalidation descriptors/commands, by the vendor's `InvKind::slot`.
+    pub inv: [u64; INV_SLOTS],
+    /// The same, by what they do.
+    pub by_class: [u64; INV_CLASSES],
     /// Synchronisations waited for: VT-d wait descriptors, SMMUv3 CMD_SYNCs.
     pub syncs: u64,
     /// Submissions to the hardware queue (qi_submit_sync calls, command-list issues).
@@ -343,11 +303,13 @@ pub struct IommuCounters {
     pub faults: u64,
     /// Translations served from an entry the page table no longer holds.
     pub stale_hits: u64,
-    /// SMMUv3 shared command queue: cmpxchg attempts on llq, and the ones that reserved slots.
+    /// A lock-free shared command queue (SMMUv3's arm_smmu_cmdq_issue_cmdlist): cmpxchg attempts on the
+    /// producer index, and the ones that reserved slots (zero where a lock serialises the queue).
     pub cas_attempts: u64,
     pub cas_successes: u64,
-    /// SMMUv3 shared command queue: issues whose commands another CPU (the owner) rang the doorbell for.
-    pub cmdq_gathered: u64,
+    /// Submissions whose commands another CPU's doorbell write carried (a lock-free queue's owner gathers
+    /// the others'): doorbells = submissions - gathered.
+    pub gathered: u64,
     /// Leaf entries (pages or blocks) cleared by unmaps.
     pub ptes_cleared: u64,
     /// Leaf entries a map wrote over while they were still present (iommu_map() refuses that with -EEXIST;
@@ -360,17 +322,21 @@ pub struct IommuCounters {
 
 impl IommuCounters {
     pub fn count(&mut self, k: InvKind, n: u64) {
-        self.inv[k as usize] += n;
+        self.inv[k.slot as usize] += n;
+        self.by_class[k.class as usize] += n;
     }
     pub fn get(&self, k: InvKind) -> u64 {
-        self.inv[k as usize]
+        self.inv[k.slot as usize]
+    }
+    /// Commands of one class, whatever the vendor calls them.
+    pub fn class(&self, c: InvClass) -> u64 {
+        self.by_class[c as usize]
     }
     /// IOMMU TLB invalidations of every type.
     pub fn invalidations(&self) -> u64 {
-        InvKind::ALL
+        [InvClass::Range, InvClass::Domain, InvClass::Global]
             .iter()
-            .filter(|k| k.is_iotlb())
-            .map(|&k| self.get(k))
+            .map(|&c| self.class(c))
             .sum()
     }
 }

@@ -5,12 +5,53 @@
 //! CFGI_CD on attach; one queue shared by all CPUs (the lock-free insertion still serialises on the
 //! producer index) or per-CPU ECMDQs.
 
+use super::cache::{PsiMatch, QemuIotlb};
+use super::driver::{Column, Driver, Emulation, KernelDriver};
 use super::emul::{ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
-use super::{DomainId, InvKind, Iommu, IotlbGather};
-use crate::kernel::KernelVersion;
-use crate::scenario::{IommuProfile, Smmuv3Profile};
+use super::{DomainId, InvClass, InvKind, Iommu, IotlbGather};
+use super::{HypervisorProfile, IommuProfile, Platform, PtFormat, Vendor};
+use crate::kernel::{Arch, KernelVersion};
 use crate::sim::{Coherence, FifoServer, LockStats, SpinLock, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// SMMUv3's commands (spec §4), as arm-smmu-v3.c names them.
+pub const TLBI_NH_VA: InvKind = InvKind::new(0, "tlbi_nh_va", InvClass::Range);
+pub const TLBI_NH_ASID: InvKind = InvKind::new(1, "tlbi_nh_asid", InvClass::Domain);
+pub const ATC_INV: InvKind = InvKind::new(2, "atc_inv", InvClass::DevTlb);
+pub const CFGI_STE: InvKind = InvKind::new(3, "cfgi_ste", InvClass::Config);
+pub const CFGI_CD: InvKind = InvKind::new(4, "cfgi_cd", InvClass::Config);
+pub const TLBI_S2_IPA: InvKind = InvKind::new(5, "tlbi_s2_ipa", InvClass::Range);
+pub const TLBI_S12_VMALL: InvKind = InvKind::new(6, "tlbi_s12_vmall", InvClass::Domain);
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Smmuv3Profile {
+    /// CPU time to insert one 16-byte command (slot reservation on the shared producer index, copy).
+    pub submit_cmd_ns: u64,
+    /// SMMU time to consume one TLBI command.
+    pub cmd_ns: u64,
+    /// SMMU time a CMD_SYNC holds its queue: the commands before it complete (SMMUv3 §4.7.3).
+    pub sync_ns: u64,
+    /// What a CMD_SYNC's round trip adds outside the queue: the doorbell reaching the SMMU, the command
+    /// fetch, the MSI write and the polling CPU seeing it (the time of a CMD_SYNC on an empty queue).
+    #[serde(default)]
+    pub sync_signal_ns: u64,
+    /// IDR3.RIL: range invalidation commands.
+    pub ril: bool,
+    /// Per-CPU enhanced command queues (SMMUv3.3 ECMDQ) instead of one shared queue.
+    pub ecmdq: bool,
+    /// The SMMU consumes its ECMDQs in parallel (one consumer per queue) rather than one after another.
+    #[serde(default)]
+    pub ecmdq_parallel: bool,
+    /// Translation stage of DMA domains: 1 (TLBI_NH_*, by ASID) or 2 (TLBI_S2_IPA / S12_VMALL, by VMID).
+    pub stage: u32,
+    /// A "caching mode" for an emulated SMMUv3 (E. Auger's vSMMUv3 series, a firmware quirk): the driver
+    /// also invalidates after every map, so the VMM sees new mappings (for VFIO). No hardware has it.
+    #[serde(default)]
+    pub caching_mode: bool,
+}
 
 /// arm-smmu-v3.h CMDQ_BATCH_ENTRIES (BITS_PER_LONG): commands per batch before an unsynchronised issue.
 pub const CMDQ_BATCH_ENTRIES: usize = 64;
@@ -214,9 +255,9 @@ impl Smmuv3 {
 
     fn by_va(&self) -> InvKind {
         if self.cfg.stage == 2 {
-            InvKind::TlbiS2Ipa
+            TLBI_S2_IPA
         } else {
-            InvKind::TlbiNhVa
+            TLBI_NH_VA
         }
     }
 
@@ -267,7 +308,7 @@ impl Smmuv3 {
         let c = cpu as u32;
         let nq = self.queues.len();
         let q = if self.cfg.ecmdq { cpu % nq } else { 0 };
-        let gathered = self.tr.c.cmdq_gathered;
+        let gathered = self.tr.c.gathered;
         let written = if self.cfg.ecmdq {
             // An ECMDQ is this CPU's own: write the commands, then its PROD register; nothing shared.
             now + cmds * self.cfg.submit_cmd_ns
@@ -300,7 +341,7 @@ impl Smmuv3 {
             Some(trap) => {
                 let work = work + handler + sync_ns;
                 // (the vCPU back in the guest, when its commands are consumed)
-                let (back, ready) = if self.tr.c.cmdq_gathered == gathered {
+                let (back, ready) = if self.tr.c.gathered == gathered {
                     let back = trap.resume(ExitCause::CmdqProd, written, done, work, cmds);
                     (back, back)
                 } else {
@@ -404,7 +445,7 @@ impl Smmuv3 {
         t = self.valid_map.rmw_on(t, cpu);
         let (from, until, doorbell) = self.gathering;
         if from <= reserved && reserved < until {
-            self.tr.c.cmdq_gathered += 1;
+            self.tr.c.gathered += 1;
             return t.max(doorbell);
         }
         t = self.lock_owner.rmw_on(t, cpu);
@@ -500,7 +541,7 @@ impl Smmuv3 {
             let (base, log2) = atc_inv_span(pfn, n);
             (base, 1u64 << log2.min(63))
         });
-        self.tr.c.count(InvKind::AtcInv, 1);
+        self.tr.c.count(ATC_INV, 1);
         let inv = CacheInval::Atc { dom, range: span };
         self.issue_one(now, cpu, Cmd::AtcInv, Some(inv))
     }
@@ -549,20 +590,9 @@ impl Iommu for Smmuv3 {
 
     fn inv_kinds(&self) -> &'static [InvKind] {
         if self.cfg.stage == 2 {
-            &[
-                InvKind::TlbiS2Ipa,
-                InvKind::TlbiS12Vmall,
-                InvKind::AtcInv,
-                InvKind::CfgiSte,
-            ]
+            &[TLBI_S2_IPA, TLBI_S12_VMALL, ATC_INV, CFGI_STE]
         } else {
-            &[
-                InvKind::TlbiNhVa,
-                InvKind::TlbiNhAsid,
-                InvKind::AtcInv,
-                InvKind::CfgiSte,
-                InvKind::CfgiCd,
-            ]
+            &[TLBI_NH_VA, TLBI_NH_ASID, ATC_INV, CFGI_STE, CFGI_CD]
         }
     }
 
@@ -663,9 +693,9 @@ impl Iommu for Smmuv3 {
         // arm_smmu_tlb_inv_context(): TLBI_NH_ASID (stage 1) or TLBI_S12_VMALL (stage 2) with sync, then
         // the whole ATC.
         let kind = if self.cfg.stage == 2 {
-            InvKind::TlbiS12Vmall
+            TLBI_S12_VMALL
         } else {
-            InvKind::TlbiNhAsid
+            TLBI_NH_ASID
         };
         self.tr.c.count(kind, 1);
         let t = self.issue_one(now, cpu, Cmd::Tlbi, Some(CacheInval::Domain { dom }));
@@ -677,12 +707,112 @@ impl Iommu for Smmuv3 {
         // (arm_smmu_write_ste → CFGI_STE + sync); with ATS, arm_smmu_enable_ats() clears the ATC.
         let mut t = now;
         if self.cfg.stage == 1 {
-            self.tr.c.count(InvKind::CfgiCd, 1);
+            self.tr.c.count(CFGI_CD, 1);
             t = self.issue_one(t, cpu, Cmd::Cfgi, None);
         }
-        self.tr.c.count(InvKind::CfgiSte, 1);
+        self.tr.c.count(CFGI_STE, 1);
         t = self.issue_one(t, cpu, Cmd::Cfgi, None);
         self.atc_inv(t, cpu, dom, None)
+    }
+}
+
+/// The SMMUv3 driver (drivers/iommu/arm/arm-smmu-v3/) and its hardware.
+pub struct Smmuv3Driver;
+
+impl KernelDriver for Smmuv3Driver {
+    fn name(&self) -> &'static str {
+        "smmuv3"
+    }
+    fn title(&self) -> &'static str {
+        "Arm SMMUv3"
+    }
+    fn archs(&self) -> &'static [Arch] {
+        &[Arch::Arm64]
+    }
+    fn arch_expected(&self) -> &'static str {
+        "expected arm64: the platform's IOMMU is an Arm SMMUv3"
+    }
+}
+
+impl Driver for Smmuv3Driver {
+    fn vendor(&self) -> Vendor {
+        Vendor::Smmuv3
+    }
+    fn pt_format(&self, p: &IommuProfile) -> Result<PtFormat, (&'static str, String)> {
+        let stage = p.smmuv3.as_ref().map_or(1, |s| s.stage);
+        if !matches!(p.granule_kb, 4 | 16 | 64) {
+            return Err(("granule_kb", "expected a granule of 4, 16 or 64 KiB".into()));
+        }
+        PtFormat::lpae(p.granule_kb, p.ias_bits, stage, p.large_pages).map_err(|m| ("ias_bits", m))
+    }
+    fn check(&self, p: &IommuProfile, guest: bool) -> Result<(), (&'static str, String)> {
+        let Some(v) = &p.smmuv3 else {
+            return Err((
+                "smmuv3",
+                "expected an [iommu.smmuv3] section for vendor \"smmuv3\"".into(),
+            ));
+        };
+        if v.stage != 1 && v.stage != 2 {
+            return Err(("smmuv3.stage", "expected stage 1 or 2".into()));
+        }
+        if !guest && v.caching_mode {
+            return Err((
+                "smmuv3.caching_mode",
+                "expected false on bare metal: only an emulated SMMUv3 has the caching-mode quirk"
+                    .into(),
+            ));
+        }
+        if guest && v.ecmdq {
+            return Err((
+                "smmuv3.ecmdq",
+                "expected false in a guest: QEMU's SMMUv3 emulates no ECMDQ".into(),
+            ));
+        }
+        Ok(())
+    }
+    fn caching_mode(&self, p: &IommuProfile) -> bool {
+        p.smmuv3.as_ref().is_some_and(|s| s.caching_mode)
+    }
+    fn caching_mode_key(&self) -> Option<&'static str> {
+        Some("smmuv3.caching_mode")
+    }
+    // NVIDIA's CMDQV (tegra241-cmdqv.c): a guest's own hardware command queue.
+    fn hardware_guest_queue(&self) -> bool {
+        true
+    }
+    fn qemu_iotlb(&self, _h: &HypervisorProfile, entries: u32) -> QemuIotlb<(u64, u64)> {
+        QemuIotlb::new(entries as usize, PsiMatch::Range)
+    }
+    fn build(
+        &self,
+        p: &Platform,
+        cpus: usize,
+        kernel: KernelVersion,
+        tr: Translator,
+        emu: Emulation,
+    ) -> Box<dyn Iommu> {
+        let s = Smmuv3::new(
+            &p.iommu,
+            tr,
+            cpus,
+            p.pcie.ats_inv_ns,
+            p.cpu.coherence(),
+            kernel,
+        );
+        Box::new(s.emulated(emu.trap, emu.shadow))
+    }
+    fn replay_profile(&self) -> (&'static str, Arch) {
+        ("smmuv3-server", Arch::Arm64)
+    }
+    // QEMU's smmuv3_cmdq_opcode (by opcode) and smmuv3_cmdq_consume_out (one per CMDQ_PROD write).
+    fn replay_columns(&self) -> &'static [(&'static str, Column)] {
+        &[
+            ("tlbi_nh_va", Column::Class(InvClass::Range)),
+            ("tlbi_nh_asid", Column::Class(InvClass::Domain)),
+            ("cmd_sync", Column::Syncs),
+            ("atc_inv", Column::Class(InvClass::DevTlb)),
+            ("doorbells", Column::Doorbells),
+        ]
     }
 }
 
@@ -719,7 +849,7 @@ pub(crate) mod tests {
 
     /// An SMMUv3 with the profile's format and an ATC of `atc` entries when given.
     pub(crate) fn smmu_with(p: &IommuProfile, cpus: usize, atc: Option<u32>) -> Smmuv3 {
-        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, p).unwrap();
+        let fmt = crate::hw::Vendor::Smmuv3.driver().pt_format(p).unwrap();
         let tr = Translator::new(p, fmt, atc.map(|n| (n, n)));
         Smmuv3::new(
             p,
@@ -737,7 +867,7 @@ pub(crate) mod tests {
 
     /// An SMMU of profile `c` for `cpus` CPUs driven by `kernel`'s driver, its lines moving at `coh()`'s costs.
     fn smmu_on(c: &IommuProfile, cpus: usize, kernel: KernelVersion) -> Smmuv3 {
-        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Smmuv3, c).unwrap();
+        let fmt = crate::hw::Vendor::Smmuv3.driver().pt_format(c).unwrap();
         Smmuv3::new(c, Translator::new(c, fmt, None), cpus, 2000, coh(), kernel)
     }
 
@@ -801,7 +931,7 @@ pub(crate) mod tests {
         let per_cmd = s.cmd_ns(Cmd::Tlbi);
         assert_eq!(st.emulator_ns, 130 * per_cmd + s.cfg.sync_ns);
         assert!(t >= 4 * 5000 + 130 * per_cmd + s.cfg.sync_ns, "{t}");
-        assert_eq!(s.tr.c.get(InvKind::TlbiNhVa), 130);
+        assert_eq!(s.tr.c.get(TLBI_NH_VA), 130);
     }
 
     #[test]
@@ -812,7 +942,7 @@ pub(crate) mod tests {
         let st = s.exit_stats().unwrap();
         assert_eq!(st.count, [0, 131, 1, 0, 0]);
         assert_eq!(st.work.inv_processed, 130 + 1);
-        assert_eq!(s.tr.c.get(InvKind::TlbiNhVa), 130);
+        assert_eq!(s.tr.c.get(TLBI_NH_VA), 130);
         assert!(t >= 132 * crate::scenario::tests::kvm().mmio_exit_ns, "{t}");
         // Another CPU's command waits for the lock until the first is back from its CONS read.
         let u = s.issue(1000, 1, 1, Cmd::Tlbi, false).1;
@@ -828,7 +958,7 @@ pub(crate) mod tests {
         let mut g = IotlbGather::new();
         g.add_range(0x1000, 130);
         let t = s.iotlb_sync(0, 0, 1, &g);
-        assert_eq!(s.tr.c.get(InvKind::TlbiNhVa), 130);
+        assert_eq!(s.tr.c.get(TLBI_NH_VA), 130);
         assert_eq!(
             (s.tr.c.submissions, s.tr.c.syncs),
             (3, 1),
@@ -845,7 +975,7 @@ pub(crate) mod tests {
         s.translate(LATER, 1, 0x40000);
         assert_eq!(s.translate(LATER, 1, 0x40001).walk_reads, 1);
         s.flush_iotlb_all(0, 0, 1);
-        assert_eq!(s.tr.c.get(InvKind::TlbiNhAsid), 1);
+        assert_eq!(s.tr.c.get(TLBI_NH_ASID), 1);
         assert_eq!(s.translate(LATER, 1, 0x40001).walk_reads, 4);
     }
 
@@ -874,7 +1004,7 @@ pub(crate) mod tests {
         assert_eq!((un, g.freed_tables), (512, 1));
         assert!(t > 100, "the walk flush is synchronous");
         assert_eq!(
-            s.tr.c.get(InvKind::TlbiNhVa),
+            s.tr.c.get(TLBI_NH_VA),
             1,
             "512 pages: one range command (SCALE 9)"
         );
@@ -929,14 +1059,14 @@ pub(crate) mod tests {
         // CPU 0 copies 64 commands (640 ns) before it closes its gathering window; CPU 1 reserves slots in it.
         let a = s.shared_insert(0, 0, 64, false);
         let b = s.shared_insert(100, 1, 1, true);
-        assert_eq!(s.tr.c.cmdq_gathered, 1);
+        assert_eq!(s.tr.c.gathered, 1);
         assert!(
             b >= a,
             "CPU 1's command reaches the SMMU with CPU 0's doorbell: {b} {a}"
         );
         // After the window closed, the next CPU is an owner of its own.
         s.shared_insert(a + 10_000, 1, 1, true);
-        assert_eq!(s.tr.c.cmdq_gathered, 1);
+        assert_eq!(s.tr.c.gathered, 1);
     }
 
     #[test]
@@ -978,7 +1108,7 @@ pub(crate) mod tests {
         assert_eq!(s.tr.c.submissions - submissions, cpus as u64);
         assert!(s.tr.c.cas_attempts - attempts > cpus as u64);
         assert!(done.windows(2).all(|w| w[1] - w[0] >= 50 + 500), "{done:?}");
-        assert!((1..cpus as u64).contains(&s.tr.c.cmdq_gathered));
+        assert!((1..cpus as u64).contains(&s.tr.c.gathered));
     }
 
     #[test]
@@ -1030,11 +1160,7 @@ pub(crate) mod tests {
         s.unmap_pages(0, 0, 1, 0x40, 1, &mut g);
         let t = s.iotlb_sync(0, 0, 1, &g);
         assert_eq!(
-            (
-                s.tr.c.get(InvKind::TlbiNhVa),
-                s.tr.c.get(InvKind::AtcInv),
-                s.tr.c.syncs
-            ),
+            (s.tr.c.get(TLBI_NH_VA), s.tr.c.get(ATC_INV), s.tr.c.syncs),
             (1, 1, 2)
         );
         assert_eq!(t, (2 * 10 + 50 + 500) + (2 * 10 + 50 + 2000 + 500));
@@ -1046,11 +1172,7 @@ pub(crate) mod tests {
         let mut s = smmu(&cfg(true, false), 1);
         s.attach_dev(0, 0, 1);
         assert_eq!(
-            (
-                s.tr.c.get(InvKind::CfgiCd),
-                s.tr.c.get(InvKind::CfgiSte),
-                s.tr.c.syncs
-            ),
+            (s.tr.c.get(CFGI_CD), s.tr.c.get(CFGI_STE), s.tr.c.syncs),
             (1, 1, 2)
         );
         assert_eq!(
@@ -1062,10 +1184,7 @@ pub(crate) mod tests {
         c.smmuv3.as_mut().unwrap().stage = 2;
         let mut s = smmu(&c, 1);
         s.attach_dev(0, 0, 1);
-        assert_eq!(
-            (s.tr.c.get(InvKind::CfgiCd), s.tr.c.get(InvKind::CfgiSte)),
-            (0, 1)
-        );
+        assert_eq!((s.tr.c.get(CFGI_CD), s.tr.c.get(CFGI_STE)), (0, 1));
     }
 
     #[test]
@@ -1076,6 +1195,6 @@ pub(crate) mod tests {
         s.unmap_pages(0, 0, 1, 1024, 512, &mut g);
         assert_eq!(g.pgsize_shift, 21);
         s.iotlb_sync(0, 0, 1, &g);
-        assert_eq!(s.tr.c.get(InvKind::TlbiNhVa), 1);
+        assert_eq!(s.tr.c.get(TLBI_NH_VA), 1);
     }
 }

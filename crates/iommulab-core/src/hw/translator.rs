@@ -11,8 +11,8 @@
 
 use super::cache::{PsiMatch, QemuIotlb, TagCache};
 use super::pgtable::{PtFormat, RadixPgtable};
+use super::IommuProfile;
 use super::{DomainId, IommuCounters, IotlbGather, Translation};
-use crate::scenario::IommuProfile;
 use crate::sim::Time;
 use std::collections::VecDeque;
 

@@ -5,12 +5,34 @@
 //! when the host processes it. From 6.8 MAPs are queued too and synced in `iotlb_sync_map`, `iotlb_sync` and
 //! `flush_iotlb_all` (deferred flush: lazy domains possible); before, each MAP was sent synchronously.
 
+use super::cache::{PsiMatch, QemuIotlb};
+use super::driver::{Column, Driver, Emulation, KernelDriver};
 use super::emul::{ExitCause, ExitStats, Shadow, BQL};
 use super::translator::{CacheInval, Translator};
-use super::{iommu_pgsize, DomainId, InvKind, Iommu, IotlbGather};
-use crate::scenario::{IommuProfile, KvmProfile, VirtioProfile};
+use super::{iommu_pgsize, DomainId, InvClass, InvKind, Iommu, IotlbGather};
+use super::{HypervisorProfile, IommuProfile, KvmProfile, Platform, PtFormat, Vendor};
+use crate::kernel::{Arch, KernelVersion};
 use crate::sim::{FifoServer, LockStats, SpinLock, Time};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// virtio-iommu's requests (virtio spec §5.13.6).
+pub const MAP: InvKind = InvKind::new(0, "map", InvClass::Map);
+pub const UNMAP: InvKind = InvKind::new(1, "unmap", InvClass::Range);
+pub const ATTACH: InvKind = InvKind::new(2, "attach", InvClass::Config);
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VirtioProfile {
+    /// Guest CPU time to add one request to the request virtqueue (under viommu->request_lock).
+    pub add_req_ns: u64,
+    /// Host time to process one MAP or UNMAP request (and write its status).
+    pub req_ns: u64,
+    /// Smallest page in the device's page_size_mask, in KiB; every larger power of two is supported too
+    /// (QEMU's default mask, ~(target page - 1)). 4: a larger one makes Linux refuse the domain.
+    pub min_page_kb: u32,
+}
 
 pub struct VirtioIommu {
     cfg: VirtioProfile,
@@ -197,11 +219,7 @@ impl Iommu for VirtioIommu {
     }
 
     fn inv_kinds(&self) -> &'static [InvKind] {
-        &[
-            InvKind::VirtioMap,
-            InvKind::VirtioUnmap,
-            InvKind::VirtioAttach,
-        ]
+        &[MAP, UNMAP, ATTACH]
     }
 
     fn translator(&self) -> &Translator {
@@ -230,7 +248,7 @@ impl Iommu for VirtioIommu {
     /// __iommu_map(): one viommu_map_pages() — one MAP request — per iommu_pgsize() chunk.
     fn map_pages(&mut self, dom: DomainId, iova_pfn: u64, phys_pfn: u64, n: u64) -> u64 {
         let chunks = self.add_mappings(dom, iova_pfn, phys_pfn, n);
-        self.tr.c.count(InvKind::VirtioMap, chunks);
+        self.tr.c.count(MAP, chunks);
         self.queued += chunks;
         self.unsynced_maps += chunks;
         self.tr.map(dom, iova_pfn, phys_pfn, n)
@@ -262,7 +280,7 @@ impl Iommu for VirtioIommu {
             if removed < size {
                 break;
             }
-            self.tr.c.count(InvKind::VirtioUnmap, 1);
+            self.tr.c.count(UNMAP, 1);
             t = self.add_req(t);
             self.queued_unmaps.push((dom, va, removed));
             va += removed;
@@ -319,9 +337,114 @@ impl Iommu for VirtioIommu {
 
     fn attach_dev(&mut self, now: Time, _cpu: usize, _dom: DomainId) -> Time {
         // viommu_attach_dev(): an ATTACH request sent synchronously.
-        self.tr.c.count(InvKind::VirtioAttach, 1);
+        self.tr.c.count(ATTACH, 1);
         let t = self.add_req(now);
         self.sync_req(t)
+    }
+}
+
+/// The virtio-iommu driver (drivers/iommu/virtio-iommu.c) and the device QEMU's virtio-iommu-pci is.
+pub struct VirtioDriver;
+
+impl KernelDriver for VirtioDriver {
+    fn name(&self) -> &'static str {
+        "virtio"
+    }
+    fn title(&self) -> &'static str {
+        "virtio-iommu"
+    }
+    fn archs(&self) -> &'static [Arch] {
+        &[Arch::X86_64, Arch::Arm64]
+    }
+    fn arch_expected(&self) -> &'static str {
+        "expected x86_64 or arm64 for a virtio-iommu guest"
+    }
+    // viommu_capable(): IOMMU_CAP_DEFERRED_FLUSH from "iommu/virtio: Add ops->flush_iotlb_all and enable
+    // deferred flush" (6.8).
+    fn deferred_flush(&self, k: KernelVersion) -> Result<(), &'static str> {
+        if k.virtio_deferred_flush() {
+            Ok(())
+        } else {
+            Err("virtio-iommu before 6.8 lacks IOMMU_CAP_DEFERRED_FLUSH: the DMA-FQ domain falls back to DMA (strict)")
+        }
+    }
+}
+
+impl Driver for VirtioDriver {
+    fn vendor(&self) -> Vendor {
+        Vendor::Virtio
+    }
+    fn paravirtual(&self) -> bool {
+        true
+    }
+    // The device looks its mappings up in a tree (virtio_iommu_translate's g_tree_lookup).
+    fn walks_tables(&self) -> bool {
+        false
+    }
+    fn check_kernel(&self, k: KernelVersion, arch: Arch) -> Result<(), &'static str> {
+        if k.virtio_iommu() && (arch != Arch::X86_64 || k.virtio_iommu_acpi()) {
+            Ok(())
+        } else {
+            Err("expected 5.3 or later for virtio-iommu (its driver's first kernel), 5.14 or later on x86 \
+                 (where the ACPI VIOT table describes it)")
+        }
+    }
+    // The host keeps the guest's mappings; a 4 KiB radix table stands for its translation state.
+    fn pt_format(&self, p: &IommuProfile) -> Result<PtFormat, (&'static str, String)> {
+        PtFormat::vtd(p.ias_bits, false).map_err(|m| ("ias_bits", m))
+    }
+    fn check(&self, p: &IommuProfile, _guest: bool) -> Result<(), (&'static str, String)> {
+        let Some(v) = &p.virtio else {
+            return Err((
+                "virtio",
+                "expected an [iommu.virtio] section for vendor \"virtio\"".into(),
+            ));
+        };
+        // viommu_domain_finalise(): "granule ... larger than system page size" fails the attach.
+        if v.min_page_kb != 4 {
+            return Err((
+                "virtio.min_page_kb",
+                "expected 4: the guest's pages are 4 KiB, and Linux refuses a virtio-iommu whose \
+                 smallest page is larger (viommu_domain_finalise)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+    // Every mapping is a MAP request: the host sees them all.
+    fn caching_mode(&self, _p: &IommuProfile) -> bool {
+        true
+    }
+    // virtio_iommu_translate looks every address up in the domain's mapping tree: no IOTLB.
+    fn qemu_iotlb(&self, _h: &HypervisorProfile, _entries: u32) -> QemuIotlb<(u64, u64)> {
+        QemuIotlb::new(0, PsiMatch::Range)
+    }
+    fn build(
+        &self,
+        p: &Platform,
+        _cpus: usize,
+        kernel: KernelVersion,
+        tr: Translator,
+        emu: Emulation,
+    ) -> Box<dyn Iommu> {
+        let v = VirtioIommu::new(
+            &p.iommu,
+            tr,
+            kernel.virtio_deferred_flush(),
+            p.host_kvm(),
+            p.cpu.wakeup_ns,
+        );
+        Box::new(v.with_shadow(emu.shadow))
+    }
+    fn replay_profile(&self) -> (&'static str, Arch) {
+        ("virtio-guest", Arch::X86_64)
+    }
+    // QEMU's virtio_iommu_map / virtio_iommu_unmap.
+    fn replay_columns(&self) -> &'static [(&'static str, Column)] {
+        &[
+            ("virtio_map", Column::Class(InvClass::Map)),
+            ("virtio_unmap", Column::Class(InvClass::Range)),
+        ]
     }
 }
 
@@ -358,18 +481,18 @@ pub(crate) mod tests {
         let mut v = virtio(true);
         // Three pages at an 8-page-aligned IOVA, phys alike: an 8K chunk then a 4K one.
         v.map_pages(1, 8, 8, 3);
-        assert_eq!(v.tr.c.get(InvKind::VirtioMap), 2);
+        assert_eq!(v.tr.c.get(MAP), 2);
         // A map_sg of 32 separate 4K segments over 128K, unmapped at once: 32 MAPs, one UNMAP.
         for i in 0..32 {
             v.map_pages(1, 0x1000 + i, 0x9000 + 7 * i, 1);
         }
-        assert_eq!(v.tr.c.get(InvKind::VirtioMap), 2 + 32);
+        assert_eq!(v.tr.c.get(MAP), 2 + 32);
         let mut g = IotlbGather::new();
         let (un, _) = v.unmap_pages(0, 0, 1, 0x1000, 32, &mut g);
-        assert_eq!((un, v.tr.c.get(InvKind::VirtioUnmap)), (32, 1));
+        assert_eq!((un, v.tr.c.get(UNMAP)), (32, 1));
         // Unmapping nothing sends nothing.
         v.unmap_pages(0, 0, 1, 0x5000, 1, &mut g);
-        assert_eq!(v.tr.c.get(InvKind::VirtioUnmap), 1);
+        assert_eq!(v.tr.c.get(UNMAP), 1);
     }
 
     #[test]

@@ -3,14 +3,62 @@
 //! device-TLB descriptors gathered into batches of up to 16 (qi_batch) and submitted with a wait descriptor
 //! through one hardware queue, all under the domain's cache_lock; caching mode and RWBF after maps.
 
+use super::cache::{PsiMatch, QemuIotlb};
+use super::driver::{Column, Driver, Emulation, KernelDriver, Switch};
 use super::emul::{ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
-use super::{DomainId, InvKind, Iommu, IotlbGather};
-use crate::kernel::KernelVersion;
-use crate::scenario::{IommuProfile, PsiNonLeaf, VtdProfile};
+use super::{DomainId, InvClass, InvKind, Iommu, IotlbGather};
+use super::{HypervisorProfile, IommuProfile, Platform, PtFormat, Vendor};
+use crate::kernel::{Arch, KernelVersion};
 use crate::sim::{
     Coherence, FifoServer, LockStats, PerCpu, SpinLock, Time, QSPINLOCK_HANDOFF_TRANSFERS,
 };
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// VT-d's invalidation descriptors (spec §6.5.2), as the driver names them.
+pub const PSI: InvKind = InvKind::new(0, "psi", InvClass::Range);
+pub const DSI: InvKind = InvKind::new(1, "dsi", InvClass::Domain);
+pub const GLOBAL: InvKind = InvKind::new(2, "global", InvClass::Global);
+pub const DEVTLB: InvKind = InvKind::new(3, "devtlb", InvClass::DevTlb);
+pub const CONTEXT_CACHE: InvKind = InvKind::new(4, "context_cache", InvClass::Config);
+pub const WBF: InvKind = InvKind::new(5, "wbf", InvClass::WriteBuffer);
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VtdProfile {
+    /// Hardware time to process one IOTLB invalidation descriptor.
+    pub inv_desc_ns: u64,
+    /// Hardware time to process a wait descriptor (status write back).
+    pub inv_wait_ns: u64,
+    /// CPU time to write one descriptor into the queue under the queue lock.
+    pub submit_desc_ns: u64,
+    /// Largest PSI address mask (CAP.MAMV); larger ranges fall back to DSI.
+    pub mamv: u32,
+    /// CAP.CM: caching mode (virtual IOMMUs): maps need an invalidation too.
+    pub caching_mode: bool,
+    /// CAP.RWBF: the write buffer must be flushed after a map when no invalidation is required.
+    pub rwbf: bool,
+    /// Hardware time of one write-buffer flush (GCMD.WBF until GSTS.WBFS clears).
+    pub wbf_ns: u64,
+    /// CPU time per cache tag when a flush walks the domain's tags under its cache_lock (6.10+).
+    pub cache_tag_ns: u64,
+    /// What a page-selective invalidation with IH=0 drops from the paging-structure caches.
+    #[serde(default)]
+    pub psi_nonleaf: PsiNonLeaf,
+}
+
+/// The paging-structure-cache entries a PSI with IH=0 invalidates (VT-d spec §6.5.2.3, IOTLB Invalidate
+/// Descriptor, IH; an implementation may invalidate at a coarser granularity than requested).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PsiNonLeaf {
+    /// Only the non-leaf entries used to translate the ADDR/AM range (what the spec requires).
+    #[default]
+    Range,
+    /// Every non-leaf entry of the domain, the leaf entries of the range only (Intel server IIO).
+    Domain,
+}
 
 /// intel/iommu.h QI_MAX_BATCHED_DESC_COUNT: descriptors gathered before a qi_submit_sync().
 pub const QI_MAX_BATCHED_DESC_COUNT: usize = 16;
@@ -175,7 +223,7 @@ impl Vtd {
                 am,
                 ih,
             } => {
-                self.tr.c.count(InvKind::Psi, 1);
+                self.tr.c.count(PSI, 1);
                 // IH=0 on an IIO that drops the domain's non-leaf entries: the range's leaves, then every
                 // walk-cache entry of the domain.
                 let domain_wide = !ih && self.cfg.psi_nonleaf == PsiNonLeaf::Domain;
@@ -192,20 +240,20 @@ impl Vtd {
                 CacheInval::WalkCaches { dom }
             }
             InvDesc::Dsi { dom } => {
-                self.tr.c.count(InvKind::Dsi, 1);
+                self.tr.c.count(DSI, 1);
                 CacheInval::Domain { dom }
             }
             InvDesc::Global => {
-                self.tr.c.count(InvKind::Global, 1);
+                self.tr.c.count(GLOBAL, 1);
                 CacheInval::All
             }
             InvDesc::DevTlb { dom, addr_pfn, am } => {
-                self.tr.c.count(InvKind::DevTlb, 1);
+                self.tr.c.count(DEVTLB, 1);
                 let range = am.map(|am| (addr_pfn, 1u64 << am.min(63)));
                 CacheInval::Atc { dom, range }
             }
             InvDesc::ContextCache => {
-                self.tr.c.count(InvKind::ContextCache, 1);
+                self.tr.c.count(CONTEXT_CACHE, 1);
                 return;
             }
         };
@@ -271,7 +319,7 @@ impl Vtd {
         if !self.cfg.rwbf {
             return now;
         }
-        self.tr.c.count(InvKind::Wbf, 1);
+        self.tr.c.count(WBF, 1);
         let (_, done) = self.hw.serve(now, self.cfg.wbf_ns);
         self.tr.c.inv_wait_ns += done - now;
         done
@@ -358,14 +406,7 @@ impl Iommu for Vtd {
     }
 
     fn inv_kinds(&self) -> &'static [InvKind] {
-        &[
-            InvKind::Psi,
-            InvKind::Dsi,
-            InvKind::Global,
-            InvKind::DevTlb,
-            InvKind::ContextCache,
-            InvKind::Wbf,
-        ]
+        &[PSI, DSI, GLOBAL, DEVTLB, CONTEXT_CACHE, WBF]
     }
 
     fn translator(&self) -> &Translator {
@@ -483,6 +524,121 @@ impl Iommu for Vtd {
     }
 }
 
+/// The VT-d driver (drivers/iommu/intel/) and its hardware.
+pub struct VtdDriver;
+
+impl KernelDriver for VtdDriver {
+    fn name(&self) -> &'static str {
+        "vtd"
+    }
+    fn title(&self) -> &'static str {
+        "Intel VT-d"
+    }
+    fn archs(&self) -> &'static [Arch] {
+        &[Arch::X86_64]
+    }
+    fn arch_expected(&self) -> &'static str {
+        "expected x86_64: the platform's IOMMU is Intel VT-d"
+    }
+    fn param(&self) -> Option<&'static str> {
+        Some("intel_iommu")
+    }
+    // intel/iommu.c intel_iommu_setup(): "strict" is deprecated but still sets strict; "off".
+    fn switch(&self, opt: &str, _k: KernelVersion) -> Option<Switch> {
+        match opt {
+            "strict" => Some(Switch::Strict(
+                "DMAR: intel_iommu=strict deprecated; use iommu.strict=1",
+            )),
+            "off" => Some(Switch::Off("DMAR: IOMMU disabled")),
+            _ => None,
+        }
+    }
+    fn caching_mode_cap(&self) -> Option<&'static str> {
+        Some("CAP.CM")
+    }
+    // intel_iommu_init(): a caching-mode IOMMU makes every DMA domain strict.
+    fn strict_under_caching_mode(&self, _k: KernelVersion) -> Option<(&'static str, &'static str)> {
+        Some((
+            "DMAR: IOMMU batching disallowed due to virtualization",
+            "caching mode (a virtual VT-d): IOMMU batching disallowed due to virtualization",
+        ))
+    }
+}
+
+impl Driver for VtdDriver {
+    fn vendor(&self) -> Vendor {
+        Vendor::Vtd
+    }
+    fn pt_format(&self, p: &IommuProfile) -> Result<PtFormat, (&'static str, String)> {
+        if p.granule_kb != 4 {
+            return Err(("granule_kb", "expected 4: VT-d pages are 4 KiB".into()));
+        }
+        PtFormat::vtd(p.ias_bits, p.large_pages).map_err(|m| ("ias_bits", m))
+    }
+    fn check(&self, p: &IommuProfile, _guest: bool) -> Result<(), (&'static str, String)> {
+        let Some(v) = &p.vtd else {
+            return Err((
+                "vtd",
+                "expected an [iommu.vtd] section for vendor \"vtd\"".into(),
+            ));
+        };
+        if v.mamv > 63 {
+            return Err((
+                "vtd.mamv",
+                "expected an address-mask limit of 0..=63".into(),
+            ));
+        }
+        Ok(())
+    }
+    fn caching_mode(&self, p: &IommuProfile) -> bool {
+        p.vtd.as_ref().is_some_and(|v| v.caching_mode)
+    }
+    fn caching_mode_key(&self) -> Option<&'static str> {
+        Some("vtd.caching_mode")
+    }
+    // QEMU before 9.1 matched a PSI against its IOTLB hash by the low byte of the address mask.
+    fn qemu_iotlb(&self, h: &HypervisorProfile, entries: u32) -> QemuIotlb<(u64, u64)> {
+        let fixed = h.qemu_version().is_some_and(|v| v >= (9, 1));
+        let m = if fixed {
+            PsiMatch::Range
+        } else {
+            PsiMatch::LowByte
+        };
+        QemuIotlb::new(entries as usize, m)
+    }
+    fn build(
+        &self,
+        p: &Platform,
+        _cpus: usize,
+        kernel: KernelVersion,
+        tr: Translator,
+        emu: Emulation,
+    ) -> Box<dyn Iommu> {
+        let v = Vtd::new(
+            &p.iommu,
+            tr,
+            p.pcie.ats_inv_ns,
+            kernel,
+            p.cpu.coherence(),
+            p.cpu.lock_ns,
+        );
+        Box::new(v.emulated(emu.trap, emu.shadow))
+    }
+    fn replay_profile(&self) -> (&'static str, Arch) {
+        ("vtd-server", Arch::X86_64)
+    }
+    // QEMU's vtd_inv_desc_iotlb_pages / _domain / _global, vtd_inv_desc_wait, vtd_inv_desc_dev_tlb.
+    fn replay_columns(&self) -> &'static [(&'static str, Column)] {
+        &[
+            ("iotlb_psi", Column::Class(InvClass::Range)),
+            ("iotlb_dsi", Column::Class(InvClass::Domain)),
+            ("iotlb_global", Column::Class(InvClass::Global)),
+            ("wait", Column::Syncs),
+            ("devtlb", Column::Class(InvClass::DevTlb)),
+        ]
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -517,7 +673,7 @@ pub(crate) mod tests {
 
     /// A VT-d with the profile's format, and an ATC of `atc` entries when given.
     pub(crate) fn vtd_with(p: &IommuProfile, atc: Option<u32>) -> Vtd {
-        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, p).unwrap();
+        let fmt = crate::hw::Vendor::Vtd.driver().pt_format(p).unwrap();
         let tr = Translator::new(p, fmt, atc.map(|n| (n, n)));
         Vtd::new(p, tr, 1000, KernelVersion(6, 12), Coherence::default(), 10)
     }
@@ -542,14 +698,7 @@ pub(crate) mod tests {
         v.map_pages(1, 0, 100, 1024);
         v.unmap_pages(0, 0, 1, 0, 1024, &mut g); // 1024 pages: AM 10 > MAMV 9
         v.iotlb_sync(0, 0, 1, &g);
-        assert_eq!(
-            (
-                v.tr.c.get(InvKind::Psi),
-                v.tr.c.get(InvKind::Dsi),
-                v.tr.c.syncs
-            ),
-            (0, 1, 1)
-        );
+        assert_eq!((v.tr.c.get(PSI), v.tr.c.get(DSI), v.tr.c.syncs), (0, 1, 1));
     }
 
     #[test]
@@ -704,7 +853,7 @@ pub(crate) mod tests {
         assert_eq!(st.work.inv_processed, 17 + 2);
         // The emulator consumed every descriptor and both waits.
         assert_eq!(st.emulator_ns, 17 * 400 + 2 * 200);
-        assert_eq!(v.tr.c.get(InvKind::Psi), 17);
+        assert_eq!(v.tr.c.get(PSI), 17);
         // A second CPU's submission waits for q_lock until the first vCPU is back from its exit.
         let mut v = vtd(&cfg()).emulated(trap(), None);
         let a = v.flush_iotlb_all(0, 0, 1);
@@ -733,7 +882,7 @@ pub(crate) mod tests {
                 large_pages: false,
                 ..cfg()
             };
-            let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, &p).unwrap();
+            let fmt = crate::hw::Vendor::Vtd.driver().pt_format(&p).unwrap();
             let tr = Translator::new(&p, fmt, None)
                 .emulated_iotlb(QemuIotlb::new(1024, PsiMatch::LowByte));
             let mut v = Vtd::new(&p, tr, 1000, KernelVersion(6, 12), Coherence::default(), 10)
@@ -761,10 +910,10 @@ pub(crate) mod tests {
         let mut v = vtd(&c);
         v.map_pages(1, 5, 5, 1);
         v.iotlb_sync_map(0, 0, 1, 5, 1);
-        assert_eq!(v.tr.c.get(InvKind::Psi), 1);
+        assert_eq!(v.tr.c.get(PSI), 1);
         let mut v = vtd(&cfg());
         v.iotlb_sync_map(0, 0, 1, 5, 1);
-        assert_eq!(v.tr.c.get(InvKind::Psi), 0);
+        assert_eq!(v.tr.c.get(PSI), 0);
     }
 
     #[test]
@@ -780,7 +929,7 @@ pub(crate) mod tests {
             .collect();
         v.flush_descs(0, 0, 1, &descs);
         assert_eq!((v.tr.c.submissions, v.tr.c.syncs), (2, 2));
-        assert_eq!(v.tr.c.get(InvKind::Psi), 20);
+        assert_eq!(v.tr.c.get(PSI), 20);
     }
 
     #[test]
@@ -791,10 +940,7 @@ pub(crate) mod tests {
         let mut g = IotlbGather::new();
         v.unmap_pages(0, 0, 1, 0x40, 1, &mut g);
         let t = v.iotlb_sync(0, 0, 1, &g);
-        assert_eq!(
-            (v.tr.c.get(InvKind::Psi), v.tr.c.get(InvKind::DevTlb)),
-            (1, 1)
-        );
+        assert_eq!((v.tr.c.get(PSI), v.tr.c.get(DEVTLB)), (1, 1));
         assert_eq!(v.tr.c.syncs, 1, "PSI + device-TLB + one wait descriptor");
         assert_eq!(
             t,
@@ -804,7 +950,7 @@ pub(crate) mod tests {
         assert!(!v.translate(LATER, 1, 0x40).stale);
         // flush_iotlb_all clears the whole device TLB too.
         v.flush_iotlb_all(t, 0, 1);
-        assert_eq!(v.tr.c.get(InvKind::DevTlb), 2);
+        assert_eq!(v.tr.c.get(DEVTLB), 2);
     }
 
     #[test]
@@ -813,15 +959,12 @@ pub(crate) mod tests {
         c.vtd.as_mut().unwrap().rwbf = true;
         let mut v = vtd(&c);
         assert_eq!(v.iotlb_sync_map(0, 0, 1, 5, 1), 300);
-        assert_eq!((v.tr.c.get(InvKind::Wbf), v.tr.c.invalidations()), (1, 0));
+        assert_eq!((v.tr.c.get(WBF), v.tr.c.invalidations()), (1, 0));
         let mut c = cfg();
         c.vtd.as_mut().unwrap().caching_mode = true;
         let mut v = vtd(&c);
         v.attach_dev(0, 0, 1);
-        assert_eq!(
-            (v.tr.c.get(InvKind::ContextCache), v.tr.c.get(InvKind::Dsi)),
-            (1, 1)
-        );
+        assert_eq!((v.tr.c.get(CONTEXT_CACHE), v.tr.c.get(DSI)), (1, 1));
         let mut v = vtd(&cfg());
         assert_eq!(
             v.attach_dev(0, 0, 1),
@@ -842,7 +985,7 @@ pub(crate) mod tests {
 
     fn vtd_kernel(atc: Option<u32>, k: KernelVersion) -> Vtd {
         let p = cfg();
-        let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, &p).unwrap();
+        let fmt = crate::hw::Vendor::Vtd.driver().pt_format(&p).unwrap();
         Vtd::new(
             &p,
             Translator::new(&p, fmt, atc.map(|n| (n, n))),
@@ -866,11 +1009,7 @@ pub(crate) mod tests {
             let mut g = IotlbGather::new();
             v.unmap_pages(0, 0, 1, 0x40, 1, &mut g);
             v.iotlb_sync(0, 0, 1, &g);
-            assert_eq!(
-                (v.tr.c.syncs, v.tr.c.get(InvKind::DevTlb)),
-                (waits, 1),
-                "{k:?}"
-            );
+            assert_eq!((v.tr.c.syncs, v.tr.c.get(DEVTLB)), (waits, 1), "{k:?}");
         }
         // A strict unmap's PSI: the hint reaches the descriptor from 6.18 only, so before it the next walk
         // near the unmapped page reads every level again.
@@ -887,7 +1026,7 @@ pub(crate) mod tests {
         for (k, devtlb) in [(KernelVersion(6, 12), 1), (KernelVersion(6, 1), 0)] {
             let mut p = cfg();
             p.vtd.as_mut().unwrap().caching_mode = true;
-            let fmt = crate::hw::pt_format(crate::scenario::Vendor::Vtd, &p).unwrap();
+            let fmt = crate::hw::Vendor::Vtd.driver().pt_format(&p).unwrap();
             let mut v = Vtd::new(
                 &p,
                 Translator::new(&p, fmt, Some((8, 8))),
@@ -897,7 +1036,7 @@ pub(crate) mod tests {
                 10,
             );
             v.flush_iotlb_all(0, 0, 1);
-            assert_eq!(v.tr.c.get(InvKind::DevTlb), devtlb, "{k:?}");
+            assert_eq!(v.tr.c.get(DEVTLB), devtlb, "{k:?}");
         }
         // Two CPUs flushing one domain: 6.10+ hold its cache_lock across the wait, 6.1 only the queue lock.
         let pair = |k| {

@@ -9,7 +9,7 @@ use crate::dma::locality::ReuseCounts;
 use crate::dma::safety::SafetyStats;
 use crate::dma::DmaStats;
 use crate::hw::emul::{EmulatorWork, ExitCause, ExitStats};
-use crate::hw::{InvKind, IommuCounters};
+use crate::hw::{InvClass, InvKind, IommuCounters};
 use crate::sim::LockStats;
 use crate::workload::OpenLimit;
 pub use crate::workload::RxPageCache;
@@ -143,6 +143,14 @@ impl Invalidations {
             .map(|(_, n)| *n)
             .unwrap_or(0)
     }
+    /// Commands of one class, whatever the vendor calls them.
+    pub fn class(&self, c: InvClass) -> u64 {
+        self.by_kind
+            .iter()
+            .filter(|(k, _)| k.class == c)
+            .map(|(_, n)| n)
+            .sum()
+    }
 }
 
 impl Serialize for Invalidations {
@@ -150,7 +158,7 @@ impl Serialize for Invalidations {
         let mut m = s.serialize_map(Some(self.by_kind.len() + 1))?;
         m.serialize_entry("total", &self.total)?;
         for (k, n) in &self.by_kind {
-            m.serialize_entry(k.name(), n)?;
+            m.serialize_entry(k.name, n)?;
         }
         m.end()
     }
@@ -759,7 +767,7 @@ impl RunResult {
                 io(|c| c.cas_attempts),
                 io(|c| c.cas_successes),
             )),
-            cmdq_gathered_share: r6(ratio(io(|c| c.cmdq_gathered), io(|c| c.cas_successes))),
+            cmdq_gathered_share: r6(ratio(io(|c| c.gathered), io(|c| c.cas_successes))),
             iova_locality: IovaLocality::new(
                 &b.iova_reuse.since(&a.iova_reuse),
                 info.walk_cache_entries,

@@ -1,19 +1,18 @@
 //! What a replay reports: per phase, what reached the IOMMU in the vendor's own names, the tick phase chosen
 //! for a lazy replay, and what the trace itself showed (its lines, oddities, domains, recorded timer).
 
-use crate::hw::{InvKind, IommuCounters};
+use crate::hw::driver::Column;
+use crate::hw::Vendor;
+use crate::hw::{InvClass, IommuCounters, INV_CLASSES};
 use crate::metrics::IovaLocality;
-use crate::scenario::Vendor;
 use serde::ser::SerializeMap;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// What reached the IOMMU in one phase, serialised in the vendor's own names: VT-d's descriptors
-/// (`iotlb_psi`, `iotlb_dsi`, `iotlb_global`, `wait`, `devtlb`), SMMUv3's commands (`tlbi_nh_va` — by
-/// address, stage 1 or 2 —, `tlbi_nh_asid` — by ASID or VMID —, `cmd_sync`, `atc_inv`, and `doorbells`, the
-/// CMDQ_PROD writes), virtio-iommu's requests (`virtio_map`, `virtio_unmap`). Internally the VT-d names hold
-/// every vendor's equivalents.
+/// What reached the IOMMU in one phase: commands by what they do, the synchronisations waited for and the
+/// doorbells rung, serialised in the vendor's own names (its driver's `replay_columns`: VT-d's `iotlb_psi`,
+/// `wait`..., SMMUv3's `tlbi_nh_va`, `cmd_sync`, `doorbells`..., virtio-iommu's `virtio_map`...).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Counts {
     pub vendor: Option<Vendor>,
@@ -21,43 +20,45 @@ pub struct Counts {
     pub unmap_events: u64,
     /// `iotlb_sync_map` calls (map groups).
     pub map_syncs: u64,
-    pub iotlb_psi: u64,
-    pub iotlb_dsi: u64,
-    pub iotlb_global: u64,
-    pub wait: u64,
-    pub devtlb: u64,
-    pub virtio_map: u64,
-    pub virtio_unmap: u64,
-    /// Submissions the IOMMU was told of: SMMUv3's doorbells (issues whose owner rang CMDQ_PROD).
+    /// Commands by class (`InvClass as usize`).
+    pub by_class: [u64; INV_CLASSES],
+    /// Synchronisations waited for (wait descriptors, CMD_SYNCs).
+    pub syncs: u64,
+    /// Doorbell writes: submissions the IOMMU was told of (an SMMUv3 owner's CMDQ_PROD write carries the
+    /// commands it gathered from other CPUs).
     pub doorbells: u64,
+}
+
+impl Counts {
+    pub fn class(&self, c: InvClass) -> u64 {
+        self.by_class[c as usize]
+    }
+    /// Range invalidations (VT-d PSI, SMMUv3 TLBI by address, virtio-iommu UNMAP).
+    pub fn range(&self) -> u64 {
+        self.class(InvClass::Range)
+    }
+    /// Whole-domain invalidations (VT-d DSI, SMMUv3 TLBI by ASID).
+    pub fn domain(&self) -> u64 {
+        self.class(InvClass::Domain)
+    }
+    fn column(&self, c: Column) -> u64 {
+        match c {
+            Column::Class(k) => self.class(k),
+            Column::Syncs => self.syncs,
+            Column::Doorbells => self.doorbells,
+        }
+    }
 }
 
 impl Serialize for Counts {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
         let mut m = s.serialize_map(None)?;
         m.serialize_entry("map_events", &self.map_events)?;
         m.serialize_entry("unmap_events", &self.unmap_events)?;
         m.serialize_entry("map_syncs", &self.map_syncs)?;
-        match self.vendor {
-            Some(Vendor::Smmuv3) => {
-                m.serialize_entry("tlbi_nh_va", &self.iotlb_psi)?;
-                m.serialize_entry("tlbi_nh_asid", &self.iotlb_dsi)?;
-                m.serialize_entry("cmd_sync", &self.wait)?;
-                m.serialize_entry("atc_inv", &self.devtlb)?;
-                m.serialize_entry("doorbells", &self.doorbells)?;
-            }
-            Some(Vendor::Virtio) => {
-                m.serialize_entry("virtio_map", &self.virtio_map)?;
-                m.serialize_entry("virtio_unmap", &self.virtio_unmap)?;
-            }
-            _ => {
-                m.serialize_entry("iotlb_psi", &self.iotlb_psi)?;
-                m.serialize_entry("iotlb_dsi", &self.iotlb_dsi)?;
-                m.serialize_entry("iotlb_global", &self.iotlb_global)?;
-                m.serialize_entry("wait", &self.wait)?;
-                m.serialize_entry("devtlb", &self.devtlb)?;
-            }
+        let columns = self.vendor.map_or(&[][..], |v| v.driver().replay_columns());
+        for &(name, c) in columns {
+            m.serialize_entry(name, &self.column(c))?;
         }
         m.end()
     }
@@ -76,28 +77,15 @@ pub(super) struct Totals {
 
 impl Totals {
     pub(super) fn counts_since(&self, a: &Totals) -> Counts {
-        let inv = |ks: &[InvKind]| -> u64 {
-            ks.iter().map(|&k| self.iommu.get(k) - a.iommu.get(k)).sum()
-        };
+        let (n, o) = (&self.iommu, &a.iommu);
         Counts {
             vendor: self.vendor,
-            doorbells: (self.iommu.submissions - a.iommu.submissions)
-                - (self.iommu.cmdq_gathered - a.iommu.cmdq_gathered),
+            doorbells: (n.submissions - o.submissions) - (n.gathered - o.gathered),
             map_events: self.map_events - a.map_events,
             unmap_events: self.unmap_events - a.unmap_events,
             map_syncs: self.map_syncs - a.map_syncs,
-            iotlb_psi: inv(&[InvKind::Psi, InvKind::TlbiNhVa, InvKind::TlbiS2Ipa]),
-            iotlb_dsi: inv(&[InvKind::Dsi, InvKind::TlbiNhAsid, InvKind::TlbiS12Vmall]),
-            iotlb_global: inv(&[InvKind::Global]),
-            // virtio-iommu has no wait descriptor: its syncs are kicks, not IOMMU requests.
-            wait: if self.vendor == Some(Vendor::Virtio) {
-                0
-            } else {
-                self.iommu.syncs - a.iommu.syncs
-            },
-            devtlb: inv(&[InvKind::DevTlb, InvKind::AtcInv]),
-            virtio_map: inv(&[InvKind::VirtioMap]),
-            virtio_unmap: inv(&[InvKind::VirtioUnmap]),
+            by_class: std::array::from_fn(|i| n.by_class[i] - o.by_class[i]),
+            syncs: n.syncs - o.syncs,
         }
     }
 }
@@ -107,13 +95,10 @@ impl std::ops::AddAssign<&Counts> for Counts {
         self.map_events += o.map_events;
         self.unmap_events += o.unmap_events;
         self.map_syncs += o.map_syncs;
-        self.iotlb_psi += o.iotlb_psi;
-        self.iotlb_dsi += o.iotlb_dsi;
-        self.iotlb_global += o.iotlb_global;
-        self.wait += o.wait;
-        self.devtlb += o.devtlb;
-        self.virtio_map += o.virtio_map;
-        self.virtio_unmap += o.virtio_unmap;
+        for (a, b) in self.by_class.iter_mut().zip(o.by_class) {
+            *a += b;
+        }
+        self.syncs += o.syncs;
         self.doorbells += o.doorbells;
         self.vendor = self.vendor.or(o.vendor);
     }

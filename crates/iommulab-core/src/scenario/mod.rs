@@ -17,9 +17,10 @@ mod nic_rx;
 mod nic_tx;
 mod nvme;
 mod os;
-mod platform;
 mod rr;
 mod virtio_net;
+pub use crate::hw::platform::*;
+pub use crate::kernel::Arch;
 pub use l2fwd::*;
 pub use load::*;
 pub use map_benchmark::*;
@@ -27,7 +28,6 @@ pub use nic_rx::*;
 pub use nic_tx::*;
 pub use nvme::*;
 pub use os::*;
-pub use platform::*;
 pub use rr::*;
 pub use virtio_net::*;
 
@@ -309,11 +309,17 @@ impl Scenario {
             "expected 0 (off) to 1e9 probes per second",
         )?;
         let io = &self.platform.iommu;
-        // virtio-iommu keeps no IOTLB and walks no table: its profile may leave them out (a VFIO device
+        let drv = self.platform.vendor.driver();
+        let iommu_key = |k: &str| -> Vec<String> {
+            ["platform", "iommu"]
+                .into_iter()
+                .chain(k.split('.'))
+                .map(String::from)
+                .collect()
+        };
+        // An IOMMU that keeps no IOTLB and walks no table (virtio-iommu) may leave them out (a VFIO device
         // behind it takes the host's).
-        let caches = self.platform.vendor != Vendor::Virtio
-            || io.iotlb_entries > 0
-            || !io.pwc_entries.is_empty();
+        let caches = drv.walks_tables() || io.iotlb_entries > 0 || !io.pwc_entries.is_empty();
         check(
             !caches || (1..=MAX_CACHE_ENTRIES).contains(&io.iotlb_entries),
             "platform.iommu.iotlb_entries",
@@ -325,7 +331,7 @@ impl Scenario {
             "expected iotlb_entries to be a non-zero multiple of iotlb_ways",
         )?;
         check(
-            self.platform.vendor == Vendor::Virtio || self.platform.memory.walk_read_ns > 0,
+            !drv.walks_tables() || self.platform.memory.walk_read_ns > 0,
             "platform.memory.walk_read_ns",
             "expected the IOMMU's page-walk read latency in ns (at least 1)",
         )?;
@@ -334,8 +340,7 @@ impl Scenario {
             "platform.iommu.pwc_ways",
             "expected 0 (fully associative) or a divisor of every pwc_entries count",
         )?;
-        let fmt = crate::hw::pt_format(self.platform.vendor, io)
-            .map_err(|(k, m)| (vec!["platform".into(), "iommu".into(), k.into()], m))?;
+        let fmt = drv.pt_format(io).map_err(|(k, m)| (iommu_key(k), m))?;
         check(
             !caches
                 || io.pwc_entries.len() == fmt.levels as usize - 1
@@ -350,52 +355,8 @@ impl Scenario {
                 fmt.levels - 1
             ),
         )?;
-        match self.platform.vendor {
-            Vendor::Vtd => {
-                let Some(v) = &io.vtd else {
-                    return check(
-                        false,
-                        "platform.iommu.vtd",
-                        "expected an [iommu.vtd] section for vendor \"vtd\"",
-                    );
-                };
-                check(
-                    v.mamv <= 63,
-                    "platform.iommu.vtd.mamv",
-                    "expected an address-mask limit of 0..=63",
-                )?;
-            }
-            Vendor::Virtio => {
-                let Some(v) = &io.virtio else {
-                    return check(
-                        false,
-                        "platform.iommu.virtio",
-                        "expected an [iommu.virtio] section for vendor \"virtio\"",
-                    );
-                };
-                // viommu_domain_finalise(): "granule ... larger than system page size" fails the attach.
-                check(
-                    v.min_page_kb == 4,
-                    "platform.iommu.virtio.min_page_kb",
-                    "expected 4: the guest's pages are 4 KiB, and Linux refuses a virtio-iommu whose \
-                     smallest page is larger (viommu_domain_finalise)",
-                )?;
-            }
-            Vendor::Smmuv3 => {
-                let Some(v) = &io.smmuv3 else {
-                    return check(
-                        false,
-                        "platform.iommu.smmuv3",
-                        "expected an [iommu.smmuv3] section for vendor \"smmuv3\"",
-                    );
-                };
-                check(
-                    v.stage == 1 || v.stage == 2,
-                    "platform.iommu.smmuv3.stage",
-                    "expected stage 1 or 2",
-                )?;
-            }
-        }
+        let guest = self.platform.hypervisor.is_some();
+        drv.check(io, guest).map_err(|(k, m)| (iommu_key(k), m))?;
         let pcie = &self.platform.pcie;
         check(
             (1..=65536).contains(&pcie.translation_slots),
@@ -471,38 +432,21 @@ impl Scenario {
             ),
         )?;
         let k = crate::kernel::KernelVersion::from(kernel);
-        let virtio = self.platform.vendor == Vendor::Virtio;
+        if let Err(m) = drv.check_kernel(k, self.os.arch) {
+            check(false, "os.kernel", m)?;
+        }
         check(
-            !virtio || (k.virtio_iommu() && (self.os.arch != Arch::X86_64 || k.virtio_iommu_acpi())),
-            "os.kernel",
-            "expected 5.3 or later for virtio-iommu (its driver's first kernel), 5.14 or later on x86 (where \
-             the ACPI VIOT table describes it)",
-        )?;
-        // VT-d is an x86 IOMMU and SMMUv3 an Arm one; virtio-iommu serves any guest.
-        let arch_ok = match self.platform.vendor {
-            Vendor::Vtd => self.os.arch == Arch::X86_64,
-            Vendor::Smmuv3 => self.os.arch == Arch::Arm64,
-            Vendor::Virtio => self.os.arch != Arch::S390,
-        };
-        check(
-            arch_ok,
+            drv.archs().contains(&self.os.arch),
             "os.arch",
-            match self.platform.vendor {
-                Vendor::Vtd => "expected x86_64: the platform's IOMMU is Intel VT-d",
-                Vendor::Smmuv3 => "expected arm64: the platform's IOMMU is an Arm SMMUv3",
-                Vendor::Virtio => "expected x86_64 or arm64 for a virtio-iommu guest",
-            },
+            drv.arch_expected(),
         )?;
         check(
-            self.platform.hypervisor.is_some() || self.platform.vendor != Vendor::Virtio,
+            guest || !drv.paravirtual(),
             "platform.hypervisor",
-            "expected a [hypervisor] section: a virtio-iommu platform is a guest (its kick is an exit)",
-        )?;
-        check(
-            self.platform.hypervisor.is_some()
-                || !io.smmuv3.as_ref().is_some_and(|s| s.caching_mode),
-            "platform.iommu.smmuv3.caching_mode",
-            "expected false on bare metal: only an emulated SMMUv3 has the caching-mode quirk",
+            format!(
+                "expected a [hypervisor] section: a {} platform is a guest (its kick is an exit)",
+                drv.title()
+            ),
         )?;
         if let Some(why) = self
             .platform
@@ -526,11 +470,6 @@ impl Scenario {
                         .into(),
                 ));
             };
-            check(
-                !io.smmuv3.as_ref().is_some_and(|s| s.ecmdq),
-                "platform.iommu.smmuv3.ecmdq",
-                "expected false in a guest: QEMU's SMMUv3 emulates no ECMDQ",
-            )?;
             check(
                 k.mmio_exit_ns <= 10_000_000,
                 "platform.kvm.mmio_exit_ns",
@@ -582,7 +521,7 @@ impl Scenario {
                 check(false, "platform.hypervisor.host_profile", msg)?;
             }
             check(
-                self.platform.vendor == Vendor::Virtio || host.vendor == self.platform.vendor,
+                drv.paravirtual() || host.vendor == self.platform.vendor,
                 "platform.hypervisor.host_profile",
                 format!(
                     "expected a host with the guest's IOMMU ({}): QEMU's vIOMMU passes a VFIO device to the \
@@ -598,27 +537,27 @@ impl Scenario {
                     h.qemu
                 ),
             )?;
-            let emulated = self.platform.vendor != Vendor::Virtio && !h.nested;
+            let emulated = !drv.paravirtual() && !h.nested;
             // QEMU refuses vfio-pci behind intel-iommu without caching-mode=on: it must see every map.
-            let sees_maps = match self.platform.vendor {
-                Vendor::Vtd => io.vtd.as_ref().is_some_and(|v| v.caching_mode),
-                Vendor::Smmuv3 => io.smmuv3.as_ref().is_some_and(|s| s.caching_mode),
-                Vendor::Virtio => true,
-            };
+            let sees_maps = drv.caching_mode(io);
+            let cm_key = format!(
+                "platform.iommu.{}",
+                drv.caching_mode_key().unwrap_or("caching_mode")
+            );
             check(
                 !(hw_device && emulated && !sees_maps),
-                match self.platform.vendor {
-                    Vendor::Vtd => "platform.iommu.vtd.caching_mode",
-                    _ => "platform.iommu.smmuv3.caching_mode",
-                },
+                &cm_key,
                 "expected true for a VFIO-assigned device behind an emulated IOMMU: QEMU shadows the \
                  guest's mappings only if the driver invalidates after each map (or set \
                  platform.hypervisor.nested)",
             )?;
             check(
-                !(h.nested && self.platform.vendor == Vendor::Virtio),
+                !(h.nested && drv.paravirtual()),
                 "platform.hypervisor.nested",
-                "expected false for virtio-iommu: nesting puts an emulated VT-d or SMMUv3's tables in hardware",
+                format!(
+                    "expected false for {}: nesting puts an emulated IOMMU's tables in hardware",
+                    drv.title()
+                ),
             )?;
             check(
                 !(h.nested && (w.virtio_net.is_some() || w.l2fwd.is_some())),
@@ -627,10 +566,13 @@ impl Scenario {
                  device cannot use hardware nested translation",
             )?;
             check(
-                !h.vcmdq || (h.nested && self.platform.vendor == Vendor::Smmuv3),
+                !h.vcmdq || (h.nested && drv.hardware_guest_queue()),
                 "platform.hypervisor.vcmdq",
-                "expected true only with nested = true on an SMMUv3 guest (a hardware command queue the \
-                 guest owns)",
+                format!(
+                    "expected true only with nested = true on an IOMMU with a hardware command queue a \
+                     guest owns ({} has none)",
+                    drv.title()
+                ),
             )?;
         }
         for (key, section) in [
@@ -1075,11 +1017,10 @@ pub(crate) mod tests {
     #[test]
     fn every_builtin_profile_runs_the_minimal_scenario() {
         for (name, _) in BUILTIN_PROFILES {
-            let arm = builtin_platform(name).is_some_and(|p| p.vendor == Vendor::Smmuv3);
-            let arch = if arm || name.contains("smmuv3") {
+            let arch = if name.contains("smmuv3") || name.contains("arm64") {
                 "arm64"
             } else {
-                "x86_64"
+                builtin_platform(name).map_or("x86_64", |p| p.vendor.driver().archs()[0].as_str())
             };
             let mut sc = MIN
                 .replace("vtd-server", name)

@@ -30,6 +30,16 @@ pub enum PolicyName {
 }
 
 impl PolicyName {
+    /// Every policy a run can pin, cheapest protection first (what `compare` runs).
+    pub const BY_PROTECTION: [PolicyName; 7] = [
+        PolicyName::Passthrough,
+        PolicyName::Lazy,
+        PolicyName::Xsmmu,
+        PolicyName::Blocks,
+        PolicyName::Fns,
+        PolicyName::Fands,
+        PolicyName::Strict,
+    ];
     pub fn as_str(self) -> &'static str {
         match self {
             PolicyName::Passthrough => "passthrough",
@@ -42,14 +52,6 @@ impl PolicyName {
             PolicyName::Auto => "auto",
         }
     }
-}
-
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Arch {
-    X86_64,
-    Arm64,
-    S390,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]

@@ -1,8 +1,12 @@
 //! `[platform]`: the platform profile a scenario names (built-in or a file) and the keys it may override:
 //! the IOMMU, PCIe, memory, CPU costs and, for a guest, the hypervisor.
 
-#[allow(unused_imports)]
-use super::*;
+use super::smmuv3::Smmuv3Profile;
+use super::virtio::VirtioProfile;
+use super::vtd::VtdProfile;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -13,16 +17,6 @@ pub enum Vendor {
     Smmuv3,
     /// virtio-iommu: MAP/UNMAP requests on a virtqueue to the host (a paravirtual IOMMU in a guest).
     Virtio,
-}
-
-impl Vendor {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Vendor::Vtd => "vtd",
-            Vendor::Smmuv3 => "smmuv3",
-            Vendor::Virtio => "virtio",
-        }
-    }
 }
 
 /// A hardware platform: the IOMMU, memory, PCIe path and CPU costs. Loaded from a profile file.
@@ -245,82 +239,6 @@ impl HypervisorProfile {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
-pub struct VirtioProfile {
-    /// Guest CPU time to add one request to the request virtqueue (under viommu->request_lock).
-    pub add_req_ns: u64,
-    /// Host time to process one MAP or UNMAP request (and write its status).
-    pub req_ns: u64,
-    /// Smallest page in the device's page_size_mask, in KiB; every larger power of two is supported too
-    /// (QEMU's default mask, ~(target page - 1)). 4: a larger one makes Linux refuse the domain.
-    pub min_page_kb: u32,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct VtdProfile {
-    /// Hardware time to process one IOTLB invalidation descriptor.
-    pub inv_desc_ns: u64,
-    /// Hardware time to process a wait descriptor (status write back).
-    pub inv_wait_ns: u64,
-    /// CPU time to write one descriptor into the queue under the queue lock.
-    pub submit_desc_ns: u64,
-    /// Largest PSI address mask (CAP.MAMV); larger ranges fall back to DSI.
-    pub mamv: u32,
-    /// CAP.CM: caching mode (virtual IOMMUs): maps need an invalidation too.
-    pub caching_mode: bool,
-    /// CAP.RWBF: the write buffer must be flushed after a map when no invalidation is required.
-    pub rwbf: bool,
-    /// Hardware time of one write-buffer flush (GCMD.WBF until GSTS.WBFS clears).
-    pub wbf_ns: u64,
-    /// CPU time per cache tag when a flush walks the domain's tags under its cache_lock (6.10+).
-    pub cache_tag_ns: u64,
-    /// What a page-selective invalidation with IH=0 drops from the paging-structure caches.
-    #[serde(default)]
-    pub psi_nonleaf: PsiNonLeaf,
-}
-
-/// The paging-structure-cache entries a PSI with IH=0 invalidates (VT-d spec §6.5.2.3, IOTLB Invalidate
-/// Descriptor, IH; an implementation may invalidate at a coarser granularity than requested).
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum PsiNonLeaf {
-    /// Only the non-leaf entries used to translate the ADDR/AM range (what the spec requires).
-    #[default]
-    Range,
-    /// Every non-leaf entry of the domain, the leaf entries of the range only (Intel server IIO).
-    Domain,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Smmuv3Profile {
-    /// CPU time to insert one 16-byte command (slot reservation on the shared producer index, copy).
-    pub submit_cmd_ns: u64,
-    /// SMMU time to consume one TLBI command.
-    pub cmd_ns: u64,
-    /// SMMU time a CMD_SYNC holds its queue: the commands before it complete (SMMUv3 §4.7.3).
-    pub sync_ns: u64,
-    /// What a CMD_SYNC's round trip adds outside the queue: the doorbell reaching the SMMU, the command
-    /// fetch, the MSI write and the polling CPU seeing it (the time of a CMD_SYNC on an empty queue).
-    #[serde(default)]
-    pub sync_signal_ns: u64,
-    /// IDR3.RIL: range invalidation commands.
-    pub ril: bool,
-    /// Per-CPU enhanced command queues (SMMUv3.3 ECMDQ) instead of one shared queue.
-    pub ecmdq: bool,
-    /// The SMMU consumes its ECMDQs in parallel (one consumer per queue) rather than one after another.
-    #[serde(default)]
-    pub ecmdq_parallel: bool,
-    /// Translation stage of DMA domains: 1 (TLBI_NH_*, by ASID) or 2 (TLBI_S2_IPA / S12_VMALL, by VMID).
-    pub stage: u32,
-    /// A "caching mode" for an emulated SMMUv3 (E. Auger's vSMMUv3 series, a firmware quirk): the driver
-    /// also invalidates after every map, so the VMM sees new mappings (for VFIO). No hardware has it.
-    #[serde(default)]
-    pub caching_mode: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
-#[serde(deny_unknown_fields)]
 pub struct MemoryProfile {
     /// One page-walk memory read by the IOMMU (VT-d and SMMUv3; virtio-iommu walks no table: absent there).
     #[serde(default)]
@@ -430,4 +348,8 @@ impl CpuProfile {
     pub fn rx_lone_packet_ns(&self) -> u64 {
         self.stack_ns_per_packet + self.stack_ns_per_skb
     }
+}
+
+fn default_true() -> bool {
+    true
 }
