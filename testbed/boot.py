@@ -42,7 +42,11 @@ MARK_BLOCK = 40000
 
 # What QEMU traces of each IOMMU's work. SMMUv3 (hw/arm/smmuv3.c, smmuv3_cmdq_consume): one smmuv3_cmdq_opcode
 # per command consumed, one smmuv3_cmdq_consume_out per CMDQ_PROD write (a doorbell), and its errors and events.
+# AMD-Vi (hw/i386/amd_iommu.c, amdvi_cmdbuf_exec): one event per command by type, and the tail-register writes.
 TRACE = {"intel": ["vtd_inv_desc*"], "virtio": ["virtio_iommu_map", "virtio_iommu_unmap"],
+         "amd": ["amdvi_pages_inval", "amdvi_iotlb_inval", "amdvi_all_inval", "amdvi_completion_wait",
+                 "amdvi_devtab_inval", "amdvi_command_exec", "amdvi_command_error", "amdvi_unhandled_command",
+                 "amdvi_completion_wait_fail", "amdvi_page_fault"],
          "smmuv3": ["smmuv3_cmdq_opcode", "smmuv3_cmdq_consume_out", "smmuv3_cmdq_consume_error",
                     "smmuv3_record_event", "smmuv3_unhandled_cmd"],
          "none": []}
@@ -68,6 +72,11 @@ EMULATOR_KEYS = {
                "mmio_exits": ["smmuv3_read_mmio", "smmuv3_write_mmio"]},
     "virtio": {"translations": ["virtio_iommu_translate_out"],
                "inv_processed": ["virtio_iommu_map", "virtio_iommu_unmap"]},
+    "amd": {"translations": ["amdvi_translation_result"], "iotlb_hits": ["amdvi_iotlb_hit"],
+            "iotlb_misses": ["amdvi_cache_update"], "walks": ["amdvi_cache_update"],
+            "iotlb_resets": ["amdvi_iotlb_reset"],
+            "inv_processed": ["amdvi_pages_inval", "amdvi_iotlb_inval", "amdvi_all_inval"],
+            "mmio_exits": ["amdvi_mmio_read", "amdvi_mmio_write"]},
     "none": {},
 }
 # The events --emulator-counts adds to TRACE's.
@@ -129,7 +138,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     kernel = kernel or ("6.1" if iommu == "intel" else "6.12")
     arm = iommu == "smmuv3"
     name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}",
-            "none": "noiommu"}[iommu]
+            "amd": f"{mode}-amd-k{kernel}", "none": "noiommu"}[iommu]
     name += f"-k{kernel}" if kernel == "7.3" and not arm else ""
     name += f"-smp{smp}" if smp != 1 else ""
     name += "-" + phases.replace(",", "-") if phases != "net,blk" else ""
@@ -159,6 +168,8 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     machine = {"intel": ["-machine", "q35,kernel-irqchip=split", "-device",
                          f"intel-iommu,intremap=on,caching-mode={cm}"],
                "virtio": ["-machine", "q35", "-device", "virtio-iommu-pci"],
+               # QEMU's AMD IOMMU (AMDVI-PCI on q35) translates the virtio devices' DMA (iommu_platform).
+               "amd": ["-machine", "q35", "-device", "amd-iommu"],
                "none": ["-machine", "q35"],
                # Every PCI device on virt's pcie.0 sits behind the SMMU (stream ID = requester ID).
                "smmuv3": ["-machine", "virt,gic-version=3,iommu=smmuv3", "-cpu", "cortex-a57", "-nodefaults"]}[iommu]

@@ -87,7 +87,7 @@ for g in /sys/kernel/iommu_groups/*; do
       && ln -s "$l" "$R/sys/bus/pci/devices/$b/driver"
   done
 done
-for i in /sys/class/iommu/*; do [ -e "$i" ] && mkdir -p "$R$i" && save $i/intel-iommu/cap $i/intel-iommu/ecap; done
+for i in /sys/class/iommu/*; do [ -e "$i" ] && mkdir -p "$R$i" && save $i/intel-iommu/cap $i/intel-iommu/ecap $i/amd-iommu/cap $i/amd-iommu/features; done
 dmesg > $O/dmesg.txt
 mkdir -p $R/dev && cp $O/dmesg.txt $R/dev/kmsg   # inspect reads a saved tree's kernel log as dmesg prints it
 (cd $O && tar -cf $OUTDEV trace.txt dmesg.txt root) && sync && say "wrote results"

@@ -68,6 +68,16 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
         table = next((t for t in ("nic_rx", "nic_tx", "rr", "nvme") if tables.get(t)), None)
     sets: dict[str, Any] = {"compare": {}, "platform.profile": profile}
     took = [f"platform profile {profile} ({why})"]
+    prof = tomllib.loads(read_profile(profile)[1])
+    hyp = prof.get("hypervisor")
+    if hyp and workload in ("nic-rx", "nic-tx") and _core.emulation_refuses(prof["vendor"], hyp.get("qemu", "7.2"),
+                                                                            True, False):
+        # A guest whose emulated IOMMU takes no VFIO device: its NIC is QEMU's virtio-net.
+        base, table = "guest-x86", "virtio_net"
+        sets |= {"platform.hypervisor.host_profile": hyp["host_profile"], "os.policy": "strict",
+                 "workload.virtio_net.direction": "rx" if workload == "nic-rx" else "tx"}
+        took.append("the guest's virtio-net, not a VFIO NIC: "
+                    + _core.emulation_refuses(prof["vendor"], hyp.get("qemu", "7.2"), True, False))
     assumed = [f"every cost constant from {profile} (iommulab profiles {profile}; measure yours with iommulab "
                "profile measure)"]
     kernel = hostinfo._kernel(res.get("kernel") or "")
@@ -80,11 +90,13 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
         sets["os.kernel"] = kernel
     else:
         assumed.append("the kernel: the scenario's (os.kernel)")
-    if res.get("arch") in ("x86_64", "arm64"):
+    if vendors.names(modelled=True, arch=res.get("arch")):
         sets["os.arch"] = res["arch"]
-    if any(i.get("caching_mode") for i in res["iommus"]):
-        sets["platform.iommu.vtd.caching_mode"] = True
-        took.append("VT-d caching mode on")
+    cm = next((i for i in res["iommus"] if vendors.caching_mode(i)), None)
+    if cm:
+        sets |= _dotted("platform.iommu", vendors.scenario_iommu(cm))
+        took.append(f"{vendors.DRIVERS[cm['vendor']]['title']} caching mode on "
+                    f"({vendors.DRIVERS[cm['vendor']]['caching_mode_cap']})")
     p = tomllib.loads(read_profile(profile)[1])
     cores = hw["cpus"]
     if (given or {}).get("platform.cpu.cores", "").isdigit():
@@ -128,6 +140,14 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
     if workload not in WORKLOADS:
         took.append(f"the workload of {base}")
     return base, sets, took, assumed
+
+
+def _dotted(prefix: str, table: dict[str, Any]) -> dict[str, Any]:
+    """A nested table under `prefix` as --set keys: {"a": {"b": 1}} gives {"PREFIX.a.b": 1}."""
+    out: dict[str, Any] = {}
+    for k, v in table.items():
+        out |= _dotted(f"{prefix}.{k}", v) if isinstance(v, dict) else {f"{prefix}.{k}": v}
+    return out
 
 
 def _resolve(res: dict[str, Any], kernel: str | None, words: list[str]) -> tuple[str, str, dict[str, str]]:

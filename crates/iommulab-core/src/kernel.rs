@@ -111,6 +111,42 @@ impl KernelVersion {
     pub fn virtio_deferred_flush(self) -> bool {
         self >= KernelVersion(6, 8)
     }
+
+    /// AMD-Vi, "iommu/amd: Page-specific invalidations for more than one page" (5.13): a multi-page flush
+    /// is one INVALIDATE_IOMMU_PAGES over the aligned block around it. Before, amd_iommu_iotlb_sync() flushed
+    /// the whole domain.
+    pub fn amd_page_selective(self) -> bool {
+        self >= KernelVersion(5, 13)
+    }
+
+    /// AMD-Vi, N. Amit's "iommu/amd: Enable page-selective flushes" series (5.15): "Do not use flush-queue
+    /// when NpCache is on" (an IOMMU with NpCache makes every DMA domain strict: "Using strict mode due to
+    /// virtualization") and "Use only natural aligned flushes in a VM" (its flushes split into naturally
+    /// aligned ranges).
+    pub fn amd_np_cache_strict(self) -> bool {
+        self >= KernelVersion(5, 15)
+    }
+
+    /// AMD-Vi, "iommu/amd: Enable PCI features based on attached domain capability" (6.9, inferred from the
+    /// SVA series it came with): ATS only for a domain that could do SVA (v2 or identity), so a v1 DMA domain's
+    /// device neither caches translations nor gets INVALIDATE_IOTLB_PAGES.
+    pub fn amd_ats_sva_domains_only(self) -> bool {
+        self >= KernelVersion(6, 9)
+    }
+
+    /// AMD-Vi, "iommu/amd: move wait_on_sem() out of spinlock" (d2a0cac10597; in the 6.19 stable review
+    /// series of 2026-02, so 6.19, inferred): the CPU polls its COMPLETION_WAIT without iommu->lock. Before,
+    /// every other CPU's command waited behind the poll.
+    pub fn amd_wait_outside_lock(self) -> bool {
+        self >= KernelVersion(6, 19)
+    }
+
+    /// AMD-Vi, "iommu/amd: Don't split flush for amd_iommu_domain_flush_all()" (backported to 6.12.75 in
+    /// 2026-03, so 7.0, inferred): under NpCache a whole-domain flush stays one command. Before, the
+    /// natural-alignment loop cut the all-pages size into 63 pieces.
+    pub fn amd_flush_all_whole(self) -> bool {
+        self >= KernelVersion(7, 0)
+    }
 }
 
 impl From<(u32, u32)> for KernelVersion {

@@ -110,7 +110,7 @@ pub(crate) fn build_host(sc: &Scenario) -> (Host, PolicyName, String) {
                 sc.os.arch,
                 kernel,
                 &sc.os.cmdline,
-                p.iommu.vtd.as_ref().is_some_and(|v| v.caching_mode),
+                p.vendor.driver().caching_mode(&p.iommu),
                 p.vendor.driver(),
             );
             (r.policy, r.reason)

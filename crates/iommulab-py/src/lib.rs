@@ -292,6 +292,18 @@ fn builtin_profiles() -> Vec<(String, String)> {
     owned(scenario::BUILTIN_PROFILES)
 }
 
+/// Why QEMU `qemu` ("MAJOR.MINOR") cannot put a VFIO device (`vfio`) or a vhost device IOTLB (`vhost`) behind
+/// its emulation of IOMMU `vendor` (None: it can, or the vendor or version is unknown).
+#[pyfunction]
+fn emulation_refuses(vendor: &str, qemu: &str, vfio: bool, vhost: bool) -> Option<String> {
+    let d = hw::driver(vendor)?;
+    let (a, b) = qemu.split_once('.')?;
+    let q = (a.parse().ok()?, b.parse().ok()?);
+    d.emulation_refuses(q, vfio, vhost)
+        .err()
+        .map(|(_, m)| m.to_string())
+}
+
 /// Every policy a run can pin, cheapest protection first.
 #[pyfunction]
 fn policies() -> Vec<&'static str> {
@@ -369,6 +381,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(builtin_profiles, m)?)?;
     m.add_function(wrap_pyfunction!(drivers, m)?)?;
     m.add_function(wrap_pyfunction!(policies, m)?)?;
+    m.add_function(wrap_pyfunction!(emulation_refuses, m)?)?;
     Ok(())
 }
 

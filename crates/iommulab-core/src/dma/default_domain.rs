@@ -120,7 +120,7 @@ pub fn explain(
         }
     }
     if let Some((line, switch)) = iommu_off {
-        log.push(line.into());
+        log.extend(line.map(String::from));
         let why = format!("{switch}: no IOMMU, DMA goes through dma-direct untranslated");
         return Explained {
             kernel_log: log,

@@ -162,6 +162,8 @@ pub enum PsiMatch {
     /// 8 bits of its page number, under the mask, equal the address's (fixed by "intel_iommu: fix type of
     /// the mask field in VTDIOTLBPageInvInfo", QEMU 9.1): one PSI in 256 pages of IOVA space drops a ring.
     LowByte,
+    /// Every entry of the domain, whatever the range (QEMU's amdvi_inval_pages).
+    Domain,
 }
 
 /// QEMU's software IOTLB of an emulated IOMMU: a glib hash keyed by the entry's tag, no sets and no LRU.

@@ -15,8 +15,8 @@ use crate::kernel::{Arch, KernelVersion};
 pub enum Switch {
     /// DMA domains go strict; the kernel's log line.
     Strict(&'static str),
-    /// The IOMMU is not used: the kernel's log line.
-    Off(&'static str),
+    /// The IOMMU is not used: the kernel's log line, if it prints one.
+    Off(Option<&'static str>),
     /// Only a log line (a deprecated or ignored option).
     Log(&'static str),
 }
@@ -64,6 +64,8 @@ pub trait KernelDriver: Sync {
 pub enum Column {
     /// Commands of a class.
     Class(InvClass),
+    /// Commands of any of these classes (one command whose encoding spans them).
+    Classes(&'static [InvClass]),
     /// Synchronisations waited for (wait descriptors, CMD_SYNCs).
     Syncs,
     /// Doorbell writes (submissions not gathered into another CPU's).
@@ -89,6 +91,11 @@ pub trait Driver: KernelDriver {
     fn walks_tables(&self) -> bool {
         true
     }
+    /// The driver enables ATS on a device of a DMA domain (PCIe ATS in the platform), so the device caches
+    /// translations and gets device-TLB invalidations.
+    fn enables_ats(&self, _p: &IommuProfile, _k: KernelVersion) -> bool {
+        true
+    }
     /// The kernels the driver exists in on `arch`: Err says which.
     fn check_kernel(&self, _k: KernelVersion, _arch: Arch) -> Result<(), &'static str> {
         Ok(())
@@ -106,6 +113,16 @@ pub trait Driver: KernelDriver {
     /// The profile key that turns caching mode on, under `platform.iommu`.
     fn caching_mode_key(&self) -> Option<&'static str> {
         None
+    }
+    /// What QEMU `qemu` (MAJOR, MINOR) cannot do behind its emulation of this IOMMU: shadow a VFIO device's
+    /// mappings (`vfio`), or keep a vhost device IOTLB coherent (`vhost`). Err: the key and why.
+    fn emulation_refuses(
+        &self,
+        _qemu: (u32, u32),
+        _vfio: bool,
+        _vhost: bool,
+    ) -> Result<(), (&'static str, &'static str)> {
+        Ok(())
     }
     /// A guest's hardware command queue its invalidations do not trap through (NVIDIA's vCMDQ).
     fn hardware_guest_queue(&self) -> bool {

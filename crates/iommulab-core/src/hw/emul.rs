@@ -32,9 +32,12 @@ pub enum ExitCause {
     /// A device's interrupt (irqfd) reaching a running vCPU on a host without posted interrupts: KVM kicks
     /// the vCPU out to load it (arm64's vgic: kvm_vgic_inject_irq → kvm_vcpu_kick).
     Irq,
+    /// AMD-Vi: the driver advanced the command buffer's tail (copy_cmd_to_buffer's writel to
+    /// MMIO_CMD_TAIL_OFFSET), once per command.
+    CmdTail,
 }
 
-pub const EXIT_CAUSES: usize = 5;
+pub const EXIT_CAUSES: usize = 6;
 
 impl ExitCause {
     pub const ALL: [ExitCause; EXIT_CAUSES] = [
@@ -43,11 +46,13 @@ impl ExitCause {
         ExitCause::CmdqCons,
         ExitCause::Kick,
         ExitCause::Irq,
+        ExitCause::CmdTail,
     ];
     pub fn name(self) -> &'static str {
         match self {
             ExitCause::QiTail => "qi_tail",
             ExitCause::CmdqProd => "cmdq_prod",
+            ExitCause::CmdTail => "cmd_tail",
             ExitCause::CmdqCons => "cmdq_cons",
             ExitCause::Kick => "kick",
             ExitCause::Irq => "irq",
@@ -371,7 +376,7 @@ mod tests {
         assert_eq!(start, 3500);
         let back = t.resume(ExitCause::QiTail, 1000, start + 700, 700, 2);
         assert_eq!(back, 1000 + 5000 + 700);
-        assert_eq!(t.stats.count, [1, 0, 0, 0, 0]);
+        assert_eq!(t.stats.count, [1, 0, 0, 0, 0, 0]);
         assert_eq!(t.stats.work.inv_processed, 2);
         assert_eq!(t.handler_ns(), 0);
         assert_eq!(t.stats.vcpu_ns[0], 5700);

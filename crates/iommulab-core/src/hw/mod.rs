@@ -4,6 +4,7 @@
 //! gather, iotlb_sync_map, iotlb_sync, flush_iotlb_all) plus the hardware side the device sees (translate).
 //! A vendor is one file implementing it.
 
+pub mod amdvi;
 pub mod cache;
 pub mod driver;
 pub mod emul;
@@ -71,6 +72,7 @@ pub fn drivers() -> &'static [&'static dyn Driver] {
         &vtd::VtdDriver,
         &smmuv3::Smmuv3Driver,
         &virtio::VirtioDriver,
+        &amdvi::AmdViDriver,
     ]
 }
 
@@ -110,7 +112,8 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32), vfio: bool) -> Box<d
     let kernel = KernelVersion::from(kernel);
     let d = p.vendor.driver();
     let fmt = d.pt_format(&p.iommu).expect("validated platform");
-    let atc = p.pcie.ats.then_some((p.pcie.atc_entries, p.pcie.atc_ways));
+    let ats = p.pcie.ats && d.enables_ats(&p.iommu, kernel);
+    let atc = ats.then_some((p.pcie.atc_entries, p.pcie.atc_ways));
     let mut tr = translator::Translator::new(&p.iommu, fmt, atc);
     // An IOMMU QEMU emulates caches translations in its own hash (hardware's, under nesting).
     if let Some(h) = p.hypervisor.as_ref().filter(|h| !h.nested) {
@@ -136,6 +139,34 @@ pub fn build(p: &Platform, cpus: usize, kernel: (u32, u32), vfio: bool) -> Box<d
 /// the same platform that is never driven.
 pub fn stand_in(p: &Platform, cpus: usize, kernel: (u32, u32)) -> Box<dyn Iommu> {
     build(p, cpus, kernel, false)
+}
+
+/// A driver's lock per domain (VT-d's dmar_domain->cache_lock, AMD-Vi's protection_domain->lock), made as
+/// domains appear.
+pub struct DomainLocks {
+    locks: Vec<sim::SpinLock>,
+    coh: sim::Coherence,
+}
+
+impl DomainLocks {
+    pub fn new(coh: sim::Coherence) -> Self {
+        DomainLocks {
+            locks: Vec::new(),
+            coh,
+        }
+    }
+    pub fn get(&mut self, dom: DomainId) -> &mut sim::SpinLock {
+        let i = dom as usize;
+        if self.locks.len() <= i {
+            let coh = self.coh;
+            self.locks.resize_with(i + 1, || sim::SpinLock::new(coh));
+        }
+        &mut self.locks[i]
+    }
+    /// Every domain's lock summed, one entry per domain slot of `tr`.
+    pub fn stats(&self, tr: &translator::Translator) -> LockStats {
+        LockStats::sum_of(self.locks.iter().map(|l| &l.stats), tr.domain_slots())
+    }
 }
 
 pub const PAGE_SHIFT: u32 = 12;
@@ -466,10 +497,13 @@ mod tests {
         ]
     }
 
-    /// An IOMMU of either vendor, in one of the table formats, with or without a device ATC.
+    /// An IOMMU of each vendor, in one of the table formats, with or without a device ATC.
     fn iommu(kind: u8, ats: bool) -> Box<dyn Iommu> {
         let atc = ats.then_some(16);
+        let k612 = crate::kernel::KernelVersion(6, 12);
         match kind {
+            4 => Box::new(amdvi::tests::amd_with(&amdvi::tests::cfg(false), atc, k612)),
+            5 => Box::new(amdvi::tests::amd_with(&amdvi::tests::cfg(true), atc, k612)),
             0 => Box::new(vtd::tests::vtd_with(&vtd::tests::cfg(), atc)),
             1 => Box::new(smmuv3::tests::smmu_with(
                 &smmuv3::tests::cfg(true, false),
@@ -495,7 +529,7 @@ mod tests {
         /// walk-cache or ATC entry; a stale hit happens only for an IOVA unmapped (or remapped) since its
         /// last covering invalidation, and every one is counted.
         #[test]
-        fn no_stale_hit_after_covering_invalidation(kind in 0u8..4, ats in any::<bool>(), ops in proptest::collection::vec(op(), 1..300)) {
+        fn no_stale_hit_after_covering_invalidation(kind in 0u8..6, ats in any::<bool>(), ops in proptest::collection::vec(op(), 1..300)) {
             let mut v = iommu(kind, ats);
             let g = v.granule_pages();
             let mut phys_next = 4096;

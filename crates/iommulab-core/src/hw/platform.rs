@@ -1,6 +1,7 @@
 //! `[platform]`: the platform profile a scenario names (built-in or a file) and the keys it may override:
 //! the IOMMU, PCIe, memory, CPU costs and, for a guest, the hypervisor.
 
+use super::amdvi::AmdViProfile;
 use super::smmuv3::Smmuv3Profile;
 use super::virtio::VirtioProfile;
 use super::vtd::VtdProfile;
@@ -17,6 +18,8 @@ pub enum Vendor {
     Smmuv3,
     /// virtio-iommu: MAP/UNMAP requests on a virtqueue to the host (a paravirtual IOMMU in a guest).
     Virtio,
+    /// AMD-Vi: v1 or v2 page table, command buffer (INVALIDATE_IOMMU_PAGES, COMPLETION_WAIT).
+    Amdvi,
 }
 
 /// A hardware platform: the IOMMU, memory, PCIe path and CPU costs. Loaded from a profile file.
@@ -83,6 +86,9 @@ pub struct IommuProfile {
     /// virtio-iommu request queue (required when `vendor = "virtio"`).
     #[serde(default)]
     pub virtio: Option<VirtioProfile>,
+    /// AMD-Vi command buffer (required when `vendor = "amdvi"`).
+    #[serde(default)]
+    pub amdvi: Option<AmdViProfile>,
 }
 
 impl IommuProfile {

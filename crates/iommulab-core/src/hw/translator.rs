@@ -183,6 +183,7 @@ impl Tlb {
                     let (m8, base) = low_byte;
                     overlaps || (first & m8) == (base & m8)
                 }
+                PsiMatch::Domain => true,
             }
         });
     }

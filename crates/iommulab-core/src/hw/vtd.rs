@@ -7,7 +7,7 @@ use super::cache::{PsiMatch, QemuIotlb};
 use super::driver::{Column, Driver, Emulation, KernelDriver, Switch};
 use super::emul::{ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
-use super::{DomainId, InvClass, InvKind, Iommu, IotlbGather};
+use super::{DomainId, DomainLocks, InvClass, InvKind, Iommu, IotlbGather};
 use super::{HypervisorProfile, IommuProfile, Platform, PtFormat, Vendor};
 use crate::kernel::{Arch, KernelVersion};
 use crate::sim::{
@@ -119,7 +119,7 @@ pub struct Vtd {
     /// The device's ATS invalidation completion time (device-TLB descriptors wait for it).
     ats_inv_ns: u64,
     /// dmar_domain->cache_lock per domain: held across a flush's submissions and their waits.
-    cache_lock: Vec<SpinLock>,
+    cache_lock: DomainLocks,
     /// qi->q_lock (one line with the queue's indices): descriptors are written one CPU at a time, and
     /// every CPU waiting for its wait descriptor polls its status with the lock held, dropping it only
     /// around cpu_relax() (dmar.c qi_submit_sync).
@@ -159,7 +159,7 @@ impl Vtd {
             tr,
             kernel,
             ats_inv_ns,
-            cache_lock: Vec::new(),
+            cache_lock: DomainLocks::new(coh),
             q_lock: SpinLock::new(coh),
             pollers: PerCpu::default(),
             coh,
@@ -325,15 +325,6 @@ impl Vtd {
         done
     }
 
-    fn cache_lock(&mut self, dom: DomainId) -> &mut SpinLock {
-        let i = dom as usize;
-        if self.cache_lock.len() <= i {
-            let coh = self.coh;
-            self.cache_lock.resize_with(i + 1, || SpinLock::new(coh));
-        }
-        &mut self.cache_lock[i]
-    }
-
     /// A domain flush. 6.12+ (cache.c with qi_batch): under the domain's cache_lock, the descriptors in batches
     /// of QI_MAX_BATCHED_DESC_COUNT, each batch submitted and waited for. 6.10–6.11: under the cache_lock, one
     /// submission per descriptor. Before 6.10 (iommu_flush_iotlb_psi + iommu_flush_dev_iotlb): one submission
@@ -349,7 +340,7 @@ impl Vtd {
         };
         let locked = self.kernel.vtd_cache_tags();
         let start = if locked {
-            self.cache_lock(dom).lock_on(now, cpu, 0).0
+            self.cache_lock.get(dom).lock_on(now, cpu, 0).0
         } else {
             now
         };
@@ -358,7 +349,7 @@ impl Vtd {
             t = self.qi_submit_sync(t, cpu, batch);
         }
         if locked {
-            self.cache_lock(dom).extend(start, t);
+            self.cache_lock.get(dom).extend(start, t);
         }
         self.tr.c.inv_wait_ns += t - now;
         t
@@ -430,13 +421,7 @@ impl Iommu for Vtd {
     fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
         vec![
             ("vt-d qi q_lock", self.q_lock.stats.clone()),
-            (
-                "vt-d domain cache_lock",
-                LockStats::sum_of(
-                    self.cache_lock.iter().map(|l| &l.stats),
-                    self.tr.domain_slots(),
-                ),
-            ),
+            ("vt-d domain cache_lock", self.cache_lock.stats(&self.tr)),
             (
                 if self.trap.is_some() {
                     BQL
@@ -475,7 +460,7 @@ impl Iommu for Vtd {
         if !self.cfg.caching_mode && !self.cfg.rwbf && self.kernel.vtd_sync_map_walk() {
             let tags = 1 + self.tr.has_atc() as u64;
             let hold = self.cfg.cache_tag_ns * tags;
-            return self.cache_lock(dom).lock_on(now, cpu as u32, hold).1;
+            return self.cache_lock.get(dom).lock_on(now, cpu as u32, hold).1;
         }
         if self.cfg.caching_mode {
             self.flush_range(now, cpu as u32, dom, (iova_pfn, n), false, false)
@@ -549,7 +534,7 @@ impl KernelDriver for VtdDriver {
             "strict" => Some(Switch::Strict(
                 "DMAR: intel_iommu=strict deprecated; use iommu.strict=1",
             )),
-            "off" => Some(Switch::Off("DMAR: IOMMU disabled")),
+            "off" => Some(Switch::Off(Some("DMAR: IOMMU disabled"))),
             _ => None,
         }
     }
@@ -668,6 +653,7 @@ pub(crate) mod tests {
             }),
             smmuv3: None,
             virtio: None,
+            amdvi: None,
         }
     }
 
@@ -849,7 +835,7 @@ pub(crate) mod tests {
             .collect();
         v.flush_descs(0, 0, 1, &descs);
         let st = v.exit_stats().unwrap();
-        assert_eq!(st.count, [2, 0, 0, 0, 0]);
+        assert_eq!(st.count, [2, 0, 0, 0, 0, 0]);
         assert_eq!(st.work.inv_processed, 17 + 2);
         // The emulator consumed every descriptor and both waits.
         assert_eq!(st.emulator_ns, 17 * 400 + 2 * 200);

@@ -44,6 +44,7 @@ impl Counts {
     fn column(&self, c: Column) -> u64 {
         match c {
             Column::Class(k) => self.class(k),
+            Column::Classes(ks) => ks.iter().map(|&k| self.class(k)).sum(),
             Column::Syncs => self.syncs,
             Column::Doorbells => self.doorbells,
         }

@@ -370,7 +370,8 @@ fn labelled_domains_each_flush_their_own_queue() {
     );
     // A capture that names each firing's domain (its flush_iotlb_all, next on the CPU): that domain's
     // timer fired, and the recorded firings drive every domain's timer.
-    let named = format!(
+    let named =
+        format!(
         "# iommulab capture: flush queue timer's domain recorded (kprobe tb_flush_all)\n{t}{}{}",
         timer_fired(1_000_200),
         line(1_000_201, "tb_flush_all: (intel_flush_iotlb_all+0x0/0x30) dom=0xbbb0")
@@ -466,9 +467,7 @@ fn labelled_domains_each_flush_their_own_queue() {
         d += &line(ts + 1, "unmap: IOMMU: iova=0x00000000fffff000 - 0x0000000100000000 size=4096 unmapped_size=4096");
         d += &line(
             ts + 2,
-            &format!(
-                "dma_unmap_page: {dev} dir=FROM_DEVICE dma_addr=fffff000 size=4096 attrs="
-            ),
+            &format!("dma_unmap_page: {dev} dir=FROM_DEVICE dma_addr=fffff000 size=4096 attrs="),
         );
     }
     let mut s = ReplaySession::new("t", &lazy).unwrap();
@@ -486,8 +485,7 @@ fn labelled_domains_each_flush_their_own_queue() {
         Some(&vec!["0000:00:03.0".to_string()])
     );
     // Devices of one IOMMU group share its domain.
-    let grouped =
-        "# iommulab capture: iommu group 7: 0000:00:02.0 0000:00:03.0\n".to_string() + &d;
+    let grouped = "# iommulab capture: iommu group 7: 0000:00:02.0 0000:00:03.0\n".to_string() + &d;
     let mut s = ReplaySession::new("t", &lazy).unwrap();
     s.feed(grouped.as_bytes()).expect("short lines");
     let r = s.finish().unwrap();

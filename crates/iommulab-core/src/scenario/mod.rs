@@ -83,6 +83,10 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
         include_str!("../../data/profiles/vtd-server.toml"),
     ),
     (
+        "amdvi-server",
+        include_str!("../../data/profiles/amdvi-server.toml"),
+    ),
+    (
         "haswell-ep",
         include_str!("../../data/profiles/haswell-ep.toml"),
     ),
@@ -105,6 +109,10 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
         "kvm-vtd-guest",
         include_str!("../../data/profiles/kvm-vtd-guest.toml"),
+    ),
+    (
+        "kvm-amdvi-guest",
+        include_str!("../../data/profiles/kvm-amdvi-guest.toml"),
     ),
     (
         "kvm-smmuv3-guest",
@@ -538,6 +546,12 @@ impl Scenario {
                 ),
             )?;
             let emulated = !drv.paravirtual() && !h.nested;
+            let vhost = w.virtio_net.as_ref().is_some_and(|v| v.vhost) || w.l2fwd.is_some();
+            if let (true, Some(q)) = (emulated, h.qemu_version()) {
+                if let Err((key, m)) = drv.emulation_refuses(q, hw_device, vhost) {
+                    check(false, key, m)?;
+                }
+            }
             // QEMU refuses vfio-pci behind intel-iommu without caching-mode=on: it must see every map.
             let sees_maps = drv.caching_mode(io);
             let cm_key = format!(
@@ -1041,10 +1055,11 @@ pub(crate) mod tests {
             }
             let v = text(&sc).unwrap();
             assert_eq!(v[0].scenario.platform.profile, *name);
-            // ... and simulates it: traffic flows.
+            // ... and simulates it: traffic flows (strict behind QEMU's AMD IOMMU, four exits a buffer: ~0.9
+            // of the 10 Gbps).
             let r = crate::run::run_variant(&v[0]);
             assert!(
-                r.throughput_gbps > 1.0,
+                r.throughput_gbps > 0.5,
                 "profile {name}: {} Gbps",
                 r.throughput_gbps
             );
