@@ -429,3 +429,27 @@ def test_any_small_tree_gives_a_report_or_one_scenario_error(entries):
                 hostinfo.save(tree, pathlib.Path(tmp) / "saved")
             except iommulab.ScenarioError as e:
                 assert "\n" not in str(e)
+
+
+def test_a_riscv_guests_groups_are_identity_as_the_rules_predict(tmp_path):
+    # A RISC-V IOMMU (riscv-iommu@DEVICE, nothing but its devices/ links): Linux on riscv64 has no IOMMU_DMA, so
+    # every group is identity although the kernel logs a translated, strict default. The tree is an x86 guest's,
+    # rewritten as the riscv64 guest the testbed research booted (Debian 7.2.11 behind QEMU 10.0's
+    # riscv-iommu-pci) showed it.
+    root = saved_tree(DATA / "inspect" / "amdvi-strict.tar.gz", tmp_path)
+    iommu = root / "sys/class/iommu"
+    for d in iommu.iterdir():
+        shutil.rmtree(d)
+    (iommu / "riscv-iommu@0000:00:01.0" / "devices").mkdir(parents=True)
+    (root / "proc/sys/kernel/arch").write_text("riscv64\n")
+    (root / "proc/sys/kernel/osrelease").write_text("7.2.11+deb13-riscv64\n")
+    (root / "proc/cmdline").write_text("console=ttyS0\n")
+    for g in (root / "sys/kernel/iommu_groups").iterdir():
+        (g / "type").write_text("identity\n")
+    (root / "dev/kmsg").write_text("6,1,100,-;iommu: Default domain type: Translated\n"
+                                   "6,2,101,-;iommu: DMA domain TLB invalidation policy: strict mode\n")
+    res = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
+    assert [i["vendor"] for i in res["iommus"]] == ["riscv"]
+    assert res["devices"] and all(d["mode"] == "passthrough" == d["predicted"] for d in res["devices"])
+    assert "IOMMU_DMA" in res["devices"][0]["why"]
+    assert not any("kernel log says" in n for n in res["notes"])

@@ -30,6 +30,8 @@ RUNS = {
                                            "workload.virtio_net.vhost": False}),
     "amdvi-server": ("default", None, {"platform.profile": "amdvi-server", "os.policy": "strict",
                                        "workload.nic_rx.page_pool": False}),
+    "riscv-server": ("default", None, {"platform.profile": "riscv-server", "os.arch": "riscv64", "os.kernel": "6.13",
+                                       "os.policy": "strict", "workload.nic_rx.page_pool": False}),
     "kvm-amdvi-guest": ("guest-x86", None, {"platform.profile": "kvm-amdvi-guest",
                                             "platform.hypervisor.host_profile": "amdvi-server", "os.kernel": "6.1",
                                             "workload.virtio_net.direction": "rx",

@@ -11,16 +11,18 @@ pub enum Arch {
     X86_64,
     Arm64,
     S390,
+    Riscv64,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 3] = [Arch::X86_64, Arch::Arm64, Arch::S390];
+    pub const ALL: [Arch; 4] = [Arch::X86_64, Arch::Arm64, Arch::S390, Arch::Riscv64];
     /// The name or one of the kernel's, Debian's or GNU's other names for it.
     pub fn parse(s: &str) -> Option<Arch> {
         match s {
             "x86_64" | "x86" | "amd64" => Some(Arch::X86_64),
             "arm64" | "aarch64" => Some(Arch::Arm64),
             "s390" | "s390x" => Some(Arch::S390),
+            "riscv64" | "riscv" => Some(Arch::Riscv64),
             _ => None,
         }
     }
@@ -29,7 +31,13 @@ impl Arch {
             Arch::X86_64 => "x86_64",
             Arch::Arm64 => "arm64",
             Arch::S390 => "s390",
+            Arch::Riscv64 => "riscv64",
         }
+    }
+    /// CONFIG_IOMMU_DMA, the DMA API over IOMMU domains: drivers/iommu/Kconfig `def_bool ARM64 || X86 ||
+    /// S390` (through 7.3). Without it iommu_get_default_domain_type() forces identity domains.
+    pub fn iommu_dma(self) -> bool {
+        self != Arch::Riscv64
     }
 }
 
@@ -146,6 +154,12 @@ impl KernelVersion {
     /// natural-alignment loop cut the all-pages size into 63 pieces.
     pub fn amd_flush_all_whole(self) -> bool {
         self >= KernelVersion(7, 0)
+    }
+
+    /// "iommu/riscv: Add RISC-V IOMMU platform device driver" and its series (6.13): the RISC-V IOMMU's first
+    /// kernel.
+    pub fn riscv_iommu(self) -> bool {
+        self >= KernelVersion(6, 13)
     }
 }
 

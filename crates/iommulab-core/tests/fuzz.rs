@@ -117,7 +117,21 @@ fn options() -> impl Strategy<Value = ReplayOptions> {
                 vendor,
                 caching_mode: vendor.driver().caching_mode_cap().is_some() && ats,
                 ats,
-                kernel: kernel.into(),
+                // A kernel the driver exists in (the RISC-V IOMMU's first is 6.13).
+                kernel: {
+                    let (a, b) = kernel.split_once('.').unwrap();
+                    let k = iommulab_core::kernel::KernelVersion(
+                        a.parse().unwrap(),
+                        b.parse().unwrap(),
+                    );
+                    let (_, arch) = vendor.driver().replay_profile();
+                    if vendor.driver().check_kernel(k, arch).is_ok() {
+                        kernel
+                    } else {
+                        "6.18"
+                    }
+                    .into()
+                },
                 mode,
                 jiffy_phase_ns,
                 ..ReplayOptions::default()

@@ -193,6 +193,25 @@ pub fn explain(
             why = reason.into();
         }
     }
+    // iommu_get_default_domain_type(): without CONFIG_IOMMU_DMA (riscv64) every group is identity, whatever
+    // the lines above said: the DMA API does not use IOMMU domains.
+    if !arch.iommu_dma() {
+        let why = format!(
+            "{} kernels have no IOMMU_DMA (drivers/iommu/Kconfig: def_bool ARM64 || X86 || S390): \
+             iommu_get_default_domain_type() forces an identity domain",
+            arch.as_str()
+        );
+        let identity = |device| DeviceMode {
+            device,
+            sysfs: "identity",
+            policy: PolicyName::Passthrough,
+            why: why.clone(),
+        };
+        return Explained {
+            kernel_log: log,
+            devices: vec![identity("PCI device"), identity("untrusted PCI device")],
+        };
+    }
     let untrusted = PolicyName::Strict;
     let mut devices = vec![DeviceMode {
         device: "PCI device",
@@ -378,5 +397,19 @@ mod tests {
         assert_eq!(e.devices[0].policy, PolicyName::Strict);
         assert_eq!(e.devices.len(), 2, "no flush queue to describe when strict");
         assert!(e.kernel_log[0].contains("deprecated"));
+    }
+
+    #[test]
+    fn riscv64_kernels_give_every_device_an_identity_domain() {
+        let e = explain(Arch::Riscv64, (7, 2), "iommu.strict=1", false, drv("riscv"));
+        // The kernel still logs a translated, strict default: only the groups show identity.
+        assert!(
+            e.kernel_log.iter().any(|l| l.contains("strict mode")),
+            "{e:?}"
+        );
+        assert!(e
+            .devices
+            .iter()
+            .all(|d| d.policy == PolicyName::Passthrough && d.sysfs == "identity"));
     }
 }

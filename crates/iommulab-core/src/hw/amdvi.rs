@@ -9,7 +9,7 @@
 
 use super::cache::{PsiMatch, QemuIotlb};
 use super::driver::{Column, Driver, Emulation, KernelDriver, Switch};
-use super::emul::{ExitCause, ExitStats, Shadow, Trap, BQL};
+use super::emul::{ring, ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, DomainLocks, InvClass, InvKind, Iommu, IotlbGather};
 use super::{HypervisorProfile, IommuProfile, Platform, PtFormat, Vendor};
@@ -240,19 +240,19 @@ impl AmdVi {
     /// In a guest the tail write exits, with the lock held, to QEMU, which processes the command before
     /// the vCPU re-enters. Returns when the CPU goes on, and when the IOMMU is done with the command.
     fn queue(&mut self, now: Time, cpu: u32, c: Cmd) -> (Time, Time) {
-        let (_, written) = self.lock.lock_on(now, cpu, self.cfg.submit_cmd_ns);
-        let work = self.cmd_ns(&c) + self.trap.as_ref().map_or(0, Trap::handler_ns);
-        let arrive = self.trap.as_ref().map_or(written, |t| t.exit(written));
-        let (_, done) = self.hw.serve(arrive, work);
+        let work = self.cmd_ns(&c);
+        let (submit, cause) = (self.cfg.submit_cmd_ns, ExitCause::CmdTail);
+        let (back, done) = ring(
+            &mut self.lock,
+            &mut self.hw,
+            self.trap.as_mut(),
+            cause,
+            now,
+            cpu,
+            submit,
+            work,
+        );
         self.apply(done, c);
-        let back = match self.trap.as_mut() {
-            Some(t) => {
-                let back = t.resume(ExitCause::CmdTail, written, done, work, 1);
-                self.lock.extend(written, back);
-                back
-            }
-            None => written,
-        };
         self.tr.c.submissions += 1;
         (back, done)
     }
@@ -579,6 +579,7 @@ pub(crate) mod tests {
                 np_cache,
                 pgtable: AmdPgtable::V1,
             }),
+            riscv: None,
         }
     }
 

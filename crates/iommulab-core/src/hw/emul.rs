@@ -9,7 +9,7 @@
 
 use super::DomainId;
 use super::{HypervisorProfile, KvmProfile};
-use crate::sim::Time;
+use crate::sim::{FifoServer, SpinLock, Time};
 use serde::Serialize;
 
 /// What an emulated IOMMU's command queue is, in its lock statistics: QEMU's big lock, under which its
@@ -35,9 +35,14 @@ pub enum ExitCause {
     /// AMD-Vi: the driver advanced the command buffer's tail (copy_cmd_to_buffer's writel to
     /// MMIO_CMD_TAIL_OFFSET), once per command.
     CmdTail,
+    /// RISC-V IOMMU: the driver advanced the command queue's tail (riscv_iommu_queue_send's CQT write), once
+    /// per command.
+    Cqt,
+    /// RISC-V IOMMU: a CPU waiting for its IOFENCE.C read the queue's head (riscv_iommu_queue_wait's CQH).
+    Cqh,
 }
 
-pub const EXIT_CAUSES: usize = 6;
+pub const EXIT_CAUSES: usize = 8;
 
 impl ExitCause {
     pub const ALL: [ExitCause; EXIT_CAUSES] = [
@@ -47,12 +52,16 @@ impl ExitCause {
         ExitCause::Kick,
         ExitCause::Irq,
         ExitCause::CmdTail,
+        ExitCause::Cqt,
+        ExitCause::Cqh,
     ];
     pub fn name(self) -> &'static str {
         match self {
             ExitCause::QiTail => "qi_tail",
             ExitCause::CmdqProd => "cmdq_prod",
             ExitCause::CmdTail => "cmd_tail",
+            ExitCause::Cqt => "cqt",
+            ExitCause::Cqh => "cqh",
             ExitCause::CmdqCons => "cmdq_cons",
             ExitCause::Kick => "kick",
             ExitCause::Irq => "irq",
@@ -248,6 +257,36 @@ impl Trap {
     }
 }
 
+/// One command written with its own doorbell (AMD-Vi's tail write, the RISC-V IOMMU's CQT write) by `cpu` at
+/// `now` under the queue's `lock`, `submit_ns` to write it, `work` ns for the IOMMU. In a guest the doorbell
+/// exits, lock held, to QEMU, whose handler processes the command before the vCPU re-enters. Returns when the
+/// CPU goes on and when the IOMMU is done with the command.
+#[allow(clippy::too_many_arguments)]
+pub fn ring(
+    lock: &mut SpinLock,
+    hw: &mut FifoServer,
+    trap: Option<&mut Trap>,
+    cause: ExitCause,
+    now: Time,
+    cpu: u32,
+    submit_ns: u64,
+    work: u64,
+) -> (Time, Time) {
+    let (_, written) = lock.lock_on(now, cpu, submit_ns);
+    let work = work + trap.as_ref().map_or(0, |t| t.handler_ns());
+    let arrive = trap.as_ref().map_or(written, |t| t.exit(written));
+    let (_, done) = hw.serve(arrive, work);
+    let back = match trap {
+        Some(t) => {
+            let back = t.resume(cause, written, done, work, 1);
+            lock.extend(written, back);
+            back
+        }
+        None => written,
+    };
+    (back, done)
+}
+
 /// Above this many pages a range is synced by walking the whole address space, as QEMU does for a
 /// domain-wide invalidation. A modelling bound.
 const SHADOW_RANGE_MAX: u64 = 4096;
@@ -376,7 +415,7 @@ mod tests {
         assert_eq!(start, 3500);
         let back = t.resume(ExitCause::QiTail, 1000, start + 700, 700, 2);
         assert_eq!(back, 1000 + 5000 + 700);
-        assert_eq!(t.stats.count, [1, 0, 0, 0, 0, 0]);
+        assert_eq!(t.stats.count, [1, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(t.stats.work.inv_processed, 2);
         assert_eq!(t.handler_ns(), 0);
         assert_eq!(t.stats.vcpu_ns[0], 5700);

@@ -10,6 +10,7 @@ pub mod driver;
 pub mod emul;
 pub mod pgtable;
 pub mod platform;
+pub mod riscv;
 pub mod s390;
 pub mod smmuv3;
 pub mod translator;
@@ -73,6 +74,7 @@ pub fn drivers() -> &'static [&'static dyn Driver] {
         &smmuv3::Smmuv3Driver,
         &virtio::VirtioDriver,
         &amdvi::AmdViDriver,
+        &riscv::RiscvDriver,
     ]
 }
 
@@ -504,6 +506,8 @@ mod tests {
         match kind {
             4 => Box::new(amdvi::tests::amd_with(&amdvi::tests::cfg(false), atc, k612)),
             5 => Box::new(amdvi::tests::amd_with(&amdvi::tests::cfg(true), atc, k612)),
+            // The RISC-V driver enables no ATS (RiscvDriver::enables_ats).
+            6 => Box::new(riscv::tests::riscv_with(&riscv::tests::cfg(), None)),
             0 => Box::new(vtd::tests::vtd_with(&vtd::tests::cfg(), atc)),
             1 => Box::new(smmuv3::tests::smmu_with(
                 &smmuv3::tests::cfg(true, false),
@@ -529,7 +533,7 @@ mod tests {
         /// walk-cache or ATC entry; a stale hit happens only for an IOVA unmapped (or remapped) since its
         /// last covering invalidation, and every one is counted.
         #[test]
-        fn no_stale_hit_after_covering_invalidation(kind in 0u8..6, ats in any::<bool>(), ops in proptest::collection::vec(op(), 1..300)) {
+        fn no_stale_hit_after_covering_invalidation(kind in 0u8..7, ats in any::<bool>(), ops in proptest::collection::vec(op(), 1..300)) {
             let mut v = iommu(kind, ats);
             let g = v.granule_pages();
             let mut phys_next = 4096;

@@ -2,6 +2,7 @@
 //! the IOMMU, PCIe, memory, CPU costs and, for a guest, the hypervisor.
 
 use super::amdvi::AmdViProfile;
+use super::riscv::RiscvProfile;
 use super::smmuv3::Smmuv3Profile;
 use super::virtio::VirtioProfile;
 use super::vtd::VtdProfile;
@@ -20,6 +21,8 @@ pub enum Vendor {
     Virtio,
     /// AMD-Vi: v1 or v2 page table, command buffer (INVALIDATE_IOMMU_PAGES, COMPLETION_WAIT).
     Amdvi,
+    /// The RISC-V IOMMU: Sv39/48/57 table, command queue (IOTINVAL.VMA, IOFENCE.C).
+    Riscv,
 }
 
 /// A hardware platform: the IOMMU, memory, PCIe path and CPU costs. Loaded from a profile file.
@@ -89,6 +92,9 @@ pub struct IommuProfile {
     /// AMD-Vi command buffer (required when `vendor = "amdvi"`).
     #[serde(default)]
     pub amdvi: Option<AmdViProfile>,
+    /// RISC-V IOMMU command queue (required when `vendor = "riscv"`).
+    #[serde(default)]
+    pub riscv: Option<RiscvProfile>,
 }
 
 impl IommuProfile {

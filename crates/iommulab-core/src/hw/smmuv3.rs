@@ -845,6 +845,7 @@ pub(crate) mod tests {
             }),
             virtio: None,
             amdvi: None,
+            riscv: None,
         }
     }
 
@@ -927,7 +928,7 @@ pub(crate) mod tests {
         let (s, t) = trapped_sync_of_130_pages(KernelVersion(6, 12));
         let st = s.exit_stats().unwrap();
         // The CPU waiting for the CMD_SYNC then reads CMDQ_CONS once: QEMU advertises neither MSI nor SEV.
-        assert_eq!(st.count, [0, 3, 1, 0, 0, 0]);
+        assert_eq!(st.count, [0, 3, 1, 0, 0, 0, 0, 0]);
         assert_eq!(st.work.inv_processed, 130 + 1);
         let per_cmd = s.cmd_ns(Cmd::Tlbi);
         assert_eq!(st.emulator_ns, 130 * per_cmd + s.cfg.sync_ns);
@@ -941,7 +942,7 @@ pub(crate) mod tests {
         // three batches from 5.4), and the CONS poll is made with cmdq.lock held.
         let (mut s, t) = trapped_sync_of_130_pages(KernelVersion(4, 19));
         let st = s.exit_stats().unwrap();
-        assert_eq!(st.count, [0, 131, 1, 0, 0, 0]);
+        assert_eq!(st.count, [0, 131, 1, 0, 0, 0, 0, 0]);
         assert_eq!(st.work.inv_processed, 130 + 1);
         assert_eq!(s.tr.c.get(TLBI_NH_VA), 130);
         assert!(t >= 132 * crate::scenario::tests::kvm().mmio_exit_ns, "{t}");

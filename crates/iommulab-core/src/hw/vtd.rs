@@ -654,6 +654,7 @@ pub(crate) mod tests {
             smmuv3: None,
             virtio: None,
             amdvi: None,
+            riscv: None,
         }
     }
 
@@ -835,7 +836,7 @@ pub(crate) mod tests {
             .collect();
         v.flush_descs(0, 0, 1, &descs);
         let st = v.exit_stats().unwrap();
-        assert_eq!(st.count, [2, 0, 0, 0, 0, 0]);
+        assert_eq!(st.count, [2, 0, 0, 0, 0, 0, 0, 0]);
         assert_eq!(st.work.inv_processed, 17 + 2);
         // The emulator consumed every descriptor and both waits.
         assert_eq!(st.emulator_ns, 17 * 400 + 2 * 200);

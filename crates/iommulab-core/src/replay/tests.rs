@@ -857,3 +857,40 @@ fn noise_is_counted_and_an_empty_trace_is_an_error() {
     .unwrap_err();
     assert!(e.to_string().starts_with("x.txt: no iommu:map"), "{e}");
 }
+
+#[test]
+fn riscv_sends_an_iotinval_per_page_below_2_mib_and_amd_vi_one_per_aligned_block() {
+    // A 128 KiB map_sg unmapped at once and a 3-page buffer: on the RISC-V IOMMU (6.13) 32 + 3 IOTINVAL.VMAs
+    // and two IOFENCE.Cs; on AMD-Vi one INVALIDATE_IOMMU_PAGES each (the 3 pages as their aligned block of 4)
+    // and two COMPLETION_WAITs.
+    let mut t = mark(0, "TB_BEGIN io");
+    for i in 0..32u64 {
+        t += &map(10 + i, 0xfffa_0000 + i * 4096, 0x10_0000 + i * 0x3000, 4096);
+    }
+    t += &map(100, 0xffe0_0000, 0x40_0000, 12288);
+    t += &unmap(200, 0xfffa_0000, 131072);
+    t += &unmap(210, 0xffe0_0000, 12288);
+    t += &mark(300, "TB_END io");
+    for (vendor, kernel, invs, syncs) in [
+        (Vendor::Riscv, "6.13", 35, 2),
+        (Vendor::Amdvi, "6.12", 2, 2),
+    ] {
+        let v = ReplayOptions {
+            vendor,
+            kernel: kernel.into(),
+            mode: Some(PolicyName::Strict),
+            ..Default::default()
+        };
+        let r = run(&t, &v);
+        let c = &r.phases.get("io").unwrap().counts;
+        assert_eq!((c.range(), c.syncs), (invs, syncs), "{vendor:?}");
+        let j = serde_json::to_value(c).unwrap();
+        let cols: Vec<&str> = vendor
+            .driver()
+            .replay_columns()
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        assert!(cols.iter().all(|k| j.get(*k).is_some()), "{vendor:?}: {j}");
+    }
+}

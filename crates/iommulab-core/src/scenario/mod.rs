@@ -87,6 +87,10 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
         include_str!("../../data/profiles/amdvi-server.toml"),
     ),
     (
+        "riscv-server",
+        include_str!("../../data/profiles/riscv-server.toml"),
+    ),
+    (
         "haswell-ep",
         include_str!("../../data/profiles/haswell-ep.toml"),
     ),
@@ -1036,9 +1040,21 @@ pub(crate) mod tests {
             } else {
                 builtin_platform(name).map_or("x86_64", |p| p.vendor.driver().archs()[0].as_str())
             };
-            let mut sc = MIN
-                .replace("vtd-server", name)
-                .replace("[os]\n", &format!("[os]\narch = \"{arch}\"\n"));
+            // The kernel: the default 6.12, or the driver's first where it came later (the RISC-V IOMMU's 6.13).
+            let drv = builtin_platform(name).map(|p| p.vendor.driver());
+            let arch_v = Arch::parse(arch).unwrap();
+            let kernel = if drv.is_some_and(|d| {
+                d.check_kernel(crate::kernel::KernelVersion(6, 12), arch_v)
+                    .is_err()
+            }) {
+                "6.13"
+            } else {
+                "6.12"
+            };
+            let mut sc = MIN.replace("vtd-server", name).replace(
+                "[os]\n",
+                &format!("[os]\narch = \"{arch}\"\nkernel = \"{kernel}\"\n"),
+            );
             if name.starts_with("kvm-") {
                 // A guest with an emulated IOMMU runs a virtio device; strict, its first NAPI poll unmaps
                 // with an exit per buffer, so the window is longer.
