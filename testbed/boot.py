@@ -75,7 +75,7 @@ EMULATOR_KEYS = {
     "amd": {"translations": ["amdvi_translation_result"], "iotlb_hits": ["amdvi_iotlb_hit"],
             "iotlb_misses": ["amdvi_cache_update"], "walks": ["amdvi_cache_update"],
             "iotlb_resets": ["amdvi_iotlb_reset"],
-            "inv_processed": ["amdvi_pages_inval", "amdvi_iotlb_inval", "amdvi_all_inval"],
+            "inv_processed": ["amdvi_command_exec"],
             "mmio_exits": ["amdvi_mmio_read", "amdvi_mmio_write"]},
     "none": {},
 }
