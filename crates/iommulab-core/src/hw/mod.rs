@@ -588,5 +588,32 @@ mod tests {
             }
             prop_assert_eq!(v.counters().stale_hits, stale_seen);
         }
+
+        /// A sync's completion (VT-d's wait descriptor, SMMUv3's CMD_SYNC, AMD-Vi's COMPLETION_WAIT, the RISC-V
+        /// IOFENCE.C) orders every invalidation queued before it: at the instant the CPU is released, no page
+        /// the sync covered translates from a stale entry, though each was cached just before the unmap.
+        #[test]
+        fn a_sync_orders_what_was_queued_before_it(kind in 0u8..7, ats in any::<bool>(),
+                                                   ranges in proptest::collection::vec((0u64..2048, 1u64..600), 1..20)) {
+            let mut v = iommu(kind, ats);
+            let g = v.granule_pages();
+            v.map_pages(1, 0, 4096, 2048);
+            let mut now: Time = 0;
+            for (p, n) in ranges {
+                let (lo, hi) = (p / g * g, (p + n).min(2048).div_ceil(g) * g);
+                for x in lo..hi {
+                    v.translate(now, 1, x);
+                }
+                let mut gather = IotlbGather::new();
+                let (_, t) = v.unmap_pages(now, 0, 1, lo, hi - lo, &mut gather);
+                let t = v.iotlb_sync(t, 0, 1, &gather);
+                for x in lo..hi {
+                    let tr = v.translate(t, 1, x);
+                    prop_assert!(!tr.stale, "kind {} page {} stale at the sync's release {}", kind, x, t);
+                }
+                v.map_pages(1, lo, 4096 + lo, hi - lo);
+                now = v.iotlb_sync_map(t, 0, 1, lo, hi - lo) + 1;
+            }
+        }
     }
 }
