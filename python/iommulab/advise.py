@@ -68,16 +68,15 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
         table = next((t for t in ("nic_rx", "nic_tx", "rr", "nvme") if tables.get(t)), None)
     sets: dict[str, Any] = {"compare": {}, "platform.profile": profile}
     took = [f"platform profile {profile} ({why})"]
-    prof = tomllib.loads(read_profile(profile)[1])
-    hyp = prof.get("hypervisor")
-    if hyp and workload in ("nic-rx", "nic-tx") and _core.emulation_refuses(prof["vendor"], hyp.get("qemu", "7.2"),
-                                                                            True, False):
+    p = tomllib.loads(read_profile(profile)[1])
+    hyp = p.get("hypervisor")
+    no_vfio = hyp and _core.emulation_refuses(p["vendor"], hyp.get("qemu", "7.2"), True, False)
+    if no_vfio and workload in ("nic-rx", "nic-tx"):
         # A guest whose emulated IOMMU takes no VFIO device: its NIC is QEMU's virtio-net.
         base, table = "guest-x86", "virtio_net"
         sets |= {"platform.hypervisor.host_profile": hyp["host_profile"], "os.policy": "strict",
                  "workload.virtio_net.direction": "rx" if workload == "nic-rx" else "tx"}
-        took.append("the guest's virtio-net, not a VFIO NIC: "
-                    + _core.emulation_refuses(prof["vendor"], hyp.get("qemu", "7.2"), True, False))
+        took.append(f"the guest's virtio-net, not a VFIO NIC: {no_vfio}")
     assumed = [f"every cost constant from {profile} (iommulab profiles {profile}; measure yours with iommulab "
                "profile measure)"]
     kernel = hostinfo._kernel(res.get("kernel") or "")
@@ -92,12 +91,11 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
         assumed.append("the kernel: the scenario's (os.kernel)")
     if vendors.names(modelled=True, arch=res.get("arch")):
         sets["os.arch"] = res["arch"]
-    cm = next((i for i in res["iommus"] if vendors.caching_mode(i)), None)
+    cm = vendors.with_caching_mode(res["iommus"])
     if cm:
         sets |= _dotted("platform.iommu", vendors.scenario_iommu(cm))
         took.append(f"{vendors.DRIVERS[cm['vendor']]['title']} caching mode on "
                     f"({vendors.DRIVERS[cm['vendor']]['caching_mode_cap']})")
-    p = tomllib.loads(read_profile(profile)[1])
     cores = hw["cpus"]
     if (given or {}).get("platform.cpu.cores", "").isdigit():
         cores = int(given["platform.cpu.cores"])
@@ -157,7 +155,7 @@ def _resolve(res: dict[str, Any], kernel: str | None, words: list[str]) -> tuple
     vendor = vendors.first({i["vendor"] for i in res["iommus"]})
     if not vendor or not kernel or res.get("arch") not in vendors.DRIVERS[vendor]["archs"]:
         return cmd, "", {}
-    cm = any(vendors.caching_mode(i) for i in res["iommus"])
+    cm = vendors.with_caching_mode(res["iommus"]) is not None
     rules = json.loads(_core.explain(res["arch"], kernel, cmd, cm, vendor))
     by = {d["device"]: d for d in rules["devices"]}
     return cmd, by["PCI device"]["policy"], by.get("untrusted PCI device", {})

@@ -441,7 +441,7 @@ def _apply_rules(res: dict[str, Any], release: str) -> None:
     seen = {i["vendor"] for i in res["iommus"]}
     vendor = vendors.first(seen)
     kernel = _kernel(release) if release else None
-    cm_iommu = next((i for i in res["iommus"] if vendors.caching_mode(i)), None)
+    cm_iommu = vendors.with_caching_mode(res["iommus"])
     cm = cm_iommu is not None
     if cm_iommu:
         d = vendors.DRIVERS[cm_iommu["vendor"]]
@@ -512,7 +512,7 @@ def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
         "os": {"kernel": kernel, "arch": res["arch"] if vendors.names(modelled=True, arch=res["arch"]) else "x86_64",
                "policy": policy, "cmdline": res["cmdline"]},
     }
-    cm_iommu = next((i for i in res["iommus"] if vendors.caching_mode(i)), None)
+    cm_iommu = vendors.with_caching_mode(res["iommus"])
     if cm_iommu:
         sc["platform"]["iommu"] = vendors.scenario_iommu(cm_iommu)
     queues = max(1, min(cores, 8))

@@ -55,6 +55,11 @@ def caching_mode(iommu: dict[str, Any]) -> bool:
     return bool(_call(iommu["vendor"], "caching_mode", iommu, default=False))
 
 
+def with_caching_mode(iommus: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first IOMMU with caching mode set (a virtual one), if any."""
+    return next((i for i in iommus if caching_mode(i)), None)
+
+
 def describe(iommu: dict[str, Any]) -> str:
     return _call(iommu["vendor"], "describe", iommu, default="")
 

@@ -9,7 +9,7 @@
 
 use super::cache::{PsiMatch, QemuIotlb};
 use super::driver::{Column, Driver, Emulation, KernelDriver, Switch};
-use super::emul::{ring, ExitCause, ExitStats, Shadow, Trap, BQL};
+use super::emul::{hash_scan_ns, ring, ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, DomainLocks, InvClass, InvKind, Iommu, IotlbGather};
 use super::{HypervisorProfile, IommuProfile, Platform, PtFormat, Vendor};
@@ -178,11 +178,7 @@ impl AmdVi {
             Cmd::CompletionWait => self.cfg.completion_wait_ns,
             // QEMU drops IOTLB entries by walking its whole hash (amdvi_inval_pages:
             // g_hash_table_foreach_remove): the fuller, the costlier.
-            Cmd::Pages { .. } => {
-                let scan = self.trap.as_ref().map_or(0, |t| t.scan_ns);
-                let held = self.tr.qemu_iotlb().map_or(0, |h| h.len()) as u64;
-                self.cfg.cmd_ns + scan * held
-            }
+            Cmd::Pages { .. } => self.cfg.cmd_ns + hash_scan_ns(self.trap.as_ref(), &self.tr),
             Cmd::Dte => self.cfg.cmd_ns,
         };
         own + self.shadow_ns(c)

@@ -257,6 +257,14 @@ impl Trap {
     }
 }
 
+/// QEMU's walk of its whole IOTLB hash for one invalidation (g_hash_table_foreach_remove, in each emulated
+/// IOMMU): `scan_ns` per entry it holds; nothing on bare metal.
+pub fn hash_scan_ns(trap: Option<&Trap>, tr: &super::translator::Translator) -> u64 {
+    trap.map_or(0, |t| {
+        t.scan_ns * tr.qemu_iotlb().map_or(0, |h| h.len()) as u64
+    })
+}
+
 /// One command written with its own doorbell (AMD-Vi's tail write, the RISC-V IOMMU's CQT write) by `cpu` at
 /// `now` under the queue's `lock`, `submit_ns` to write it, `work` ns for the IOMMU. In a guest the doorbell
 /// exits, lock held, to QEMU, whose handler processes the command before the vCPU re-enters. Returns when the

@@ -11,7 +11,7 @@
 
 use super::cache::{PsiMatch, QemuIotlb};
 use super::driver::{Column, Driver, Emulation, KernelDriver};
-use super::emul::{ring, ExitCause, ExitStats, Shadow, Trap, BQL};
+use super::emul::{hash_scan_ns, ring, ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, InvClass, InvKind, Iommu, IotlbGather};
 use super::{HypervisorProfile, IommuProfile, Platform, PtFormat, Vendor};
@@ -95,14 +95,13 @@ impl RiscvIommu {
             Cmd::Ddt => self.cfg.cmd_ns,
             // QEMU walks its whole IOATC hash for each IOTINVAL (riscv_iommu_iot_inval: g_hash_table_foreach).
             Cmd::Vma { dom, pfn } => {
-                let scan = self.trap.as_ref().map_or(0, |t| t.scan_ns);
-                let held = self.tr.qemu_iotlb().map_or(0, |h| h.len()) as u64;
+                let scan = hash_scan_ns(self.trap.as_ref(), &self.tr);
                 let shadow = match (self.shadow.as_mut(), self.trap.as_mut(), pfn) {
                     (Some(sh), Some(t), Some(pfn)) => sh.sync(&mut t.stats, &self.tr, dom, pfn, 1),
                     (Some(sh), Some(t), None) => sh.sync_all(&mut t.stats, &self.tr, dom),
                     _ => 0,
                 };
-                self.cfg.cmd_ns + scan * held + shadow
+                self.cfg.cmd_ns + scan + shadow
             }
         }
     }

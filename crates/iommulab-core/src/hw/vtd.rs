@@ -5,7 +5,7 @@
 
 use super::cache::{PsiMatch, QemuIotlb};
 use super::driver::{Column, Driver, Emulation, KernelDriver, Switch};
-use super::emul::{ExitCause, ExitStats, Shadow, Trap, BQL};
+use super::emul::{hash_scan_ns, ExitCause, ExitStats, Shadow, Trap, BQL};
 use super::translator::{CacheInval, Translator};
 use super::{DomainId, DomainLocks, InvClass, InvKind, Iommu, IotlbGather};
 use super::{HypervisorProfile, IommuProfile, Platform, PtFormat, Vendor};
@@ -205,9 +205,7 @@ impl Vtd {
             // QEMU drops IOTLB entries by walking its whole hash (vtd_iotlb_page_invalidate,
             // vtd_iotlb_domain_invalidate: g_hash_table_foreach_remove), so a flush costs more the fuller it is.
             InvDesc::Psi { .. } | InvDesc::Dsi { .. } => {
-                let scan = self.trap.as_ref().map_or(0, |t| t.scan_ns);
-                let held = self.tr.qemu_iotlb().map_or(0, |h| h.len()) as u64;
-                self.cfg.inv_desc_ns + scan * held
+                self.cfg.inv_desc_ns + hash_scan_ns(self.trap.as_ref(), &self.tr)
             }
             _ => self.cfg.inv_desc_ns,
         }

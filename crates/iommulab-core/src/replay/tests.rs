@@ -787,9 +787,9 @@ fn chunks_cut_anywhere_and_crlf_give_the_same_result() {
     assert_eq!(whole.phases.get(OUTSIDE).unwrap().counts.domain(), 1);
 }
 
-#[test]
-fn virtio_sends_a_request_per_map_chunk_and_one_unmap_per_sg() {
-    // A map_sg of 32 4K segments over an aligned 128K, then a 3-page buffer at a 16K-aligned IOVA.
+/// Phase `io`: a map_sg of 32 4K segments over an aligned 128K, then a 3-page buffer at a 16K-aligned IOVA,
+/// both unmapped.
+fn sg_then_buffer() -> String {
     let mut t = mark(0, "TB_BEGIN io");
     for i in 0..32u64 {
         t += &map(10 + i, 0xfffa_0000 + i * 4096, 0x10_0000 + i * 0x3000, 4096);
@@ -798,6 +798,12 @@ fn virtio_sends_a_request_per_map_chunk_and_one_unmap_per_sg() {
     t += &unmap(200, 0xfffa_0000, 131072);
     t += &unmap(210, 0xffe0_0000, 12288);
     t += &mark(300, "TB_END io");
+    t
+}
+
+#[test]
+fn virtio_sends_a_request_per_map_chunk_and_one_unmap_per_sg() {
+    let t = sg_then_buffer();
     let v = ReplayOptions {
         vendor: Vendor::Virtio,
         mode: Some(PolicyName::Strict),
@@ -863,14 +869,7 @@ fn riscv_sends_an_iotinval_per_page_below_2_mib_and_amd_vi_one_per_aligned_block
     // A 128 KiB map_sg unmapped at once and a 3-page buffer: on the RISC-V IOMMU (6.13) 32 + 3 IOTINVAL.VMAs
     // and two IOFENCE.Cs; on AMD-Vi one INVALIDATE_IOMMU_PAGES each (the 3 pages as their aligned block of 4)
     // and two COMPLETION_WAITs.
-    let mut t = mark(0, "TB_BEGIN io");
-    for i in 0..32u64 {
-        t += &map(10 + i, 0xfffa_0000 + i * 4096, 0x10_0000 + i * 0x3000, 4096);
-    }
-    t += &map(100, 0xffe0_0000, 0x40_0000, 12288);
-    t += &unmap(200, 0xfffa_0000, 131072);
-    t += &unmap(210, 0xffe0_0000, 12288);
-    t += &mark(300, "TB_END io");
+    let t = sg_then_buffer();
     for (vendor, kernel, invs, syncs) in [
         (Vendor::Riscv, "6.13", 35, 2),
         (Vendor::Amdvi, "6.12", 2, 2),
