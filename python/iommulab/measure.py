@@ -244,7 +244,9 @@ def _by(s: dict[str, Any], name: str, field: str = "self_mean_ns", **where: int)
 
 
 class Fit:
-    """The constants a measurement sets in a base profile, each with how it was derived."""
+    """The constants a measurement sets in a base profile, each with how it was derived; and per function whose
+    constants were all set from it, the (size, mean, calls) points they were set from (its row matches them by
+    construction)."""
 
     def __init__(self, base: dict[str, Any], m: dict[str, Any]):
         self.base, self.m = base, m
@@ -252,6 +254,7 @@ class Fit:
         self.values: dict[str, float] = {}
         self.how: dict[str, str] = {}
         self.skipped: list[str] = []
+        self.exact: dict[str, list[tuple[float, float, float]]] = {}
 
     def get(self, key: str) -> float:
         return self.values[key] if key in self.values else float(profile_value(self.base, key))
@@ -259,22 +262,41 @@ class Fit:
     def has(self, key: str) -> bool:
         return profile_value(self.base, key, None) is not None
 
-    def set(self, key: str, value: float, how: str):
-        if value < 0:
+    def set(self, key: str, value: float, how: str) -> bool:
+        """Set `key`; a negative or non-finite value is not written (the base's is kept, and said): False."""
+        if not math.isfinite(value) or value < 0:
             self.skipped.append(f"{key}: the measurement gives {value:.0f} ns (< 0); kept the base's")
-            return
+            return False
         self.values[key] = value
         self.how[key] = how
+        return True
 
     def calls(self, fn: str) -> float:
         return float(self.fns.get(fn, {}).get("calls", 0))
+
+
+# Keys a profile written before them may lack, with the value the core then takes (hw/platform.rs serde
+# defaults): a fit writes them in.
+NEWER_KEYS = {"cpu.pgtable_map_ns": 0}
+
+
+def with_newer_keys(text: str) -> str:
+    """Profile TOML `text` with each of NEWER_KEYS it lacks set to its default under its table's header."""
+    doc = tomllib.loads(text)
+    for key, value in NEWER_KEYS.items():
+        *table, name = key.split(".")
+        header = "[" + ".".join(table) + "]"
+        if profile_value(doc, key, None) is None and isinstance(profile_value(doc, ".".join(table), None), dict):
+            text = re.sub(rf"(?m)^{re.escape(header)}[ \t]*(#.*)?$", lambda mo: f"{mo.group(0)}\n{name} = {value}",
+                          text, count=1)
+    return text
 
 
 def fit(base_text: str, m: dict[str, Any]) -> Fit:
     """The constants of a profile (`base_text`, TOML) that `m` (from summarize) measures. Each comes from one
     function's mean latency, less what the model charges inside it from other constants; where a function was
     called with several sizes, a line over the sizes gives the per-size and the fixed cost apart."""
-    f = Fit(tomllib.loads(base_text), m)
+    f = Fit(tomllib.loads(with_newer_keys(base_text)), m)
     fns = f.fns
     # The IOVA allocator's per-CPU caches: alloc_iova_fast and free_iova_fast of up to 32 pages (cpu.iova_rcache_ns
     # is charged once per allocation and once per free, dma/iova.rs).
@@ -288,23 +310,11 @@ def fit(base_text: str, m: dict[str, Any]) -> Fit:
     if f.calls("iommu_iova_to_phys"):
         s = fns["iommu_iova_to_phys"]
         f.set("cpu.pgtable_walk_ns", s["self_mean_ns"], f"iommu_iova_to_phys self time, {s['calls']} calls")
-    # Writing the page table: iommu_map (iommu_map_atomic before 6.3) self time = a walk + a PTE per page. Over
-    # several sizes a line gives both (its slope the PTE); at one size the PTE is what the walk leaves.
+    # Writing the page table: iommu_map (iommu_map_atomic before 6.3) self time = its own per-call cost + a walk +
+    # a PTE per page. Over several sizes a line gives the PTE (its slope) and the rest (its intercept).
     mapfn = next((fn for fn in ("iommu_map", "iommu_map_atomic") if f.calls(fn)), None)
     if mapfn:
-        pts = [p for p in _by(fns[mapfn], "pages") if p[2] >= FIT_MIN_CALLS]
-        ab = _line(pts)
-        if ab and ab[1] > 0:
-            f.set("cpu.pte_ns", ab[1], f"{mapfn} self time, slope per page of a line over {len(pts)} sizes")
-            if not f.calls("iommu_iova_to_phys"):
-                f.set("cpu.pgtable_walk_ns", ab[0], f"{mapfn} self time, intercept of a line over {len(pts)} sizes")
-        elif pts:
-            # No slope to read (one size, or sizes too noisy to order): the mean over every call, less a walk
-            # each, per page mapped.
-            walk, n = f.get("cpu.pgtable_walk_ns"), sum(c for *_, c in pts)
-            f.set("cpu.pte_ns", sum(c * (y - walk) for _, y, c in pts) / sum(c * x for x, _, c in pts),
-                  f"{mapfn} self time over {n:.0f} calls of {len(pts)} size(s), less one walk each "
-                  "(cpu.pgtable_walk_ns), per page")
+        _fit_map(f, mapfn, [p for p in _by(fns[mapfn], "pages") if p[2] >= FIT_MIN_CALLS])
     # The rest of iommu_dma_map_page's own path: its self time, the probed calls under it taken out.
     if f.calls("iommu_dma_map_page"):
         s = fns["iommu_dma_map_page"]
@@ -314,6 +324,30 @@ def fit(base_text: str, m: dict[str, Any]) -> Fit:
         f.set("cpu.fq_entry_ns", s["self_mean_ns"], f"queue_iova self time, {s['calls']} calls")
     _fit_invalidation(f)
     return f
+
+
+def _fit_map(f: Fit, mapfn: str, pts: list[tuple[float, float, float]]):
+    """cpu.pte_ns and cpu.pgtable_map_ns (or, without iommu_iova_to_phys, cpu.pgtable_walk_ns) from `mapfn`'s
+    self time over sizes, so that op + walk + PTE x pages gives its mean at every fitted size's weight."""
+    if not pts:
+        return
+    ab = _line(pts)
+    walked = f.calls("iommu_iova_to_phys") > 0
+    rest = "cpu.pgtable_map_ns" if walked else "cpu.pgtable_walk_ns"
+    other = f.get("cpu.pgtable_walk_ns") if walked else f.get("cpu.pgtable_map_ns")
+    if ab and ab[1] > 0 and ab[0] - other >= 0:
+        ok = f.set("cpu.pte_ns", ab[1], f"{mapfn} self time, slope per page of a line over {len(pts)} sizes")
+        ok = f.set(rest, ab[0] - other, f"{mapfn} self time, intercept of a line over {len(pts)} sizes, less "
+                   + ("one walk (cpu.pgtable_walk_ns)" if walked else "cpu.pgtable_map_ns")) and ok
+    else:
+        # No slope to read (one size, sizes too noisy to order, or an intercept below a walk): the mean over
+        # every call, less its own cost and a walk each, per page mapped.
+        fixed, n = f.get("cpu.pgtable_walk_ns") + f.get("cpu.pgtable_map_ns"), sum(c for *_, c in pts)
+        ok = f.set("cpu.pte_ns", sum(c * (y - fixed) for _, y, c in pts) / sum(c * x for x, _, c in pts),
+                   f"{mapfn} self time over {n:.0f} calls of {len(pts)} size(s), less a walk "
+                   "(cpu.pgtable_walk_ns) and cpu.pgtable_map_ns each, per page")
+    if ok:
+        f.exact[mapfn] = pts
 
 
 def _fit_invalidation(f: Fit):
@@ -363,7 +397,7 @@ def fitted_profile(base_text: str, base_name: str, f: Fit) -> str:
     """`base_text` with the fitted values and, in [sources], where each came from."""
     m = f.m
     where = f"measured on {m.get('host', '?')}, {m.get('date', '?')}, Linux {m.get('kernel', '?')}"
-    text = f"# Fitted by iommulab profile fit from {base_name}: {where}.\n" + base_text
+    text = f"# Fitted by iommulab profile fit from {base_name}: {where}.\n" + with_newer_keys(base_text)
     for key in sorted(f.values):
         v = f.values[key]
         integer = isinstance(profile_value(f.base, key), int)
@@ -389,29 +423,40 @@ def modelled(f: Fit, profile: str, kernel: str | None) -> list[dict[str, Any]]:
     fns = f.fns
     rows = []
 
-    def row(fn: str, field: str, model: float | None, role: str):
+    def row(fn: str, field: str, model: float | None, role: str, pts: list[tuple[float, float, float]] | None = None):
+        """`fn`'s measured mean beside `model`; over `pts` (size, mean, calls) alone where given."""
         if fn not in fns:
             return
-        meas = float(fns[fn][field])
-        rows.append({"function": fn, "calls": fns[fn]["calls"], "measured_ns": round(meas, 1),
+        calls, meas = fns[fn]["calls"], float(fns[fn][field])
+        if pts:
+            calls = int(sum(c for *_, c in pts))
+            meas = sum(y * c for _, y, c in pts) / calls
+        rows.append({"function": fn, "calls": calls, "measured_ns": round(meas, 1),
                      "time": "self" if field == "self_mean_ns" else "whole",
                      "modelled_ns": None if model is None else round(model, 1),
                      "error": None if model is None or meas == 0 else round((model - meas) / meas, 4), "role": role})
 
+    def per_size(pts: list[tuple[float, float, float]], fixed: float) -> float:
+        return sum((fixed + x * g("cpu.pte_ns")) * c for x, _, c in pts) / sum(c for *_, c in pts)
+
     g = f.get
     for fn in ("alloc_iova_fast", "free_iova_fast"):
-        row(fn, "self_mean_ns", g("cpu.iova_rcache_ns"), "sets cpu.iova_rcache_ns")
+        row(fn, "self_mean_ns", g("cpu.iova_rcache_ns"),
+            "shares cpu.iova_rcache_ns with the other" if "cpu.iova_rcache_ns" in f.values
+            else "predicted: cpu.iova_rcache_ns")
+    walk_map = g("cpu.pgtable_walk_ns") + g("cpu.pgtable_map_ns")
     for fn in ("iommu_map", "iommu_map_atomic"):
-        pts = _by(fns.get(fn, {}), "pages")
-        if pts:
-            n = sum(c for *_, c in pts)
-            model = sum((g("cpu.pgtable_walk_ns") + x * g("cpu.pte_ns")) * c for x, _, c in pts) / n
-            row(fn, "self_mean_ns", model, "sets cpu.pte_ns: a walk + a PTE per page")
+        if fn in f.exact:
+            row(fn, "self_mean_ns", per_size(f.exact[fn], walk_map),
+                "sets cpu.pte_ns, cpu.pgtable_map_ns: its own cost + a walk + a PTE per page", f.exact[fn])
+        elif _by(fns.get(fn, {}), "pages"):
+            row(fn, "self_mean_ns", per_size(_by(fns[fn], "pages"), walk_map),
+                "predicted: its own cost + a walk + a PTE per page (not fitted: see below)",
+                _by(fns[fn], "pages"))
     pts = _by(fns.get("iommu_unmap_fast", {}), "pages")
     if pts:
-        n = sum(c for *_, c in pts)
-        model = sum((g("cpu.pgtable_walk_ns") + x * g("cpu.pte_ns")) * c for x, _, c in pts) / n
-        row("iommu_unmap_fast", "self_mean_ns", model, "predicted: walk + a PTE per page")
+        row("iommu_unmap_fast", "self_mean_ns", per_size(pts, g("cpu.pgtable_walk_ns")),
+            "predicted: a walk + a PTE per page", pts)
     row("iommu_iova_to_phys", "self_mean_ns", g("cpu.pgtable_walk_ns"), "sets cpu.pgtable_walk_ns: one walk")
     row("queue_iova", "self_mean_ns", g("cpu.fq_entry_ns"), "sets cpu.fq_entry_ns")
     # The whole map and unmap, as the model's map benchmark times them on this profile.
@@ -491,6 +536,7 @@ def format_fit(f: Fit, rows: list[dict[str, Any]], out: str) -> str:
         lines.append(f"{r['function']:<28} {r['calls']:>9} {r['time']:>5} {_us(r['measured_ns']):>12} "
                      f"{_us(r['modelled_ns']):>9} {err:>8}  {r['role']}")
     lines += ["", "sets: the measurement fixed a constant from this function (its error shows only rounding) · "
-              "predicted: composed by the model from constants set elsewhere (a check)"]
+              "shares: one constant from several functions' mean · predicted: composed by the model from "
+              "constants set elsewhere (a check)"]
     lines += [f"not fitted: {s}" for s in f.skipped]
     return "\n".join(lines) + "\n"

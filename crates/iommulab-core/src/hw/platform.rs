@@ -310,6 +310,10 @@ pub struct CpuProfile {
     /// VT-d's pfn_to_dma_pte): once per leaf table a map or unmap spans (map_pages/unmap_pages), and once
     /// more for the iova_to_phys lookup that begins an unmap.
     pub pgtable_walk_ns: u64,
+    /// iommu_map()'s own cost per call beyond its walks and PTEs: __iommu_map's iommu_pgsize() split and the
+    /// driver's map_pages entry (drivers/iommu/iommu.c). 0 where an estimate folds it into dma_iommu_op_ns.
+    #[serde(default)]
+    pub pgtable_map_ns: u64,
     /// IOVA allocation or free served by the per-CPU rcache.
     pub iova_rcache_ns: u64,
     /// IOVA allocation or free on the rbtree (under the domain's iova_rbtree_lock).
