@@ -723,6 +723,15 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn build_inv_address_stays_selective_through_bit_51_and_goes_whole_past_it() {
+        // build_inv_address(): msb_diff = fls64(end ^ address) - 1, everything when msb_diff > 51. From 0,
+        // 2^52 bytes end at 2^52 - 1: msb_diff 51, the aligned block of 2^40 pages; one page more ends at
+        // 2^52 + 4095: msb_diff 52, the all-pages address.
+        assert_eq!(inv_address(0, 1 << 52), Some((0, 1 << 40)));
+        assert_eq!(inv_address(0, (1 << 52) + 4096), None);
+    }
+
+    #[test]
     fn np_cache_pieces_are_naturally_aligned() {
         // Pages 1..=6: 1 page at 1, 2 at 2, 2 at 4, 1 at 6.
         let p = natural_pieces(0x1000, 6 * 4096);

@@ -408,6 +408,23 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_per_page_limit_is_2_mib_511_pages_per_page_512_the_whole_pscid() {
+        // riscv_iommu_iotlb_inval(): per page while len < RISCV_IOMMU_IOTLB_INVAL_LIMIT (2 << 20): 511 pages
+        // are 511 × 4096 = 2093056 B < 2097152, per page; 512 pages are 2097152 B, not below it: the PSCID.
+        for (pages, per_page, whole) in [(511, 511, 0), (512, 0, 1)] {
+            let mut r = riscv_with(&cfg(), None);
+            r.map_pages(1, 1024, 5000, pages);
+            unmap_sync(&mut r, 0, 1024, pages);
+            let c = r.counters();
+            assert_eq!(
+                (c.get(IOTINVAL_VMA), c.get(IOTINVAL_VMA_PSCID), c.syncs),
+                (per_page, whole, 1),
+                "{pages} pages"
+            );
+        }
+    }
+
+    #[test]
     fn an_iofence_orders_the_invalidations_before_it() {
         // The CPU goes on only once the fence is consumed: every IOTINVAL before it has acted by then.
         let mut r = riscv_with(&cfg(), None);

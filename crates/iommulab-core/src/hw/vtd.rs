@@ -687,6 +687,24 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn psi_up_to_mamv_512_pages_dsi_from_513() {
+        // cache_tag_flush_range(): DSI when mask > cap_max_amask_val(cap): with MAMV 9, 512 pages from pfn 0
+        // are AM ilog2(512) = 9, a PSI; 513 round up to 1024, AM 10 > 9, a DSI.
+        for (pages, psi, dsi) in [(512, 1, 0), (513, 0, 1)] {
+            let mut v = vtd(&cfg());
+            let mut g = IotlbGather::new();
+            v.map_pages(1, 0, 100, pages);
+            v.unmap_pages(0, 0, 1, 0, pages, &mut g);
+            v.iotlb_sync(0, 0, 1, &g);
+            assert_eq!(
+                (v.tr.c.get(PSI), v.tr.c.get(DSI), v.tr.c.syncs),
+                (psi, dsi, 1),
+                "{pages} pages"
+            );
+        }
+    }
+
+    #[test]
     fn walk_caches_cut_reads_and_psi_without_ih_drops_them() {
         let mut v = vtd(&cfg());
         v.map_pages(1, 0x40000, 7, 4);
