@@ -213,4 +213,59 @@ mod tests {
         u.line = 0.97;
         assert_eq!(limited_by(&u, &cpu, OpenLimit::Senders), "line");
     }
+
+    #[test]
+    fn each_resource_is_named_over_every_one_read_after_it() {
+        // limited_by's order, end to end: with a resource and every one after it saturated, that resource
+        // is named. Swapping any two neighbours names the wrong one in one of these rows.
+        let order = [
+            "line",
+            "link",
+            "emulator",
+            "device_thread",
+            "bql",
+            "iommu.queue",
+            "lock:iova_rbtree_lock",
+            "iommu.translation",
+            "cpu.inv_wait",
+        ];
+        let cpu = CpuBreakdown::new(100, 100, 90, 80, 0);
+        for (i, want) in order.iter().enumerate() {
+            let on = |name: &str, busy: f64| {
+                let at = order.iter().position(|o| *o == name).expect("in the order");
+                if at >= i {
+                    busy
+                } else {
+                    0.0
+                }
+            };
+            let u = Utilisation {
+                line: on("line", RATE_REACHED),
+                link: on("link", RATE_REACHED),
+                emulator: on("emulator", SATURATED),
+                device_thread: on("device_thread", SATURATED),
+                bql: on("bql", SATURATED),
+                iommu_queue: on("iommu.queue", SATURATED),
+                lock: on("lock:iova_rbtree_lock", SATURATED),
+                lock_name: "iova_rbtree_lock".into(),
+                translation_slots: on("iommu.translation", SATURATED),
+                cpu: on("cpu.inv_wait", SATURATED),
+            };
+            assert_eq!(limited_by(&u, &cpu, OpenLimit::Senders), *want, "{u:?}");
+        }
+        // Nothing saturated, and each just below its threshold: the workload's own bound.
+        let below = Utilisation {
+            line: RATE_REACHED - 1e-9,
+            link: RATE_REACHED - 1e-9,
+            emulator: SATURATED - 1e-9,
+            device_thread: SATURATED - 1e-9,
+            bql: SATURATED - 1e-9,
+            iommu_queue: SATURATED - 1e-9,
+            lock: SATURATED - 1e-9,
+            lock_name: "iova_rbtree_lock".into(),
+            translation_slots: SATURATED - 1e-9,
+            cpu: SATURATED - 1e-9,
+        };
+        assert_eq!(limited_by(&below, &cpu, OpenLimit::Senders), "senders");
+    }
 }

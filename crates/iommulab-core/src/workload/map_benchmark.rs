@@ -227,4 +227,61 @@ mod tests {
         );
         assert_eq!(MapBenchSums::default().map_100ns(), (0, 0));
     }
+
+    /// One 1 MiB thread of the built-in map-benchmark scenario (Kunpeng 920, strict) with `ov` set: its counts,
+    /// and its SMMU's cmd_ns.
+    fn one_thread_1m(ov: &[(&str, &str)]) -> (crate::metrics::MapBenchmarkCounts, u64) {
+        let mut all = vec![
+            ("workload.dma_map_benchmark.threads", "1"),
+            ("workload.dma_map_benchmark.granule", "256"),
+        ];
+        all.extend_from_slice(ov);
+        let v = crate::run::builtin_with("map-benchmark", &all)
+            .into_iter()
+            .find(|v| {
+                let mb = v.scenario.workload.dma_map_benchmark.as_ref();
+                mb.is_some_and(|m| m.threads == 1 && m.granule == 256)
+            })
+            .expect("the scenario compares 1 thread and 256 pages");
+        let cmd_ns = v
+            .scenario
+            .platform
+            .iommu
+            .smmuv3
+            .as_ref()
+            .expect("an SMMUv3")
+            .cmd_ns;
+        let r = crate::run::run_variant(&v);
+        (r.map_benchmark.expect("a map benchmark run"), cmd_ns)
+    }
+
+    #[test]
+    fn the_timed_spans_are_the_map_and_unmap_calls_alone() {
+        // map_benchmark_thread(): memset(buf, 0x66, size) before map_stime = ktime_get(); map_etime right
+        // after dma_map_single(); ndelay(dma_trans_ns) before unmap_stime; unmap_etime right after
+        // dma_unmap_single(). The fill and the delay take the loop's time, never a timed call's.
+        let (fill, cmd_ns) = one_thread_1m(&[]);
+        let (nofill, _) = one_thread_1m(&[("workload.dma_map_benchmark.dma_dir", "from_device")]);
+        let (delayed, _) = one_thread_1m(&[
+            ("workload.dma_map_benchmark.dma_dir", "from_device"),
+            ("workload.dma_map_benchmark.dma_trans_ns", "100000"),
+        ]);
+        let rate = |c: &crate::metrics::MapBenchmarkCounts| c.loops_per_sec_per_thread;
+        assert!(rate(&fill) < rate(&nofill) / 1.5, "{fill:?} {nofill:?}");
+        assert!(
+            rate(&delayed) < rate(&nofill) * 0.3,
+            "{delayed:?} {nofill:?}"
+        );
+        for c in [&fill, &delayed] {
+            assert_eq!(
+                (c.map_ns_mean, c.unmap_ns_mean),
+                (nofill.map_ns_mean, nofill.unmap_ns_mean),
+                "{c:?}"
+            );
+        }
+        // The unmap's span holds the whole strict dma_unmap_single(): its CMD_SYNC completes once the SMMU
+        // has consumed the 256 TLBI_NH_VA before it, 256 × cmd_ns.
+        assert!(nofill.unmap_ns_mean >= (256 * cmd_ns) as f64, "{nofill:?}");
+        assert!(nofill.map_ns_mean > 0.0, "{nofill:?}");
+    }
 }
