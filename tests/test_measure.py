@@ -314,3 +314,22 @@ def test_a_row_that_sets_a_constant_gives_back_what_it_was_set_from(walk, sizes)
         else:
             assert r["role"].startswith(("predicted", "shares")), r
     assert rows["iommu_map"]["role"].startswith("sets") or any(s.startswith("cpu.pte_ns:") for s in f.skipped)
+
+
+def test_a_line_past_the_bound_is_a_one_line_error_naming_it_and_nothing_is_written(tmp_path):
+    # Issue 64 item 21: each trace line is read up to MAX_LINE_BYTES (as replay's), so one without a newline
+    # cannot take memory without bound. A line of exactly the bound (its newline counted) is read; one byte
+    # more is an error naming the file and the line.
+    calls = HEADER + "".join(map_call(10, 0, 100_000_000))
+    lineno = calls.count("\n") + 1
+    for extra, ok in ((0, True), (1, False)):
+        p, out = tmp_path / f"t{extra}.txt", tmp_path / f"m{extra}.json"
+        long = "#" + "x" * (measure.MAX_LINE_BYTES - 2 + extra) + "\n"
+        p.write_text(calls + long + "".join(map_call(10, 0, 100_000_100)))
+        r = cli("profile", "measure", "--trace", str(p), "-o", str(out))
+        if ok:
+            assert r.returncode == 0 and out.exists(), r.stderr
+            continue
+        assert r.returncode == 2 and "\n" not in r.stderr.strip(), r.stderr
+        assert f"t1.txt:{lineno}: a line longer than {measure.MAX_LINE_BYTES} bytes" in r.stderr, r.stderr
+        assert not out.exists()
