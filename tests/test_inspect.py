@@ -322,6 +322,66 @@ def test_garbage_registers_and_group_names_are_named_and_the_rest_is_reported(tm
     assert len(res["devices"]) == 7 and all(d["mode"] == "lazy" for d in res["devices"])
 
 
+def add_nic(root: pathlib.Path, speed: str, rx: int = 4, tx: int = 4, name: str = "eth0") -> None:
+    """A PCI NIC port in the tree: its device link, `speed` file and queues."""
+    net = root / "sys/class/net" / name
+    (net / "queues").mkdir(parents=True)
+    for q in [f"rx-{i}" for i in range(rx)] + [f"tx-{i}" for i in range(tx)]:
+        (net / "queues" / q).mkdir()
+    (net / "speed").write_text(speed)
+    (net / "device").symlink_to("../../../devices/pci0000:00/0000:00:03.0")
+
+
+@pytest.mark.parametrize("speed", ["\u00b2\n", "25 Gb/s\n", "1e5\n", "\u0661\u0660\n", "99999999999999999999\n"])
+def test_a_nic_speed_that_is_not_a_number_is_noted_not_a_traceback(speed, tmp_path):
+    # Issue 64 (item 14): a NIC's speed file holding "²" passed str.isdigit() and int() raised a traceback.
+    root = vtd_tree(tmp_path)
+    add_nic(root, speed)
+    res = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
+    assert res["hardware"]["nics"][0]["speed_gbps"] is None
+    assert any(n.startswith("Not used: sys/class/net/eth0/speed: ") and "is not a speed in Mb/s" in n
+               for n in res["notes"]), res["notes"]
+    # A link that is down (-1) is no speed, and not a problem.
+    (root / "sys/class/net/eth0/speed").write_text("-1\n")
+    res = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
+    assert res["hardware"]["nics"][0]["speed_gbps"] is None and not any("speed" in n for n in res["notes"])
+
+
+EDITED = sorted((DATA / "inspect/edited").glob("*.tar.gz"))
+
+
+@pytest.mark.parametrize("tgz", SAVED + EDITED, ids=[p.name.split(".")[0] for p in SAVED + EDITED])
+def test_a_guest_is_told_from_bare_metal_by_its_kernel_log(tgz, tmp_path):
+    # Issue 64 (item 1): every saved tree is a QEMU guest's (its ACPI tables are BOCHS/BXPC, or its machine
+    # QEMU's arm virt board), and only the CPU's hypervisor flag, which no saved tree holds, was looked at. The
+    # edited trees (tests/data/inspect/edited/make.py) are the same trees with a server's firmware in the log.
+    hw = hostinfo.inspect(saved_tree(tgz, tmp_path))[0]["hardware"]
+    if tgz in EDITED:
+        assert hw["guest"] is False and hw["vmm"] is None, hw
+    else:
+        assert hw["guest"] is True and hw["vmm"] == "QEMU" and "QEMU" in hw["guest_evidence"], hw
+
+
+def test_a_guest_is_told_by_the_cpus_flag_or_the_hypervisor_the_log_names(tmp_path):
+    root = saved_tree(DATA / "inspect/edited/vtd-metal-lazy.tar.gz", tmp_path / "a")
+    (root / "proc/cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu hypervisor\n")
+    assert hostinfo.inspect(root)[0]["hardware"]["guest"] is True
+    (root / "proc/cpuinfo").write_text("processor\t: 0\nflags\t\t: fpu\n")
+    with open(root / "dev/kmsg", "a") as f:
+        f.write("[    0.000000] Hypervisor detected: Microsoft Hyper-V\n")
+    hw = hostinfo.inspect(root)[0]["hardware"]
+    assert hw["guest"] is True and hw["vmm"] == "Microsoft Hyper-V", hw
+
+
+def test_an_iommu_on_an_architecture_it_cannot_be_on_is_said(tmp_path):
+    # Issue 64 (item 16): VT-d in a tree whose kernel says aarch64 went by without a word.
+    root = vtd_tree(tmp_path)
+    (root / "proc/sys/kernel/arch").write_text("aarch64\n")
+    res = json.loads(cli("inspect", "--root", str(root), "--json", check_rc=0).stdout)
+    assert any(n.startswith("Intel VT-d cannot be on arm64 (its driver is built for x86_64 only)")
+               for n in res["notes"]), res["notes"]
+
+
 def test_outputs_are_checked_before_anything_is_written(tmp_path):
     # Issue 5: --scenario was written before --save was checked, and written through a dangling link.
     root = vtd_tree(tmp_path)
@@ -350,10 +410,13 @@ TREE_FILES = ["proc/cmdline", "proc/sys/kernel/osrelease", "proc/sys/kernel/arch
               "sys/kernel/iommu_groups/0/devices/0000:00:01.0/x", "sys/kernel/iommu_groups/1/devices/0000:00:02.0/x",
               "sys/bus/pci/devices/0000:00:01.0/class", "sys/bus/pci/devices/0000:00:01.0/config",
               "sys/bus/pci/devices/0000:00:01.0/untrusted", "sys/bus/pci/devices/0000:00:01.0/driver",
-              "sys/bus/pci/devices/0000:00:02.0/class", "sys/devices/system/cpu/cpu0/x", "sys", "proc", "sys/kernel"]
+              "sys/bus/pci/devices/0000:00:02.0/class", "sys/devices/system/cpu/cpu0/x", "sys", "proc", "sys/kernel",
+              "sys/class/net/eth0/speed", "sys/class/net/eth0/device", "sys/class/net/eth0/queues/rx-0/x",
+              "proc/cpuinfo"]
 TREE_TEXT = ["DMA\n", "DMA-FQ\n", "identity\n", "d2008c22260206\n", "f00f4a", "0x020000\n", "0x010802", "zz", "",
              "6.12.0\n", "7.3.4\n", "x86_64\n", "aarch64", "1\n", "quiet iommu.strict=0 intel_iommu=on\n",
-             "iommu: Default domain type: Translated\n", "CONFIG_IOMMU_DEFAULT_DMA_LAZY=y\n", "../x/../../.."]
+             "iommu: Default domain type: Translated\n", "CONFIG_IOMMU_DEFAULT_DMA_LAZY=y\n", "../x/../../..",
+             "\u00b2\n", "25000\n", "-1\n", "flags\t: fpu hypervisor\n", "[    0.0] Hypervisor detected: KVM\n"]
 # What each file of a random tree is: text, bytes, a directory, a FIFO, a link inside the tree, out of it
 # (to an endless device, to a file beside the tree, to /) or to nothing.
 ENTRY = st.one_of(st.tuples(st.just("text"), st.sampled_from(TREE_TEXT)),

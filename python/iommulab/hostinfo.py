@@ -380,9 +380,51 @@ def _groups(tree: Tree, res: dict[str, Any]) -> None:
             res["devices"].append(d)
 
 
+# What says a kernel runs in a virtual machine, and which VMM made it: the x86 CPUID hypervisor bit (/proc/cpuinfo's
+# `hypervisor` flag), arch/x86/kernel/cpu/hypervisor.c's "Hypervisor detected: NAME", and the firmware the VMM
+# provides as the kernel logs it: the DMI system name, ACPI tables' OEM and table ids (QEMU's are BOCHS and
+# BXPC, hw/acpi/aml-build.c ACPI_BUILD_APPNAME6/4), and the device tree of QEMU's arm `virt` board.
+GUEST_LOG = [
+    (re.compile(r"ACPI: \w{4} .*\((?:v\d+ +)?(?:BOCHS|BXPC)\b"), "QEMU", "the kernel log's ACPI tables are QEMU's "
+     "(BOCHS, BXPC)"),
+    (re.compile(r"Machine model: linux,dummy-virt"), "QEMU", "the kernel log's machine is QEMU's arm virt board"),
+    (re.compile(r"DMI: QEMU\b"), "QEMU", "the kernel log's DMI names QEMU"),
+    (re.compile(r"Hypervisor detected: *(\S.{0,30})"), None, "the kernel log: Hypervisor detected"),
+    (re.compile(r"DMI: .*\b(VMware|VirtualBox|Xen|Google Compute Engine)\b"), None, "the kernel log's DMI"),
+    (re.compile(r"DMI: .*\bAmazon EC2 (?!\S*metal)"), "Amazon EC2 (Nitro)", "the kernel log's DMI"),
+    (re.compile(r"DMI: Microsoft Corporation Virtual Machine"), "Hyper-V", "the kernel log's DMI"),
+    (re.compile(r"Booting paravirtualized kernel on (?!bare hardware)(\S+)"), None, "the kernel log: paravirt"),
+]
+
+
+def _guest(flags: set[str], log: str) -> tuple[bool, str | None, str | None]:
+    """(a guest, its VMM when the log names it, the evidence in a few words)."""
+    for pat, vmm, what in GUEST_LOG:
+        m = pat.search(log)
+        if m:
+            name = vmm or shown(m.group(1).strip())
+            return True, name, what if vmm else f"{what} {name}"
+    if "hypervisor" in flags:
+        return True, None, "the CPU's hypervisor flag (/proc/cpuinfo)"
+    return False, None, None
+
+
+def _speed_gbps(tree: Tree, n: str) -> float | None:
+    """A NIC's link speed (sysfs `speed`, Mb/s; -1 or absent when the link is down or the driver does not say);
+    anything but a whole number is noted."""
+    speed = (tree.text(f"sys/class/net/{n}/speed") or "").strip()
+    if not speed or speed == "-1":
+        return None
+    if not re.fullmatch(r"[0-9]{1,9}", speed):
+        tree.note(f"sys/class/net/{n}/speed", f"{shown(speed[:40])!r} is not a speed in Mb/s")
+        return None
+    return int(speed) / 1000 if int(speed) > 0 else None
+
+
 def hardware(tree: Tree) -> dict[str, Any]:
-    """What `inspect` does not read but a scenario needs: the CPUs (count, model), whether this is a guest and a
-    confidential one, the PCI NICs (speed, receive queues) and the NVMe controllers. Absent files give None."""
+    """What `inspect` does not read but a scenario needs: the CPUs (count, model), whether this is a guest (and of
+    which VMM) and a confidential one, the PCI NICs (speed, receive and transmit queues) and the NVMe
+    controllers. Absent files give None."""
     cpus = [c for c in tree.ls("sys/devices/system/cpu") or [] if re.fullmatch(r"cpu\d+", c)]
     info = tree.text("proc/cpuinfo") or ""
     field = lambda name: next((m.group(1).strip() for m in re.finditer(rf"^{name}\s*:(.*)$", info, re.M)), None)
@@ -396,15 +438,15 @@ def hardware(tree: Tree) -> dict[str, Any]:
         dev = tree.link(f"sys/class/net/{n}/device")
         if not dev:
             continue  # not a device's port (lo, bridges, tunnels, ifb)
-        speed = (tree.text(f"sys/class/net/{n}/speed") or "").strip()
-        queues = [q for q in tree.ls(f"sys/class/net/{n}/queues") or [] if q.startswith("rx-")]
-        nics.append({"name": n, "device": os.path.basename(dev),
-                     "speed_gbps": int(speed) / 1000 if speed.isdigit() and int(speed) > 0 else None,
-                     "rx_queues": len(queues) or None})
+        queues = tree.ls(f"sys/class/net/{n}/queues") or []
+        nics.append({"name": n, "device": os.path.basename(dev), "speed_gbps": _speed_gbps(tree, n),
+                     "rx_queues": sum(q.startswith("rx-") for q in queues) or None,
+                     "tx_queues": sum(q.startswith("tx-") for q in queues) or None})
+    guest, vmm, evidence = _guest(flags, log)
     return {
         "cpus": len(cpus) or None,
         "cpu_model": model,
-        "guest": "hypervisor" in flags or None if flags else None,
+        "guest": guest, "vmm": vmm, "guest_evidence": evidence,
         "confidential": cc.group(1).strip() if cc else ("Intel TDX" if "tdx_guest" in flags else None),
         "nics": nics,
         "nvme": [n for n in tree.ls("sys/class/nvme") or [] if re.fullmatch(r"nvme\d+", n)],
@@ -458,6 +500,11 @@ def _apply_rules(res: dict[str, Any], release: str) -> None:
             res["notes"].append(f"The default-domain rules cannot be applied: {e}")
     elif not vendor:
         res["notes"].append("The IOMMU's vendor is not one the model knows (" + ", ".join(sorted(seen)) + ").")
+    elif arch not in vendors.DRIVERS[vendor]["archs"]:
+        d = vendors.DRIVERS[vendor]
+        res["notes"].append(f"{d['title']} cannot be on {shown(arch)} (its driver is built for "
+                            f"{', '.join(d['archs'])} only): the tree is not one kernel's; the default-domain "
+                            "rules are not applied.")
     if rules:
         _compare(res, rules)
 
@@ -483,15 +530,28 @@ def _compare(res: dict[str, Any], rules: dict[str, Any]) -> None:
                         f"{d['type']}: a driver, a quirk or a write to the group's type changed it")
 
 
-def profile_for(res: dict[str, Any]) -> tuple[str, str]:
-    """The built-in platform profile closest to the inspected host, and why."""
+def profile_for(res: dict[str, Any], as_guest: bool = True) -> tuple[str, str]:
+    """The built-in platform profile closest to the inspected host, and why. A guest's IOMMU is its VMM's
+    emulation, priced by a guest profile; a guest without one gets the profile of the vIOMMU every VMM can offer
+    (virtio-iommu), standing in for the one its VMM would."""
     seen = [i["vendor"] for i in res["iommus"]]
     vendor = vendors.first(seen)
+    guest = as_guest and (res.get("hardware") or {}).get("guest")
+    arch = res["arch"] if vendors.names(modelled=True, arch=res["arch"]) else "x86_64"
     if vendor:
-        return vendors.profile(next(i for i in res["iommus"] if i["vendor"] == vendor), res["arch"])
+        iommu = next(i for i in res["iommus"] if i["vendor"] == vendor)
+        p = vendors.guest_profile(iommu, arch) if guest else None
+        if guest and not p:
+            p, title = vendors.profile(iommu, arch)
+            return p, f"a guest's {title}: the model has no guest profile for it, the bare-metal one stands in"
+        return p or vendors.profile(iommu, arch)
     other = f"its IOMMU ({', '.join(sorted(set(seen)))}) is not one the model has" if seen else "no IOMMU"
-    profile, title = vendors.stand_in(res["arch"])
-    return profile, f"{other}: the {res['arch']} server profile ({title}) stands in"
+    if guest:
+        pv = next(n for n in vendors.names(modelled=True, arch=arch) if vendors.DRIVERS[n].get("paravirtual"))
+        profile, _ = vendors.profile({"vendor": pv}, arch)
+        return profile, f"a guest with {other}: {profile} stands in for a vIOMMU its VMM could offer"
+    profile, title = vendors.stand_in(arch)
+    return profile, f"{other}: the {arch} server profile ({title}) stands in"
 
 
 def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
@@ -508,7 +568,9 @@ def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
         "name": "inspected",
         "description": described,
         "run": {"duration_ms": 50, "warmup_ms": 10, "seed": 1},
-        "platform": {"profile": profile_for(res)[0]},
+        # The host's own profile, a guest's too: the skeleton's workload is a NIC the host drives itself, which
+        # an emulated IOMMU without caching mode cannot take (advise swaps in the guest's virtio-net).
+        "platform": {"profile": profile_for(res, as_guest=False)[0]},
         "os": {"kernel": kernel, "arch": res["arch"] if vendors.names(modelled=True, arch=res["arch"]) else "x86_64",
                "policy": policy, "cmdline": res["cmdline"]},
     }

@@ -6,6 +6,8 @@ adding a module here and its driver in the core's `hw/`, and touches no list.
 A vendor module defines `NAME` and `claims(name)` (the /sys/class/iommu entry is this vendor's), and may define
 `read(tree, name)` (what its sysfs tells, merged into the IOMMU's record), `caching_mode(iommu)`,
 `describe(iommu)` (words after the name in `inspect`), `profile(iommu, arch)` ((built-in profile, why)),
+`guest_profile(iommu, arch)` (the same for a guest, whose IOMMU is the VMM's emulation), `QEMU_DEVICE` (how
+QEMU's command line asks for it),
 `scenario_iommu(iommu)` (`[platform.iommu]` keys a scenario for this host sets) and `LEGEND` (its replay
 columns, for people)."""
 
@@ -68,6 +70,18 @@ def profile(iommu: dict[str, Any], arch: str) -> tuple[str, str]:
     """The built-in profile for a host with this IOMMU (the driver's replay profile unless the module says)."""
     p = _call(iommu["vendor"], "profile", iommu, arch)
     return p or (DRIVERS[iommu["vendor"]]["replay_profile"], DRIVERS[iommu["vendor"]]["title"])
+
+
+def guest_profile(iommu: dict[str, Any], arch: str) -> tuple[str, str] | None:
+    """The built-in profile for a guest with this (virtual) IOMMU, when the model has one."""
+    return _call(iommu["vendor"], "guest_profile", iommu, arch)
+
+
+def qemu_offers(arch: str) -> list[str]:
+    """The virtual IOMMUs QEMU offers an `arch` guest, as its command line names them (each module's
+    QEMU_DEVICE)."""
+    return [f"{DRIVERS[n]['title']} ({MODULES[n].QEMU_DEVICE})" for n in names(modelled=True, arch=arch)
+            if getattr(MODULES.get(n), "QEMU_DEVICE", None)]
 
 
 def scenario_iommu(iommu: dict[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ NAME = "amdvi"
 # The capability header's NpCache bit (AMD I/O Virtualization Technology spec §3.3.1; IOMMU_CAP_NPCACHE in
 # drivers/iommu/amd/amd_iommu_types.h): only virtual IOMMUs set it.
 CAP_NPCACHE = 26
+QEMU_DEVICE = "-device amd-iommu"
 LEGEND = ("inv_iommu_pages: INVALIDATE_IOMMU_PAGES (a range or the whole domain) · inv_iotlb_pages: ATS "
           "invalidations · inv_iommu_all: INVALIDATE_IOMMU_ALL · completion_wait: COMPLETION_WAITs")
 
@@ -44,6 +45,10 @@ def profile(i: dict[str, Any], arch: str) -> tuple[str, str]:
     if caching_mode(i):
         return "kvm-amdvi-guest", "AMD-Vi with NpCache: QEMU's emulated AMD IOMMU"
     return "amdvi-server", "AMD-Vi on bare metal"
+
+
+def guest_profile(i: dict[str, Any], arch: str) -> tuple[str, str]:
+    return "kvm-amdvi-guest", f"QEMU's emulated AMD IOMMU, NpCache {'on' if caching_mode(i) else 'off'}"
 
 
 def scenario_iommu(i: dict[str, Any]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ device with only the generic devices/ links: nothing more to read)."""
 from __future__ import annotations
 
 NAME = "riscv"
+QEMU_DEVICE = "-device riscv-iommu-pci"
 LEGEND = "iotinval_vma: IOTINVAL.VMA commands (a page, or the whole PSCID) · iofence: IOFENCE.C commands"
 
 

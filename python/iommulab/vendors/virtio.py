@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 NAME = "virtio"
+QEMU_DEVICE = "-device virtio-iommu-pci"
 LEGEND = "virtio_map / virtio_unmap: MAP and UNMAP requests"
 
 
@@ -17,3 +18,7 @@ def claims(name: str) -> bool:
 
 def profile(i: dict[str, Any], arch: str) -> tuple[str, str]:
     return ("virtio-guest" if arch == "x86_64" else "virtio-guest-arm64"), "a virtio-iommu guest"
+
+
+def guest_profile(i: dict[str, Any], arch: str) -> tuple[str, str]:
+    return profile(i, arch)

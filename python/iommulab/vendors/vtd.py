@@ -8,6 +8,8 @@ NAME = "vtd"
 # Capability register fields (VT-d spec §11.4.2) and extended capability fields (§11.4.3).
 CAP_CM, CAP_RWBF, CAP_PSI = 7, 4, 39
 ECAP_DT, ECAP_PT = 2, 6
+# QEMU's emulation (hw/i386/intel_iommu.c); caching-mode=on for a VFIO device.
+QEMU_DEVICE = "-device intel-iommu"
 LEGEND = "iotlb_psi/dsi/global: IOTLB invalidations · wait: wait descriptors · devtlb: device-TLB invalidations"
 
 
@@ -49,6 +51,10 @@ def profile(i: dict[str, Any], arch: str) -> tuple[str, str]:
     if caching_mode(i):
         return "kvm-vtd-guest", "VT-d with caching mode: QEMU's emulated VT-d"
     return "vtd-server", "VT-d on bare metal"
+
+
+def guest_profile(i: dict[str, Any], arch: str) -> tuple[str, str]:
+    return "kvm-vtd-guest", f"QEMU's emulated VT-d, caching mode {'on' if caching_mode(i) else 'off'}"
 
 
 def scenario_iommu(i: dict[str, Any]) -> dict[str, Any]:
