@@ -333,3 +333,103 @@ def test_a_line_past_the_bound_is_a_one_line_error_naming_it_and_nothing_is_writ
         assert r.returncode == 2 and "\n" not in r.stderr.strip(), r.stderr
         assert f"t1.txt:{lineno}: a line longer than {measure.MAX_LINE_BYTES} bytes" in r.stderr, r.stderr
         assert not out.exists()
+
+
+# --- issue 64: a measurement and a base profile are checked before anything is fitted or written --------------
+
+GOOD_FN = '"iommu_iova_to_phys": {"calls": 100, "mean_ns": 500, "self_mean_ns": 500}'
+
+
+@pytest.mark.parametrize("content, what", [
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": NaN, "self_mean_ns": 1}}}', "NaN"),
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": Infinity, "self_mean_ns": 1}}}', "Infinity"),
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": 1e400, "self_mean_ns": 1}}}', "1e400"),
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": 1, "self_mean_ns": 1e308}}}', "functions.f.self_mean_ns"),
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": 1, "self_mean_ns": -5}}}', "functions.f.self_mean_ns"),
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": true, "self_mean_ns": 1}}}', "functions.f.mean_ns"),
+    ('{"format": 1, "functions": {"f": {"calls": true, "mean_ns": 1, "self_mean_ns": 1}}}', "functions.f.calls"),
+    ('{"format": true, "functions": {}}', "format 1"),
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": 1, "self_mean_ns": 1, "by": 3}}}', "functions.f.by"),
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": 1, "self_mean_ns": 1, "by": {"pages=1": 3}}}}',
+     "functions.f.by.pages=1"),
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": 1, "self_mean_ns": 1, '
+     '"by": {"pages=1": {"calls": "x"}}}}}', "functions.f.by.pages=1.calls"),
+    ('{"format": 1, "functions": {"f": {"calls": 10, "mean_ns": 1, "self_mean_ns": 1, '
+     '"by": {"pages=' + "9" * 400 + '": {"calls": 1, "mean_ns": 1, "self_mean_ns": 1}}}}}', "NAME=N"),
+    ('{"format": 1, "host": [1], "functions": {' + GOOD_FN + '}}', "host"),
+    ('{"format": 1, "groups": [1], "functions": {' + GOOD_FN + '}}', "groups"),
+    ("[" * 100_000 + "]" * 100_000, "nested deeper"),
+    ('{"format": 1, "functions": {' + GOOD_FN + '}, "x": ' + "[" * 50 + "]" * 50 + "}", "nested deeper"),
+])
+def test_a_measurement_with_nan_infinity_wrong_types_or_deep_nesting_is_one_line(tmp_path, content, what):
+    # issue 64 item 14: each was a traceback (KeyError, TypeError, RecursionError) or went on into the fit.
+    m = tmp_path / "m.json"
+    m.write_text(content)
+    r = cli("profile", "fit", str(m), "--base", "vtd-server", "-o", str(tmp_path / "p.toml"))
+    assert r.returncode == 2 and what in r.stderr and "\n" not in r.stderr.strip(), r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "p.toml").exists()
+
+
+@pytest.mark.parametrize("base, text, what", [
+    ("notes.toml", "x = \n", "notes.toml:1: not TOML"),
+    ("passwd", "root:x:0:0:root:/root:/bin/bash\n", "passwd:1: not TOML"),
+    ("table.toml", "x = 1\n", "not a platform profile"),
+    ("kvm-vtd-guest", None, "--base vtd-server"),
+    ("virtio-guest-arm64", None, "--base smmuv3-server"),
+])
+def test_a_base_that_is_not_a_bare_metal_profile_is_one_line(tmp_path, base, text, what):
+    # issue 64 item 14: TOMLDecodeError and KeyError tracebacks. A guest profile's [cpu] holds only the vCPUs'
+    # count: the costs a fit sets are its host profile's, and the line names that profile.
+    m = tmp_path / "m.json"
+    m.write_text('{"format": 1, "functions": {' + GOOD_FN + '}}')
+    if text is not None:
+        (tmp_path / base).write_text(text)
+        base = str(tmp_path / base)
+    r = cli("profile", "fit", str(m), "--base", base, "-o", str(tmp_path / "p.toml"))
+    assert r.returncode == 2 and what in r.stderr and "\n" not in r.stderr.strip(), r.stderr
+    assert not (tmp_path / "p.toml").exists()
+
+
+@pytest.mark.parametrize("latency", ["1e308", "-1", "NaN", "true"])
+def test_fit_refuses_a_latency_no_profile_can_hold_and_run_loads_what_it_writes(tmp_path, latency):
+    # issue 64 item 15: 1e308 ns was written as a 309-digit integer `run` could not load; NaN and negatives
+    # kept the base's in silence; a boolean was written as 1 ns.
+    m = tmp_path / "m.json"
+    m.write_text('{"format": 1, "functions": {"iommu_iova_to_phys": {"calls": 100, "mean_ns": 500, '
+                 f'"self_mean_ns": {latency}}}}}}}')
+    r = cli("profile", "fit", str(m), "--base", "vtd-server", "-o", str(tmp_path / "bad.toml"))
+    assert r.returncode == 2 and "self_mean_ns" in r.stderr and "\n" not in r.stderr.strip(), r.stderr
+    assert not (tmp_path / "bad.toml").exists()
+    # The longest latency a measurement may hold is written, and the profile runs.
+    m.write_text('{"format": 1, "functions": {"iommu_iova_to_phys": {"calls": 100, "mean_ns": 1e9, '
+                 '"self_mean_ns": 1e9}}}')
+    cli("profile", "fit", str(m), "--base", "vtd-server", "-o", str(tmp_path / "p.toml"), check_rc=0)
+    assert tomllib.loads((tmp_path / "p.toml").read_text())["cpu"]["pgtable_walk_ns"] == 1_000_000_000
+    cli("run", "map-benchmark", "--set", f"platform.profile={tmp_path / 'p.toml'}", "--set", "os.arch=x86_64",
+        "--set", "compare={}", "--set", "run.duration_ms=1", "--set", "run.warmup_ms=0.5", "--json", check_rc=0)
+
+
+def test_a_fitted_value_beyond_any_latency_is_not_written_and_said():
+    # issue 64 item 15: a measurement handed to fit() without load()'s checks, or a value fit derives from
+    # several, can pass what a profile holds: it is not written, and the fit says so.
+    base = dict(iommulab._core.builtin_profiles())["vtd-server"]
+    f = measure.fit(base, {"functions": {"iommu_iova_to_phys": {"calls": 100, "mean_ns": 1e308,
+                                                                "self_mean_ns": 1e308, "by": {}}}})
+    assert "cpu.pgtable_walk_ns" not in f.values
+    assert any(s.startswith("cpu.pgtable_walk_ns:") for s in f.skipped), f.skipped
+    assert "pgtable_walk_ns = 0\n" in measure.fitted_profile(base, "vtd-server", f)
+    for bad in (float("nan"), float("inf"), -1.0, True, measure.MAX_LATENCY_NS * 1.5):
+        assert not f.set("cpu.fq_entry_ns", bad, "test") and "cpu.fq_entry_ns" not in f.values
+
+
+def test_a_host_name_with_a_line_break_or_escapes_stays_in_its_comment(tmp_path):
+    # issue 64 item 16: the measurement's host went raw into the profile's first comment line (a line break
+    # there starts a TOML line of the host's making) and to the terminal (ESC sequences).
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps({"format": 1, "host": "box\n[cpu]\x1b[2J", "functions": {
+        "iommu_iova_to_phys": {"calls": 100, "mean_ns": 500, "self_mean_ns": 500}}}))
+    r = cli("profile", "fit", str(m), "--base", "vtd-server", "-o", str(tmp_path / "p.toml"), check_rc=0)
+    assert "\x1b" not in r.stdout
+    doc = tomllib.loads((tmp_path / "p.toml").read_text())
+    assert doc["cpu"]["pgtable_walk_ns"] == 500
+    assert (tmp_path / "p.toml").read_text().splitlines()[0].startswith("# Fitted by iommulab profile fit")

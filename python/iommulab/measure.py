@@ -16,7 +16,7 @@ from typing import IO, Any
 from ._core import ScenarioError
 from . import vendors
 from .inputs import open_trace, shown
-from .validate import profile_value, set_profile_value
+from .validate import profile_value, read_profile, set_profile_value
 
 MEASURE_FORMAT = 1
 # Per function, at most this many latencies are kept for its percentiles (every other one is dropped when full,
@@ -197,24 +197,147 @@ def _header(meta: dict[str, Any], text: str) -> tuple[int, int] | None:
     return None
 
 
+# The longest mean latency a measurement may hold. A bound of the front end, not a kernel constant: the map and
+# unmap path's functions take 0.1-100 µs; a mean of a second is a stalled kernel or a damaged file, not a cost to
+# model, and a profile holds every constant fitted from it as a u64 of ns.
+MAX_LATENCY_NS = 1e9
+# The largest argument value a `by` key may hold: pages of a 64-bit IOVA space (2^64 / 4 KiB).
+MAX_ARG = 1 << 52
+# How deep a measurement's JSON may nest: `profile measure` writes 4 levels (functions.FN.by.KEY).
+MAX_DEPTH = 8
+
+
+class _NotFinite(str):
+    """NaN, Infinity or a number past a double's range where the JSON holds a number (json reads them as
+    floats): kept as written, so that the check names its key."""
+
+
+def _finite(text: str) -> float | _NotFinite:
+    v = float(text)
+    return v if math.isfinite(v) else _NotFinite(text)
+
+
+def _walk(doc: Any, limit: int) -> str | None:
+    """Why `doc` is no measurement's JSON, found without recursion (a hostile file may nest 100,000 levels):
+    nesting deeper than `limit`, or a number that is not finite (at its key); None when neither."""
+    todo: list[tuple[Any, int, str]] = [(doc, 1, "")]
+    while todo:
+        x, d, where = todo.pop()
+        if isinstance(x, _NotFinite):
+            return f"{where.lstrip('.') or 'the document'}: {x} is not a finite number"
+        if isinstance(x, (dict, list)):
+            if d > limit:
+                return f"nested deeper than {limit} levels"
+            items = x.items() if isinstance(x, dict) else enumerate(x)
+            todo += [(y, d + 1, f"{where}.{shown(str(k))}" if isinstance(x, dict) else f"{where}[{k}]")
+                     for k, y in items]
+    return None
+
+
 def load(path: str | os.PathLike) -> dict[str, Any]:
-    """A measurement `profile measure` wrote (JSON), checked for what `fit` reads."""
+    """A measurement `profile measure` wrote (JSON), checked for everything `fit` reads: an error names the key
+    and what was expected (NaN, Infinity, a boolean or a string where a latency goes, or nesting beyond the
+    format's, never reach the fit)."""
     name = shown(path)
     from .inputs import toml_text  # the same bounded, regular-file read
 
+    text = toml_text(path, "a measurement (JSON from iommulab profile measure)")
     try:
-        doc = json.loads(toml_text(path, "a measurement (JSON from iommulab profile measure)"))
+        doc = json.loads(text, parse_constant=_NotFinite, parse_float=_finite)
+        why = _walk(doc, MAX_DEPTH)
     except json.JSONDecodeError as e:
         raise ScenarioError(f"{name}:{e.lineno}: not JSON ({e.msg}); expected a measurement from "
                             "iommulab profile measure") from None
-    if not isinstance(doc, dict) or doc.get("format") != MEASURE_FORMAT or not isinstance(doc.get("functions"), dict):
+    except RecursionError:
+        why = f"nested deeper than {MAX_DEPTH} levels"
+    if why:
+        raise ScenarioError(f"{name}: {why}; expected a measurement from iommulab profile measure (finite "
+                            f"numbers, at most {MAX_DEPTH} levels deep)")
+    fmt = doc.get("format") if isinstance(doc, dict) else None
+    if isinstance(fmt, bool) or fmt != MEASURE_FORMAT or not isinstance(doc.get("functions"), dict):
         raise ScenarioError(f"{name}: expected a measurement from iommulab profile measure (format "
                             f"{MEASURE_FORMAT}, with functions)")
+    _check_meta(doc, name)
     for fn, s in doc["functions"].items():
-        if not isinstance(s, dict) or not all(isinstance(s.get(k), (int, float)) for k in ("calls", "mean_ns",
-                                                                                          "self_mean_ns")):
-            raise ScenarioError(f"{name}: functions.{fn}: expected calls, mean_ns and self_mean_ns numbers")
+        where = f"{name}: functions.{shown(fn)}"
+        if not isinstance(s, dict):
+            raise ScenarioError(f"{where}: expected an object with calls, mean_ns and self_mean_ns")
+        _check_calls(s, where)
+        for k in ("stddev_ns", "p50_ns", "p99_ns"):
+            if k in s:
+                _check_ns(s, k, where)
+        by = s.get("by", {})
+        if not isinstance(by, dict):
+            raise ScenarioError(f"{where}.by: expected an object of argument values")
+        for key, b in by.items():
+            w = f"{where}.by.{shown(key)}"
+            if key != "other" and not all(re.fullmatch(r"\w+=\d+", p) and int(p.split("=")[1]) <= MAX_ARG
+                                          for p in key.split(",")):
+                raise ScenarioError(f"{w}: expected NAME=N[,NAME=N] with N at most {MAX_ARG}, or other")
+            if not isinstance(b, dict):
+                raise ScenarioError(f"{w}: expected an object with calls, mean_ns and self_mean_ns")
+            _check_calls(b, w)
     return doc
+
+
+def _check_calls(s: dict[str, Any], where: str) -> None:
+    """`calls` a whole number of at least 1, `mean_ns` and `self_mean_ns` latencies."""
+    c = s.get("calls")
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+        raise ScenarioError(f"{where}.calls: expected a whole number of at least 1, got {json.dumps(c)}")
+    for k in ("mean_ns", "self_mean_ns"):
+        _check_ns(s, k, where)
+
+
+def _check_ns(s: dict[str, Any], k: str, where: str) -> None:
+    v = s.get(k)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_LATENCY_NS:
+        raise ScenarioError(f"{where}.{k}: expected a latency from 0 to {MAX_LATENCY_NS:.0f} ns, got "
+                            f"{shown(json.dumps(v))[:40]}")
+
+
+def _check_meta(doc: dict[str, Any], name: str) -> None:
+    """What the measurement says of its host, as `summarize` writes it: text, lists of text, the IOMMU groups."""
+    for k in ("host", "kernel", "machine", "date", "cmdline"):
+        if k in doc and not isinstance(doc[k], str):
+            raise ScenarioError(f"{name}: {k}: expected text, got {shown(json.dumps(doc[k]))[:40]}")
+    for k in ("iommus", "probes"):
+        if not (isinstance(doc.get(k, []), list) and all(isinstance(x, str) for x in doc.get(k, []))):
+            raise ScenarioError(f"{name}: {k}: expected a list of text")
+    groups = doc.get("groups", [])
+    if not (isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("type"), str) for g in groups)):
+        raise ScenarioError(f"{name}: groups: expected a list of objects with a type (DMA, DMA-FQ, identity)")
+    if not isinstance(doc.get("missed", {}), dict):
+        raise ScenarioError(f"{name}: missed: expected an object of probe-miss counts")
+    un = doc.get("unpaired", 0)
+    if isinstance(un, bool) or not isinstance(un, int) or un < 0:
+        raise ScenarioError(f"{name}: unpaired: expected a whole number of at least 0")
+
+
+def base_profile(base: str) -> tuple[str, str]:
+    """(name, TOML text) of the profile `profile fit --base` names, checked as a bare-metal platform profile. A
+    guest profile is refused: its [cpu] holds only the vCPUs' count, every other CPU cost is its host
+    profile's (hypervisor.host_profile), and that is the profile a fit of the map path's costs changes."""
+    name, text = read_profile(base)
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        at = re.search(r" \(at line (\d+), column \d+\)$", str(e))
+        line, msg = (f":{at.group(1)}", str(e)[:at.start()]) if at else ("", str(e))
+        raise ScenarioError(f"{shown(name)}{line}: not TOML ({msg}); expected a platform profile (a built-in "
+                            "name, `iommulab profiles` lists them, or a profile file)") from None
+    vendor = doc.get("vendor")
+    if not (isinstance(vendor, str) and vendors.DRIVERS.get(vendor, {}).get("modelled")
+            and all(isinstance(doc.get(t), dict) for t in ("iommu", "memory", "cpu"))):
+        raise ScenarioError(f"{shown(name)}: not a platform profile (expected vendor = one of "
+                            f"{', '.join(vendors.names(modelled=True))}, and [iommu], [memory] and [cpu]); "
+                            "`iommulab profiles` lists the built-in ones")
+    host = profile_value(doc, "hypervisor.host_profile", None)
+    if isinstance(doc.get("hypervisor"), dict):
+        raise ScenarioError(f"{shown(name)}: a guest profile, whose CPU costs but the vCPUs' count are its host "
+                            f"profile's (hypervisor.host_profile = {shown(str(host))}); fit that: --base "
+                            f"{shown(str(host))}")
+    return name, text
 
 
 # --- fit -------------------------------------------------------------------------------------------------------
@@ -257,15 +380,25 @@ class Fit:
         self.exact: dict[str, list[tuple[float, float, float]]] = {}
 
     def get(self, key: str) -> float:
-        return self.values[key] if key in self.values else float(profile_value(self.base, key))
+        if key in self.values:
+            return self.values[key]
+        v = profile_value(self.base, key, None)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ScenarioError(f"the base profile: {key}: expected a number (a platform profile has one), got "
+                                f"{shown(json.dumps(v, default=str))[:40]}")
+        return float(v)
 
     def has(self, key: str) -> bool:
         return profile_value(self.base, key, None) is not None
 
     def set(self, key: str, value: float, how: str) -> bool:
-        """Set `key`; a negative or non-finite value is not written (the base's is kept, and said): False."""
-        if not math.isfinite(value) or value < 0:
-            self.skipped.append(f"{key}: the measurement gives {value:.0f} ns (< 0); kept the base's")
+        """Set `key`; a value that is not a cost a profile can hold (negative, not finite, past MAX_LATENCY_NS,
+        not a number) is not written: the base's is kept, and said. False then."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_LATENCY_NS:
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            why = "< 0" if number and value < 0 else f"expected 0 to {MAX_LATENCY_NS:.0f}"
+            self.skipped.append(f"{key}: the measurement gives {f'{value:.0f}' if number else repr(value)} ns "
+                                f"({why}); kept the base's")
             return False
         self.values[key] = value
         self.how[key] = how
@@ -396,7 +529,8 @@ def _fixed_and_per(f: Fit, what: str, pts: list[tuple[float, float, float]], fix
 def fitted_profile(base_text: str, base_name: str, f: Fit) -> str:
     """`base_text` with the fitted values and, in [sources], where each came from."""
     m = f.m
-    where = f"measured on {m.get('host', '?')}, {m.get('date', '?')}, Linux {m.get('kernel', '?')}"
+    # The host's own words go into a comment line and [sources]: one line each, whatever the trace held.
+    where = shown(f"measured on {m.get('host', '?')}, {m.get('date', '?')}, Linux {m.get('kernel', '?')}")
     text = f"# Fitted by iommulab profile fit from {base_name}: {where}.\n" + with_newer_keys(base_text)
     for key in sorted(f.values):
         v = f.values[key]
