@@ -13,11 +13,13 @@ import json
 import math
 import os
 import re
+import textwrap
 import tomllib
 from typing import Any
 
 from . import _core, hostinfo, vendors
 from .api import RunResult, ScenarioError, load, run_variants, toml_value
+from .inputs import shown
 from .report import exposure, rate
 from .validate import profile_value, read_profile
 
@@ -27,9 +29,21 @@ from .validate import profile_value, read_profile
 # The shortest window advise runs: a lazy domain's flush-queue timer fires five times in it (10 ms each), so each
 # option's exposure and flush counts are measured, not sampled once (metrics::limits MIN_TIMER_PERIODS).
 MIN_WINDOW_MS = 50
-# Options within this share of the fastest count as equally fast: the model's throughput moves about 1 % between
-# seeds of one scenario (validate's seed ranges), so a smaller difference is not one to choose by.
-TIE = 0.02
+# The width advise's text lines are wrapped to (the table's rows are not).
+WIDTH = 100
+# Each option runs at this many seeds (the scenario's and the next ones): one seed is one sample of arrivals and
+# of RSS, and the spread of an option's measure over its seeds is the run's own noise. Options closer to the best
+# than the widest such spread count as equally good (the tie); CPU busy is weighed the same way. A modelling
+# choice, not a kernel constant: three samples give a range at a third of the cost of validate's five.
+SEEDS = 3
+# An option whose p99 exposure is within this share under the bound is flagged: it qualifies by less than the
+# exposure moves between seeds of one scenario (the jiffy a flush-queue timer lands in).
+NEAR_BOUND = 0.05
+# --set keys advise cannot honour: it runs every option with the host's command line and the option's switch.
+REFUSED = {"os.policy": "advise runs every option (passthrough, lazy, strict); iommulab run pins one",
+           "os.cmdline": "each option runs the host's command line with its own switch; iommulab run takes one"}
+# Where validate's targets bear on the verdict: those checking what advise ranks the options by.
+TARGET_MEASURE = {"throughput_gbps": "throughput_gbps"}
 # What a workload name means: (built-in scenario, its workload table).
 WORKLOADS = {"nic-rx": ("default", "nic_rx"), "nic-tx": ("tx", "nic_tx"), "nvme": ("nvme", "nvme"), "rr": ("rr", "rr")}
 # The kernel's switches for each option (Documentation/admin-guide/kernel-parameters.txt): the generic iommu.*
@@ -56,10 +70,12 @@ def _cmdline(host: str, words: list[str]) -> str:
 
 
 def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
-         given: dict[str, str] | None = None) -> tuple[Any, dict[str, Any], list[str], list[str]]:
+         given: dict[str, str] | None = None) -> tuple[Any, dict[str, Any], list[str], list[tuple[str, str]], str | None]:
     """The scenario for this host and workload: (scenario, keys set from the host, what was taken from the host,
-    what was assumed with the key that overrides it). `given`: the keys --set gives (they win; the queues
-    follow the CPUs they give)."""
+    what was assumed as (what, the key whose value the run used), why the workload's built-in scenario was
+    swapped for another, if it was). `given`: the keys --set gives (they win; the queues follow the CPUs
+    they give)."""
+    given = given or {}
     profile, why = hostinfo.profile_for(res)
     base, table = WORKLOADS.get(workload, (workload, None))
     if table is None:
@@ -68,17 +84,14 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
         table = next((t for t in ("nic_rx", "nic_tx", "rr", "nvme") if tables.get(t)), None)
     sets: dict[str, Any] = {"compare": {}, "platform.profile": profile}
     took = [f"platform profile {profile} ({why})"]
+    if hw.get("guest"):
+        took.insert(0, f"a guest{' of ' + hw['vmm'] if hw.get('vmm') else ''} ({hw['guest_evidence']}), not bare "
+                       "metal: its IOMMU, if any, is its VMM's")
     p = tomllib.loads(read_profile(profile)[1])
     hyp = p.get("hypervisor")
     no_vfio = hyp and _core.emulation_refuses(p["vendor"], hyp.get("qemu", "7.2"), True, False)
-    if no_vfio and workload in ("nic-rx", "nic-tx"):
-        # A guest whose emulated IOMMU takes no VFIO device: its NIC is QEMU's virtio-net.
-        base, table = "guest-x86", "virtio_net"
-        sets |= {"platform.hypervisor.host_profile": hyp["host_profile"], "os.policy": "strict",
-                 "workload.virtio_net.direction": "rx" if workload == "nic-rx" else "tx"}
-        took.append(f"the guest's virtio-net, not a VFIO NIC: {no_vfio}")
-    assumed = [f"every cost constant from {profile} (iommulab profiles {profile}; measure yours with iommulab "
-               "profile measure)"]
+    assumed = [(f"every cost constant from {profile} (iommulab profiles {profile}; measure yours with "
+                "iommulab profile measure)", "")]
     kernel = hostinfo._kernel(res.get("kernel") or "")
     if kernel:
         if hostinfo.newer_than_modelled(kernel):
@@ -88,56 +101,125 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
             took.append(f"kernel {kernel}")
         sets["os.kernel"] = kernel
     else:
-        assumed.append("the kernel: the scenario's (os.kernel)")
-    if vendors.names(modelled=True, arch=res.get("arch")):
-        sets["os.arch"] = res["arch"]
+        assumed.append(("the kernel", "os.kernel"))
+    arch = _arch(res, took)
+    if arch:
+        sets["os.arch"] = arch
     cm = vendors.with_caching_mode(res["iommus"])
     if cm:
         sets |= _dotted("platform.iommu", vendors.scenario_iommu(cm))
         took.append(f"{vendors.DRIVERS[cm['vendor']]['title']} caching mode on "
                     f"({vendors.DRIVERS[cm['vendor']]['caching_mode_cap']})")
+    swapped = None
+    refused = hyp and (no_vfio or _refuses_vfio(base, table, sets))
+    if refused and workload not in ("nic-rx", "nic-tx"):
+        cm_key = vendors.DRIVERS[p["vendor"]].get("caching_mode_key")
+        raise ScenarioError(
+            f"--workload {workload}: its device would be assigned through VFIO, which "
+            + (no_vfio if no_vfio else f"QEMU's emulated {vendors.DRIVERS[p['vendor']]['title']} without caching "
+               f"mode cannot take (--set platform.iommu.{cm_key}=true models a guest whose VMM sets it)")
+            + "; the model has no emulated device for it")
+    if refused:
+        # A guest whose emulated IOMMU takes no VFIO device (QEMU's, or one without caching mode, which the
+        # VFIO device's shadow mappings need): its NIC is an emulated one, QEMU's virtio-net.
+        old, base, table = base, ("guest-arm" if sets.get("os.arch") == "arm64" else "guest-x86"), "virtio_net"
+        sets |= {"platform.hypervisor.host_profile": hyp["host_profile"], "os.policy": "strict",
+                 "workload.virtio_net.direction": "rx" if workload == "nic-rx" else "tx"}
+        reason = no_vfio or (f"QEMU's emulated {vendors.DRIVERS[p['vendor']]['title']} without caching mode "
+                             "takes no VFIO device")
+        swapped = f"run on {base}'s virtio-net, not {old}'s NIC: {reason}"
+        took.append(f"the guest's virtio-net, not a VFIO NIC: {reason}")
     cores = hw["cpus"]
-    if (given or {}).get("platform.cpu.cores", "").isdigit():
+    if re.fullmatch(r"[0-9]{1,6}", given.get("platform.cpu.cores", "")):
         cores = int(given["platform.cpu.cores"])
-        took.append(f"{cores} CPUs (--set)")
     elif cores:
         sets["platform.cpu.cores"] = cores
         took.append(f"{cores} CPUs" + (f" ({hw['cpu_model']})" if hw.get("cpu_model") else ""))
     else:
         cores = profile_value(p, "cpu.cores")
-        assumed.append(f"{cores} CPUs, the profile's (platform.cpu.cores)")
+        assumed.append(("CPUs, the profile's", "platform.cpu.cores"))
     # Clusters and sockets no larger than those CPUs (--set's own values, given after these, win).
     for k in ("cluster_cores", "socket_cores"):
         if profile_value(p, f"cpu.{k}", cores) > cores:
             sets[f"platform.cpu.{k}"] = cores
-    if table in ("nic_rx", "nic_tx", "rr"):
-        nic = max(hw["nics"], key=lambda n: n["speed_gbps"] or 0, default=None)
-        if nic and nic["speed_gbps"]:
-            sets[f"workload.{table}.line_rate_gbps"] = nic["speed_gbps"]
-            took.append(f"NIC {nic['name']} ({nic['device']}) at {nic['speed_gbps']:g} Gbps")
-        else:
-            assumed.append(f"the NIC's line rate: the {base} scenario's (workload.{table}.line_rate_gbps)")
-        # One queue per CPU, as drivers set them up and RSS spreads flows over them; at most 16 (a modelling
-        # bound: the built-in scenarios go no further).
-        queues = min(q for q in (cores, nic and nic["rx_queues"], 16) if q)
-        sets[f"workload.{table}.queues"] = queues
-        if table != "rr":
-            sets[f"workload.{table}.flows"] = queues
-        (took if hw["cpus"] or "platform.cpu.cores" in (given or {}) else assumed).append(
-            f"{queues} queue{'s' * (queues > 1)}" + (" and flows" if table != "rr" else "")
-            + " (one per CPU up to the NIC's receive queues, as RSS spreads them; "
-            f"workload.{table}.queues)")
+    if table in ("nic_rx", "nic_tx", "rr", "virtio_net"):
+        _nic(hw, table, base, cores, sets, took, assumed, given)
     elif table == "nvme":
         if hw["nvme"]:
             sets["workload.nvme.drives"] = len(hw["nvme"])
             took.append(f"{len(hw['nvme'])} NVMe drive(s) ({', '.join(hw['nvme'])})")
         else:
-            assumed.append("the drives: the nvme scenario's two (workload.nvme.drives)")
+            assumed.append(("NVMe drives, the nvme scenario's", "workload.nvme.drives"))
         sets["workload.nvme.jobs"] = min(cores, 4)
-        assumed.append("fio 4k randread, iodepth 32, one job per CPU up to 4 (workload.nvme.*)")
+        assumed.append(("fio jobs (4k randread, iodepth 32, one per CPU up to 4)", "workload.nvme.jobs"))
     if workload not in WORKLOADS:
         took.append(f"the workload of {base}")
-    return base, sets, took, assumed
+    return base, sets, took, assumed, swapped
+
+
+def _refuses_vfio(base: str, table: str, sets: dict[str, Any]) -> bool:
+    """Whether the core refuses the scenario `base`'s device (a VFIO-assigned one) behind this profile's
+    emulated IOMMU (one queue, so that only that check can fail)."""
+    one = ({f"workload.{table}.queues": 1} if table in ("nic_rx", "nic_tx", "rr") else {}) | (
+        {f"workload.{table}.flows": 1} if table in ("nic_rx", "nic_tx") else {})
+    try:
+        load(base, {k: toml_value(v) for k, v in (sets | one).items()}, raw_strings=True)
+    except ScenarioError as e:
+        return "VFIO" in str(e)
+    return False
+
+
+def _arch(res: dict[str, Any], took: list[str]) -> str | None:
+    """The architecture the scenario runs: the host's, or, when its IOMMU cannot be on it or the model has none
+    for it, the one the IOMMU's driver is built for (x86_64 without one), said in `took`."""
+    arch = res.get("arch")
+    vendor = vendors.first({i["vendor"] for i in res["iommus"]})
+    archs = vendors.DRIVERS[vendor]["archs"] if vendor else [a for d in vendors.DRIVERS.values()
+                                                              if d["modelled"] for a in d["archs"]]
+    if arch in archs:
+        return arch
+    to = archs[0] if vendor else "x86_64"
+    what = (f"{vendors.DRIVERS[vendor]['title']} cannot be on {arch}" if vendor else
+            f"the model has no IOMMU for {arch}")
+    took.append(f"architecture {shown(str(arch))}: {what}; runs as {to}")
+    return to
+
+
+def _nic(hw: dict[str, Any], table: str, base: str, cores: int, sets: dict[str, Any], took: list[str],
+         assumed: list[tuple[str, str]], given: dict[str, str]) -> None:
+    """The NIC's line rate and one queue and flow per CPU, up to the NIC's queues in the workload's direction."""
+    nic = max(hw["nics"], key=lambda n: n["speed_gbps"] or 0, default=None)
+    rate_key = f"workload.{table}.line_rate_gbps"
+    if nic and nic["speed_gbps"] and rate_key not in given:
+        sets[rate_key] = nic["speed_gbps"]
+        took.append(f"NIC {nic['name']} ({nic['device']}) at {nic['speed_gbps']:g} Gbps")
+    elif rate_key not in given:
+        assumed.append((f"the NIC's line rate, the {base} scenario's (Gbps)", rate_key))
+    if table == "virtio_net":
+        return  # one virtqueue pair: the scenario's
+    tx = table == "nic_tx" or (table == "virtio_net" and sets.get("workload.virtio_net.direction") == "tx")
+    side = "transmit" if tx else "receive"
+    nic_queues = nic and nic["tx_queues" if tx else "rx_queues"]
+    # One queue per CPU, as drivers set them up and RSS (XPS on transmit) spreads flows over them; at most 16 (a
+    # modelling bound: the built-in scenarios go no further).
+    queues = min(q for q in (cores, nic_queues, 16) if q)
+    qkey = f"workload.{table}.queues"
+    if qkey in given:
+        queues = int(given[qkey]) if re.fullmatch(r"[0-9]{1,6}", given[qkey]) else queues
+    else:
+        sets[qkey] = queues
+        if table != "rr":
+            sets[f"workload.{table}.flows"] = queues
+        what = (f"queues{' and flows' if table != 'rr' else ''} (one per CPU up to the NIC's {side} queues"
+                + (f", {nic_queues}" if nic_queues else "") + ")")
+        if hw["cpus"] or "platform.cpu.cores" in given:
+            took.append(f"{queues} {what}")
+        else:
+            assumed.append((what, qkey))
+    if cores > queues:
+        why = (f"the NIC has {nic_queues} {side} queues" if nic_queues == queues else
+               "the model takes 16 queues at most" if queues == 16 else f"{qkey}={queues}")
+        took.append(f"{cores - queues} of the {cores} CPUs take no {side} queue and stay idle ({why})")
 
 
 def _dotted(prefix: str, table: dict[str, Any]) -> dict[str, Any]:
@@ -148,17 +230,50 @@ def _dotted(prefix: str, table: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _resolve(res: dict[str, Any], kernel: str | None, words: list[str]) -> tuple[str, str, dict[str, str]]:
-    """An option's command line, the policy the kernel's rules give a PCI device with it, and why; and the
-    untrusted devices' policy."""
-    cmd = _cmdline(res.get("cmdline") or "", words)
+def _rules(res: dict[str, Any], kernel: str | None, cmd: str) -> dict[str, dict[str, str]]:
+    """What the kernel's default-domain rules give each kind of device with command line `cmd` ({} when they
+    cannot be applied: no IOMMU the model has, on an architecture its driver is built for)."""
     vendor = vendors.first({i["vendor"] for i in res["iommus"]})
     if not vendor or not kernel or res.get("arch") not in vendors.DRIVERS[vendor]["archs"]:
-        return cmd, "", {}
+        return {}
     cm = vendors.with_caching_mode(res["iommus"]) is not None
-    rules = json.loads(_core.explain(res["arch"], kernel, cmd, cm, vendor))
-    by = {d["device"]: d for d in rules["devices"]}
-    return cmd, by["PCI device"]["policy"], by.get("untrusted PCI device", {})
+    return {d["device"]: d for d in json.loads(_core.explain(res["arch"], kernel, cmd, cm, vendor))["devices"]}
+
+
+def _explain_command(res: dict[str, Any], kernel: str, words: list[str]) -> str:
+    """The `iommulab explain` command that gives what the rules give this host with `words`: its
+    architecture, kernel, IOMMU, caching mode and command line."""
+    vendor = vendors.first({i["vendor"] for i in res["iommus"]})
+    cm = " --caching-mode on" if vendors.with_caching_mode(res["iommus"]) else ""
+    return (f"iommulab explain --arch {res['arch']} --kernel {kernel} --iommu {vendor}{cm} "
+            f"--cmdline '{_cmdline(res.get('cmdline') or '', words)}'")
+
+
+def current(res: dict[str, Any], kernel: str | None) -> dict[str, str]:
+    """The DMA option the host runs now, and where it comes from: the IOMMU groups' types (what runs), and the
+    command line's switch or the rule the kernel followed (why)."""
+    if not res["iommus"] and not res["groups"]:
+        return {"policy": "passthrough", "from": "no IOMMU is visible: every device reaches all memory"}
+    types = [g["type"] for g in res["groups"] if g["devices"] and g["type"] in ("DMA", "DMA-FQ", "identity")]
+    rule = _rules(res, kernel, res.get("cmdline") or "").get("PCI device", {})
+    if types:
+        gtype = max(set(types), key=types.count)
+        policy = hostinfo.GROUP_MODES[gtype]
+    else:
+        gtype, policy = None, rule.get("policy")
+    if not policy:
+        return {"policy": "unknown", "from": "no IOMMU group has a DMA domain type"}
+    words = [w for w in (res.get("cmdline") or "").split() if REPLACED.match(w)]
+    why = rule.get("why", "")
+    if rule.get("policy") == policy and "set via kernel command line" in why and words:
+        src = " ".join(words)
+    elif rule.get("policy") == policy and why:
+        src = why if not why.startswith(("Default domain type", "DMA domain TLB")) else (
+            "the kernel's default" + (f" (CONFIG_IOMMU_DEFAULT: {res['config_default']})"
+                                      if res.get("config_default") else ""))
+    else:
+        src = "the groups' type" + (f" ({' '.join(words)} asks otherwise)" if words else "")
+    return {"policy": policy, "from": src + (f" (IOMMU groups: {gtype})" if gtype else "")}
 
 
 def _reach(r: RunResult) -> str:
@@ -189,63 +304,235 @@ def _measure(base: str, r: RunResult) -> str:
 
 def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure: str | None = None,
            sets: dict[str, str] | None = None) -> dict[str, Any]:
-    """The verdict for the host at `root`: host, assumed, options (one run each) and the recommendation. `sets`:
-    scenario keys with TOML values as the command line gives them."""
+    """The verdict for the host at `root`: host, assumed, options (SEEDS runs each) and the recommendation.
+    `sets`: scenario keys with TOML values as the command line gives them."""
     given = _exposure_us(max_exposure) if max_exposure is not None else None
+    sets = dict(sets or {})
+    for k in sets:
+        if k in REFUSED:
+            raise ScenarioError(f"--set {k}: not used here: {REFUSED[k]}")
     res, _ = hostinfo.inspect(root)
     hw = res["hardware"]
-    base, keys, took, assumed = plan(res, hw, workload, sets)
-    keys = {k: toml_value(v) for k, v in keys.items()} | dict(sets or {})
+    base, keys, took, assumed, swapped = plan(res, hw, workload, sets)
+    keys = {k: toml_value(v) for k, v in keys.items()} | sets
     sc = json.loads(load(base, keys, raw_strings=True)[0].scenario_json())
     kernel = sc["os"]["kernel"]
-    if sc["run"]["duration_ms"] < MIN_WINDOW_MS and "run.duration_ms" not in (sets or {}):
+    if sc["run"]["duration_ms"] < MIN_WINDOW_MS and "run.duration_ms" not in sets:
         keys["run.duration_ms"] = str(MIN_WINDOW_MS)
         took.append(f"a {MIN_WINDOW_MS} ms window (the scenario's {sc['run']['duration_ms']:g} ms is too short to "
                     "time a lazy flush queue)")
     hz = sc["os"]["hz"]
     bound = _core.fq_timer_bound_us(hz) if given is None else given
-    options, caveats = [], []
-    no_iommu = not res["iommus"] and not res["groups"]
-    variants = []
+    options, variants = [], []
     for name, words in OPTIONS:
-        cmd, policy, untrusted = _resolve(res, kernel, words)
+        cmd = _cmdline(res.get("cmdline") or "", words)
+        rules = _rules(res, kernel, cmd)
+        policy = rules.get("PCI device", {}).get("policy")
         opt = {"option": name, "cmdline": " ".join(words), "policy": policy or name}
         if policy and policy != name:
             opt["note"] = f"the kernel gives {policy} here, not {name}"
+            opt["explain"] = _explain_command(res, kernel, words)
+        untrusted = rules.get("untrusted PCI device")
         if untrusted and untrusted.get("policy") != opt["policy"]:
             opt["untrusted"] = untrusted["policy"]
         options.append(opt)
-        variants += load(base, {**keys, "os.policy": toml_value(opt["policy"]), "os.cmdline": toml_value(cmd)},
-                         raw_strings=True)
+        for i in range(SEEDS):
+            variants += load(base, {**keys, "os.policy": toml_value(opt["policy"]), "os.cmdline": toml_value(cmd),
+                                    "run.seed": str(sc["run"]["seed"] + i)}, raw_strings=True)
     results = run_variants(variants)
     kind = _measure(base, results[0])
     key, _, value, higher = MEASURES[kind]
-    for opt, r in zip(options, results):
-        w = (r.safety.get("window") or {}).get("p99_us")
-        opt |= {"throughput_gbps": r.throughput_gbps, key: value(r), **({"kreq_per_sec": r.packets_per_sec / 1e3}
-                                                                         if kind == "latency" else {}),
-                "cpu_busy": r.cpu_busy, "protected": r.safety["protected"],
-                # null: an identity domain, every page reachable at any time; 0: no page exposed.
-                "exposure_p99_us": w or 0.0 if r.safety["protected"] else None,
-                "limited_by": r.limited_by, "reach": _reach(r), "warnings": r.warnings}
-    # The measure as "more is better".
-    speed = (lambda o: o[key]) if higher else (lambda o: -o[key])
-    exposed = lambda o: math.inf if o["exposure_p99_us"] is None else o["exposure_p99_us"]
+    for j, opt in enumerate(options):
+        _fill(opt, results[j * SEEDS:(j + 1) * SEEDS], key, kind, value)
+    now = current(res, kernel)
+    _against(options, now, key)
+    verdict = choose(options, bound, key, higher)
+    rule = _rule_text(verdict, bound, given, hz, higher)
+    rec = verdict["option"]
+    flags = [f for o in options if exposed(o) <= bound and (f := _near_bound(o, bound, given))]
+    checks = targets_bearing(sc["platform"]["profile"], key)
+    why = (_why(rec, verdict, key) if rec else "no option keeps the exposure within the bound")
+    if swapped:
+        why += f"; {swapped}"
+    return {
+        "host": {"kernel": res["kernel"], "arch": res["arch"], "cmdline": res["cmdline"],
+                 "iommus": res["iommus"], **hw, "guest": bool(hw.get("guest")), "current": now},
+        "scenario": base, "set": {k: v for k, v in keys.items() if k != "compare"},
+        "from_host": took, "assumed": [_assumed_text(w, k, sc) for w, k in assumed],
+        "measure": key,
+        "noise": {"seeds": SEEDS, "tie": verdict["tie"], "cpu_tie": verdict["cpu_tie"]},
+        "options": options,
+        "recommendation": {"option": rec["option"] if rec else None, "cmdline": rec["cmdline"] if rec else None,
+                           "rule": rule, "why": why, "flags": flags, "swapped": swapped,
+                           "validation": checks},
+        "caveats": _caveats(res, hw, options, sc),
+    }
+
+
+def _fill(opt: dict[str, Any], runs: list[RunResult], key: str, kind: str, value: Any) -> None:
+    """An option's figures from its runs at SEEDS seeds: the measure and CPU busy as their mean (each seed's kept
+    in `seeds`), the exposure as the worst seed's p99."""
+    r = runs[0]
+    vals = [value(x) for x in runs]
+    cpu = [x.cpu_busy for x in runs]
+    win = [((x.safety.get("window") or {}).get("p99_us") or 0.0) for x in runs]
+    mean = lambda v: math.fsum(v) / len(v)
+    opt |= {"throughput_gbps": mean([x.throughput_gbps for x in runs]), key: mean(vals),
+            **({"kreq_per_sec": mean([x.packets_per_sec for x in runs]) / 1e3} if kind == "latency" else {}),
+            "cpu_busy": mean(cpu), "protected": r.safety["protected"],
+            # null: an identity domain, every page reachable at any time; 0: no page exposed.
+            "exposure_p99_us": max(win) if r.safety["protected"] else None,
+            "limited_by": r.limited_by, "reach": _reach(r),
+            "warnings": sorted({w for x in runs for w in x.warnings}),
+            "seeds": {key: vals, "cpu_busy": cpu, "exposure_p99_us": win if r.safety["protected"] else None}}
+
+
+def _spread(v: list[float]) -> float:
+    """The range of `v` as a share of its mean (0 for a zero mean)."""
+    m = math.fsum(v) / len(v)
+    return (max(v) - min(v)) / abs(m) if m else 0.0
+
+
+def exposed(o: dict[str, Any]) -> float:
+    return math.inf if o["exposure_p99_us"] is None else o["exposure_p99_us"]
+
+
+def choose(options: list[dict[str, Any]], bound: float, key: str, higher: bool) -> dict[str, Any]:
+    """The rule: of the options whose p99 exposure is within `bound`, those as good as the best on the measure
+    (within `tie`, the widest spread of any option's measure over its seeds; options the line rate holds tie
+    with each other); when the line holds the best, where throughput cannot tell them apart, those as cheap in
+    CPU as the cheapest (within `cpu_tie`, the same spread of CPU busy); then the one exposing least, then one
+    the kernel honours as asked."""
+    tie = max(_spread(o["seeds"][key]) for o in options)
+    cpu_tie = max(_spread(o["seeds"]["cpu_busy"]) for o in options)
+    out: dict[str, Any] = {"option": None, "tie": tie, "cpu_tie": cpu_tie, "ties": [], "cheaper": []}
     ok = [o for o in options if exposed(o) <= bound]
+    if not ok:
+        return out
+    speed = (lambda o: o[key]) if higher else (lambda o: -o[key])
+    top = max(ok, key=speed)
+    line = lambda o: o["limited_by"] == "line"
+    fast = [o for o in ok if speed(o) >= speed(top) - abs(speed(top)) * tie or line(o) and line(top)]
+    least = min(o["cpu_busy"] for o in fast)
+    cheap = [o for o in fast if o["cpu_busy"] <= least * (1 + cpu_tie) or not line(top)]
+    out["option"] = min(cheap, key=lambda o: (exposed(o), bool(o.get("note"))))
+    out["ties"] = [o["option"] for o in fast if o is not out["option"]]
+    out["cheaper"] = [o["option"] for o in fast if o not in cheap]
+    return out
+
+
+def _rule_text(v: dict[str, Any], bound: float, given: float | None, hz: int, higher: bool) -> str:
     fastest = "the fastest option" if higher else "the option with the lowest p99 latency"
-    rule = (f"{fastest} whose p99 exposure is within {_bound_text(bound)}"
+    return (f"{fastest} whose p99 exposure is within {_bound_text(bound)}"
             + (" (--max-exposure)" if given is not None else
-               f" (the default: the kernel's own bound on lazy exposure, its {_core.FQ_TIMEOUT_MS} ms flush-queue timer "
-               f"at HZ {hz})")
-            + f"; options within {TIE:.0%} of the best count as equally good, and of those the one exposing "
-            "least wins (then one the kernel honours as asked)")
-    rec = None
-    if ok:
-        best = max(speed(o) for o in ok)
-        rec = min((o for o in ok if speed(o) >= best - abs(best) * TIE), key=lambda o: (exposed(o), bool(o.get("note"))))
+               f" (the default: the kernel's own bound on lazy exposure, its {_core.FQ_TIMEOUT_MS} ms flush-queue "
+               f"timer at HZ {hz})")
+            + f"; options within {_pct(v['tie'])} of the best count as equally good (the runs' own noise: the widest "
+            f"spread of an option's measure over {SEEDS} seeds; options at the line rate tie); when the line "
+            f"holds them, those within {_pct(v['cpu_tie'])} of the least CPU busy (its spread likewise); and of "
+            "those the one exposing least wins (then one the kernel honours as asked)")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2g} %" if x < 0.1 else f"{100 * x:.0f} %"
+
+
+def _why(rec: dict[str, Any], v: dict[str, Any], key: str) -> str:
+    out = f"{_speed_text(rec, key)}; {_exposed_text(rec)}"
+    if v["ties"]:
+        out += f"; ties with {' and '.join(v['ties'])} on the measure"
+    if v["cheaper"]:
+        out += (f" and costs less CPU ({100 * rec['cpu_busy']:.1f} % busy) than "
+                f"{' and '.join(v['cheaper'])}")
+    return out
+
+
+def _near_bound(o: dict[str, Any], bound: float, given: float | None) -> str | None:
+    """A flag for an option whose p99 exposure is within NEAR_BOUND under the bound (or whose seeds put it
+    nearer than their own spread)."""
+    x = o["exposure_p99_us"]
+    if not x or math.isinf(bound) or not bound:
+        return None
+    seeds = o["seeds"]["exposure_p99_us"] or [x]
+    margin = (bound - x) / bound
+    if margin > max(NEAR_BOUND, _spread(seeds)):
+        return None
+    what = ("the kernel's own bound: the flush-queue timer, not the workload, sets lazy's exposure"
+            if given is None else "a slightly tighter --max-exposure excludes it")
+    return (f"{o['option']}: p99 exposure {_us_text(x)} is {100 * margin:.1f} % under the {_bound_text(bound)} "
+            f"bound ({what})")
+
+
+def targets_bearing(profile: str, key: str) -> list[dict[str, Any]]:
+    """validate's targets on `profile` that check what the verdict ranks by (a throughput of strict, lazy or
+    passthrough), each run at its scenario's own seed (validate runs five: about a second here, against
+    validate's tens)."""
+    from .validate import Runner, check, load_targets
+
+    field = TARGET_MEASURE.get(key)
+    if not field:
+        return []
+    names = {n for n, _ in OPTIONS}
+    bearing = [t for t in load_targets().targets
+               if t.kind == "macro" and field in t.value
+               and all(set(r) == {"os.policy"} and r["os.policy"] in names for r in t.runs.values())
+               and json.loads(load(t.scenario)[0].scenario_json())["platform"]["profile"] == profile]
+    if not bearing:
+        return []
+    r = Runner(seeds=1)
+    r.prefetch(bearing)
+    return [{k: c[k] for k in ("id", "published", "model", "error", "tolerance", "ok")} | {"scenario": t.scenario}
+            for t in bearing for c in [check(t, r.values(t))]]
+
+
+def _assumed_text(what: str, key: str, sc: dict[str, Any]) -> str:
+    """An assumed value as the run used it: `what`: VALUE (KEY)."""
+    if not key:
+        return what
+    v: Any = sc
+    for part in key.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return f"{what}: {v if not isinstance(v, float) else f'{v:g}'} ({key})"
+
+
+def _against(options: list[dict[str, Any]], now: dict[str, str], key: str) -> None:
+    """Each option's change against the one the host runs now (`against_now`), when that is one of them."""
+    cur = next((o for o in options if o["option"] == now["policy"]), None)
+    if not cur:
+        return
+    for o in options:
+        o["now"] = o is cur
+        if o is cur:
+            continue
+        o["against_now"] = {
+            "measure_pct": 100 * (o[key] - cur[key]) / cur[key] if cur[key] else None,
+            "cpu_busy_points": 100 * (o["cpu_busy"] - cur["cpu_busy"]),
+            "exposure": _exposure_change(cur, o)}
+
+
+def _exposure_change(cur: dict[str, Any], o: dict[str, Any]) -> str:
+    a, b = cur["exposure_p99_us"], o["exposure_p99_us"]
+    if a is not None and b is not None:
+        d = b - a
+        return "no change" if abs(d) < 1 else ("+" if d > 0 else "-") + _us_text(abs(d))
+    word = lambda x: "all memory" if x is None else _us_text(x) if x else "none"
+    return f"{word(a)} -> {word(b)}"
+
+
+def _signed(pct: float) -> str:
+    """A change in per cent: one decimal under 10 (and no -0)."""
+    return f"{round(pct, 1) + 0.0:+.1f}" if abs(pct) < 10 else f"{pct:+.0f}"
+
+
+def _us_text(us: float) -> str:
+    return f"{us / 1000:.1f} ms" if us >= 1000 else f"{us:.0f} µs"
+
+
+def _caveats(res: dict[str, Any], hw: dict[str, Any], options: list[dict[str, Any]], sc: dict[str, Any]) -> list[str]:
+    caveats = []
     for o in options:
         if o.get("note"):
-            caveats.append(f"{o['cmdline']}: {o['note']} (iommulab explain --cmdline '{o['cmdline']}' says why)")
+            caveats.append(f"{o['cmdline']}: {o['note']} ({o['explain']} says why)")
     untrusted = [d["device"] for d in res["devices"] if d.get("untrusted")]
     if untrusted:
         caveats.append(f"untrusted (external-facing) devices stay strict whatever the command line: "
@@ -257,24 +544,24 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
         caveats.append(f"a confidential guest ({hw['confidential']}): DMA bounces through swiotlb's shared "
                        "buffers, so a device never reaches private memory whatever the option; the bounce copy is "
                        "not modelled")
-    if no_iommu:
-        caveats.insert(0, "No IOMMU is visible: every device reaches all memory now, as under passthrough. "
-                          "Enabling one (in firmware, and intel_iommu=on on Intel) would cost what the lazy and "
-                          "strict rows say, on the profile that stands in for this hardware.")
-    caveats += [n for n in res["notes"] if not n.startswith("No IOMMU")]
-    return {
-        "host": {"kernel": res["kernel"], "arch": res["arch"], "cmdline": res["cmdline"],
-                 "iommus": res["iommus"], **hw},
-        "scenario": base, "set": {k: v for k, v in keys.items() if k != "compare"},
-        "from_host": took, "assumed": assumed,
-        "measure": key,
-        "options": options,
-        "recommendation": {"option": rec["option"] if rec else None, "cmdline": rec["cmdline"] if rec else None,
-                           "rule": rule,
-                           "why": (f"{_speed_text(rec, key)}; {_exposed_text(rec)}" if rec else
-                                   "no option keeps the exposure within the bound")},
-        "caveats": caveats,
-    }
+    if not res["iommus"] and not res["groups"]:
+        caveats.insert(0, _no_iommu(res, hw, sc["platform"]["profile"]))
+    return caveats + [n for n in res["notes"] if not n.startswith("No IOMMU")]
+
+
+def _no_iommu(res: dict[str, Any], hw: dict[str, Any], profile: str) -> str:
+    """What having no IOMMU means here: on bare metal, one to enable; in a guest, one the VMM must offer."""
+    if not hw.get("guest"):
+        return ("No IOMMU is visible: every device reaches all memory now, as under passthrough. Enabling one (in "
+                "firmware, and intel_iommu=on on Intel) would cost what the lazy and strict rows say, on the "
+                "profile that stands in for this hardware.")
+    vmm = hw.get("vmm") or "its VMM"
+    offers = (f"QEMU offers {', '.join(vendors.qemu_offers(res['arch']))}" if hw.get("vmm") == "QEMU" else
+              f"ask {vmm} which it offers")
+    return (f"No IOMMU is visible in this guest: every device reaches all of the guest's memory now, as under "
+            f"passthrough. Only the VMM ({vmm}) can give it one, a virtual IOMMU ({offers}); the guest's firmware "
+            f"and command line cannot. The lazy and strict rows model {profile}; --set platform.profile=P models "
+            "another.")
 
 
 def _bound_text(us: float) -> str:
@@ -301,33 +588,61 @@ def _speed_text(o: dict[str, Any], key: str) -> str:
     return f"{o['throughput_gbps']:.1f} Gbps"
 
 
+def _wrapped(text: str, indent: str = "  ") -> list[str]:
+    """`text` as lines of at most WIDTH columns, the later ones indented."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
+
+
 def format_advise(doc: dict[str, Any]) -> str:
     h = doc["host"]
     iommus = ", ".join(f"{i['name']} ({i['vendor']}"
                        + (f", caching mode {'on' if i.get('caching_mode') else 'off'}" if "caching_mode" in i else "")
                        + ")" for i in h["iommus"]) or "no IOMMU"
-    lines = [f"host: Linux {h['kernel'] or '?'} {h['arch']} · {iommus} · "
-             f"{h['cpus'] or '?'} CPUs · NICs {', '.join(n['name'] for n in h['nics']) or 'none seen'} · "
-             f"NVMe {', '.join(h['nvme']) or 'none seen'}",
-             f"scenario: {doc['scenario']} with " + " ".join(f"{k}={v}" for k, v in doc["set"].items()),
-             "from the host: " + "; ".join(doc["from_host"]),
-             "assumed: " + "; ".join(doc["assumed"]) + " (change any with --set KEY=VALUE)", ""]
+    where = (f"a guest{' of ' + h['vmm'] if h.get('vmm') else ''}" if h["guest"] else "bare metal (no sign of a VM)")
+    now = h["current"]
+    lines = _wrapped(f"host: {where} · Linux {h['kernel'] or '?'} {h['arch']} · {iommus} · "
+                     f"{h['cpus'] or '?'} CPUs · NICs {', '.join(n['name'] for n in h['nics']) or 'none seen'} · "
+                     f"NVMe {', '.join(h['nvme']) or 'none seen'}")
+    lines += _wrapped(f"now: {now['policy']}, from {now['from']}")
+    lines += _wrapped(f"scenario: {doc['scenario']} with " + " ".join(f"{k}={v}" for k, v in doc["set"].items()))
+    lines += _wrapped("from the host: " + "; ".join(doc["from_host"]))
+    lines += _wrapped("assumed: " + "; ".join(doc["assumed"]) + " (change any with --set KEY=VALUE)") + [""]
     key = doc["measure"]
     header = next(h for k, h, _, _ in MEASURES.values() if k == key)
     cell = {"iops": lambda o: f"{o['iops'] / 1e3:.0f}", "latency_p99_us": lambda o: f"{o[key]:.1f}",
             "throughput_gbps": lambda o: f"{o['throughput_gbps']:.2f}"}[key]
     head = ["option", "command line", header, "CPU busy", "exposure p99 µs", "limited by", "a device can reach"]
-    rows = [[o["option"] + (" *" if o.get("note") else ""), o["cmdline"], cell(o), f"{o['cpu_busy'] * 100:.1f}%",
-             _exposure_text(o).removesuffix(" µs"), o["limited_by"], o["reach"]] for o in doc["options"]]
+    rows = [[o["option"] + (" *" if o.get("note") else "") + (" (now)" if o.get("now") else ""), o["cmdline"],
+             cell(o), f"{o['cpu_busy'] * 100:.1f}%", _exposure_text(o).removesuffix(" µs"), o["limited_by"],
+             o["reach"]] for o in doc["options"]]
     w = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head) - 1)]
     right = {2, 3, 4}
     fmt = lambda cells: "  ".join((c.rjust(w[i]) if i in right else c.ljust(w[i])) if i < len(w) else c
                                   for i, c in enumerate(cells)).rstrip()
     lines += [fmt(head), "-" * (sum(w) + 2 * len(w) + len(head[-1]))] + [fmt(r) for r in rows]
+    unit = {"iops": "IOPS", "latency_p99_us": "p99 latency", "throughput_gbps": "throughput"}[key]
+    changes = [o for o in doc["options"] if "against_now" in o]
+    if changes:
+        lines += ["", f"against now ({now['policy']}):"]
+        for o in changes:
+            c = o["against_now"]
+            m = "" if c["measure_pct"] is None else f"{_signed(c['measure_pct'])} % {unit}, "
+            lines += _wrapped(f"  {o['option']}: {m}CPU busy {c['cpu_busy_points']:+.1f} points, exposure "
+                              f"{c['exposure']}", "    ")
     r = doc["recommendation"]
-    lines += ["", f"recommendation: {r['option']} ({r['cmdline']}): {r['why']}" if r["option"] else
-              f"recommendation: none: {r['why']}", f"rule: {r['rule']}"]
+    lines += [""] + _wrapped(f"recommendation: {r['option']} ({r['cmdline']}): {r['why']}" if r["option"] else
+                             f"recommendation: none: {r['why']}")
+    for f in r["flags"]:
+        lines += _wrapped(f"  flagged: {f}", "    ")
+    for t in r["validation"]:
+        if not t["ok"]:
+            lines += _wrapped(f"  validation: {t['id']} misses: model {t['model']:.3g} against {t['published']:.3g} "
+                              f"published ({100 * t['error']:+.0f} %, tolerance {100 * t['tolerance']:.0f} %; one seed "
+                              f"of {t['scenario']}, on this profile; iommulab validate {t['id']} runs five)", "    ")
+    lines += _wrapped(f"rule: {r['rule']}")
     warn = sorted({f"{o['option']}: {x}" for o in doc["options"] for x in o.get("warnings") or []})
     if doc["caveats"] or warn:
-        lines += ["", "caveats:"] + [f"  - {c}" for c in doc["caveats"]] + [f"  - warning: {x}" for x in warn]
+        lines += ["", "caveats:"]
+        for c in doc["caveats"] + [f"warning: {x}" for x in warn]:
+            lines += _wrapped(f"  - {c}", "    ")
     return "\n".join(lines) + "\n"
