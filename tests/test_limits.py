@@ -87,3 +87,63 @@ def test_a_short_window_warns_and_the_default_does_not():
     (short,) = run_variants(load("default", {"os.policy": "lazy", "compare": {}, "run.duration_ms": 2}))
     assert any("per CPU" in w for w in short.warnings), short.warnings
     assert any("flush-queue timer" in w and "run.duration_ms" in w for w in short.warnings), short.warnings
+
+
+# --- issue 64 item 13: every count a user gives is bounded, and refused in one line before any run ---------------
+
+import iommulab  # noqa: E402
+from conftest import cli, one_line_error  # noqa: E402
+from iommulab import sweeps  # noqa: E402
+from iommulab._core import ScenarioError  # noqa: E402
+from iommulab.validate import MAX_SEEDS, Runner  # noqa: E402
+
+
+def test_validate_and_calibrate_seeds_past_the_cap_are_one_line():
+    # --seeds 1000000 was taken: every seed's runs kept in memory, which climbed without a word.
+    err = one_line_error(cli("validate", "NOSUCH", "--seeds", "1000000"))
+    assert "--seeds" in err and f"from 1 to {MAX_SEEDS}" in err, err
+    err = one_line_error(cli("calibrate", "--list", "--seeds", str(MAX_SEEDS + 1)))
+    assert "--seeds" in err and f"from 1 to {MAX_SEEDS}" in err, err
+    for bad in (MAX_SEEDS + 1, 0, True):
+        with pytest.raises(ScenarioError, match="seeds"):
+            Runner(seeds=bad)
+    assert Runner(seeds=MAX_SEEDS).seeds == MAX_SEEDS
+
+
+def test_a_sweep_whose_compare_variants_pass_the_cap_is_refused_before_a_run(tmp_path):
+    # A million points of the default scenario are six million runs (its [compare] has six variants): they were
+    # accepted, the dataset made, and the runs begun, with nothing said for most of a minute.
+    doc = {"scenario": "default", "set": {"run.warmup_ms": 0.01},
+           "axes": {"run.seed": {"from": 1, "to": 1000, "step": 1},
+                    "run.duration_ms": {"from": 0.01, "to": 10.0, "step": 0.01}}}
+
+    def progress(*_):
+        raise AssertionError("a run started")
+
+    with pytest.raises(ScenarioError, match=f"6000000 runs; expected at most {sweeps.MAX_POINTS}"):
+        iommulab.sweep(doc, out=tmp_path / "o", progress=progress)
+    assert not (tmp_path / "o").exists()
+
+
+def test_sensitivity_factors_and_calibrate_ranges_must_be_finite_and_bounded():
+    # --factor 1e308 scaled an integer constant to infinity (OverflowError); --range 0:inf bisected from
+    # infinity (OverflowError).
+    for f in ("1e308", "1e-308", "inf", "nan"):
+        err = one_line_error(cli("sensitivity", "--factor", f))
+        assert "--factor" in err and "1e+06" in err, err
+    for r in ("0:inf", "-inf:5", "nan:5"):
+        err = one_line_error(cli("calibrate", "--param", "nosuch", f"--range={r}"))
+        assert "--range" in err and "finite" in err, err
+    assert sensitivity_scaled_past_a_double_is_invalid()
+
+
+def sensitivity_scaled_past_a_double_is_invalid() -> bool:
+    """A profile constant near a double's largest, scaled by an accepted factor, is not a number: refused as
+    `scaled` is, never a traceback."""
+    from iommulab.sensitivity import scaled
+
+    with pytest.raises(OverflowError):
+        scaled(1e305, 1e6)
+    with pytest.raises(OverflowError):
+        scaled(10 ** 305, 1e6)
+    return scaled(3, 2.0) == 6 and scaled([1.5], 2.0) == [3.0]

@@ -433,3 +433,20 @@ def test_a_host_name_with_a_line_break_or_escapes_stays_in_its_comment(tmp_path)
     doc = tomllib.loads((tmp_path / "p.toml").read_text())
     assert doc["cpu"]["pgtable_walk_ns"] == 500
     assert (tmp_path / "p.toml").read_text().splitlines()[0].startswith("# Fitted by iommulab profile fit")
+
+
+def test_measure_does_not_name_the_temporary_trace_it_deletes(tmp_path):
+    # issue 64 item 16: "capture: wrote /tmp/iommulab-measure-…/trace.txt" named a file deleted a moment later.
+    s = standin(tmp_path)
+    out = tmp_path / "m.json"
+    p = s.iommulab("profile", "measure", "-o", str(out), "--duration", "1")
+    assert p.returncode == 0, p.stderr
+    assert "iommulab-measure-" not in p.stderr + p.stdout, p.stderr
+    assert f"wrote the recorded trace (temporary: summarised into {out}, then deleted)" in p.stderr, p.stderr
+    assert json.loads(out.read_text())["functions"]["iommu_dma_map_page"]["calls"] == 25
+    p = s.iommulab("profile", "measure", "-o", str(tmp_path / "n.json"), "--duration", "1", "--dry-run")
+    assert p.returncode == 0 and "iommulab-measure-" not in p.stderr + p.stdout, p.stdout + p.stderr
+    # A trace the user keeps is named by its path.
+    kept = tmp_path / "kept.txt"
+    p = s.iommulab("profile", "measure", "-o", str(tmp_path / "k.json"), "--duration", "1", "--keep-trace", str(kept))
+    assert p.returncode == 0 and f"wrote {kept}" in p.stderr and kept.exists(), p.stderr

@@ -15,12 +15,13 @@ from typing import Any, Callable
 from . import __version__, _core, vendors
 from .api import ScenarioError, as_result, load, run_variants, stderr_progress
 from .compare import POLICIES, compare, format_compare
-from .inputs import shown, utf8
+from .inputs import shown, terminal, utf8
 from .invlog import inv_log
 from .replay import format_replay, replay
 from .report import format_table
-from .validate import (DEFAULT_SEEDS, Calibration, calibrate, declared_calibrations, format_validate, load_targets,
-                       read_profile, validate)
+from .sensitivity import MAX_FACTOR
+from .validate import (DEFAULT_SEEDS, MAX_SEEDS, Calibration, calibrate, declared_calibrations, format_validate,
+                       load_targets, validate)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,20 +46,21 @@ def _phase_list(text: str) -> list[str]:
     return names
 
 
-def _at_least_one(what: str):
-    """An argparse type: a whole number of `what`, at least 1."""
+def _at_least_one(what: str, most: int | None = None):
+    """An argparse type: a whole number of `what`, at least 1 (and at most `most`)."""
     def parse(text: str) -> int:
         try:
             n = int(text)
         except ValueError:
             n = 0
-        if n < 1:
-            raise argparse.ArgumentTypeError(f"expected a whole number of {what}, at least 1, got {text!r}")
+        if n < 1 or (most is not None and n > most):
+            bound = f"from 1 to {most}" if most is not None else "at least 1"
+            raise argparse.ArgumentTypeError(f"expected a whole number of {what}, {bound}, got {shown(text)!r}")
         return n
     return parse
 
 
-_seeds = _at_least_one("seeds")
+_seeds = _at_least_one("seeds", MAX_SEEDS)
 _jobs = _at_least_one("parallel runs")
 
 
@@ -68,8 +70,9 @@ def _range(text: str) -> tuple[float, float]:
         a, b = float(lo), float(hi)
     except ValueError:
         a = b = math.nan
-    if not sep or not a < b:
-        raise argparse.ArgumentTypeError(f"expected LOW:HIGH with LOW < HIGH, e.g. 200:5000, got {text!r}")
+    if not sep or not a < b or not (math.isfinite(a) and math.isfinite(b)):
+        raise argparse.ArgumentTypeError(f"expected LOW:HIGH, finite numbers with LOW < HIGH, e.g. 200:5000, "
+                                         f"got {shown(text)!r}")
     return a, b
 
 
@@ -163,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the traced devices use ATS (device-TLB invalidations); the trace does not name devices")
     rp.add_argument("--ats-phases", type=_phase_list, metavar="PHASE[,PHASE...]",
                     help="only the device(s) whose traffic fills these phases use ATS (implies --ats)")
-    rp.add_argument("--kernel", default="6.12", metavar="V", help="traced kernel version, MAJOR.MINOR (default 6.12)")
+    rp.add_argument("--kernel", metavar="V", help="traced kernel version, MAJOR.MINOR (default 6.12, or the first "
+                    "kernel after it with the IOMMU's driver: 6.13 for riscv)")
     g = rp.add_mutually_exclusive_group()
     g.add_argument("--cmdline", default="", help="traced kernel's command line (decides the default domain)")
     g.add_argument("--mode", choices=["strict", "lazy", "passthrough"], help="the DMA domain's mode, outright")
@@ -254,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a scenario key in every target run (e.g. platform.memory.walk_read_ns=150)")
     v.add_argument("--seeds", type=_seeds, default=DEFAULT_SEEDS, metavar="N",
                    help=f"run each target at N seeds, the scenario's and the next ones, and compare their mean "
-                   f"(default {DEFAULT_SEEDS})")
+                   f"(default {DEFAULT_SEEDS}, at most {MAX_SEEDS})")
     v.add_argument("--json", action="store_true",
                    help='print {"targets": [{"id", "published", "model", "error", "ok", "seeds", "spread", ...}, ...]}')
     v.add_argument("--plot", metavar="FILE.html", help="also write an HTML report: model against published with "
@@ -373,6 +377,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
         for v in variants:
             sys.stdout.write(inv_log(v, a.inv_log))
         return 0
+    _distinct(("--parquet", a.parquet), ("--csv", a.csv))
     _fresh(a.parquet, a.force, "--parquet")
     _fresh(a.csv, a.force, "--csv")
     with _progress(a) as progress:
@@ -439,8 +444,9 @@ def _factor_list(text: str) -> list[float]:
         fs = [float(f) for f in text.split(",") if f.strip()]
     except ValueError:
         fs = []
-    if not fs or any(not (0 < f < float("inf")) or f == 1 for f in fs):
-        raise argparse.ArgumentTypeError(f"expected positive factors other than 1, e.g. 0.5,2; got {text!r}")
+    if not fs or any(not (1 / MAX_FACTOR <= f <= MAX_FACTOR) or f == 1 for f in fs):
+        raise argparse.ArgumentTypeError(f"expected factors from {1 / MAX_FACTOR:g} to {MAX_FACTOR:g} other than "
+                                         f"1, e.g. 0.5,2; got {shown(text)!r}")
     return fs
 
 
@@ -462,10 +468,10 @@ def _fresh(path: str | None, force: bool, what: str) -> None:
                             + ("no such directory" if not os.path.isdir(where) else "permission denied"))
 
 
-def _write(path: str, text: str, what: str) -> None:
+def _write(path: str, data: str | bytes, what: str) -> None:
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(path, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
     except OSError as e:
         raise ScenarioError(f"{what} {shown(path)}: cannot write: {e.strerror or e}") from None
 
@@ -505,13 +511,36 @@ def _write_runs(a: argparse.Namespace, results: list) -> None:
         return
     rows = [{"run": i, "iommulab_version": __version__, "result": r.to_dict()} for i, r in enumerate(results)]
     df = frame(rows)
-    for flag, path, write in (("--parquet", a.parquet, df.write_parquet), ("--csv", a.csv, df.write_csv)):
+    if a.parquet:
+        _write_frame(df, a.parquet, "--parquet", "parquet")
+    if a.csv:
+        _write_frame(df, a.csv, "--csv", "csv")
+
+
+def _write_frame(df, path: str, what: str, kind: str) -> None:
+    """`df` as Parquet or CSV (`kind`) at `path`: made in memory, then written as any output is, so that a write
+    that fails (a full disk, /dev/full: polars reports it as a ComputeError, not an OSError) is one line."""
+    import io
+
+    buf = io.BytesIO()
+    if kind == "parquet":
+        df.write_parquet(buf)
+    else:
+        df.write_csv(buf)
+    _write(path, buf.getvalue(), what)
+
+
+def _distinct(*outputs: tuple[str, str | None]) -> None:
+    """Refuse two outputs (flag, path) that name one file: the second would overwrite the first unasked."""
+    seen: dict[str, str] = {}
+    for what, path in outputs:
         if not path:
             continue
-        try:
-            write(path)
-        except OSError as e:
-            raise ScenarioError(f"{flag} {path}: cannot write: {e.strerror or e}") from None
+        real = os.path.realpath(path)
+        if real in seen:
+            raise ScenarioError(f"{what} {shown(path)}: the same file as {seen[real]}; give each output a file of "
+                                "its own")
+        seen[real] = what
 
 
 def _cmd_sensitivity(a: argparse.Namespace) -> int:
@@ -541,6 +570,7 @@ def _cmd_compare(a: argparse.Namespace) -> int:
                 k += 1
             plot = f"compare-{name}-{k}.html"
         _fresh(plot, a.force, "--plot")
+    _distinct(("--plot", plot), ("--parquet", a.parquet), ("--csv", a.csv))
     _fresh(a.parquet, a.force, "--parquet")
     _fresh(a.csv, a.force, "--csv")
     with _progress(a) as progress:
@@ -607,6 +637,7 @@ def _cmd_report(a: argparse.Namespace) -> int:
 
     out = a.out or os.path.join(a.results if os.path.isdir(a.results) else os.path.dirname(a.results) or ".",
                                 "report.html")
+    _distinct(("-o", out), ("--csv", a.csv))
     _fresh(out, a.force, "-o")
     _fresh(a.csv, a.force, "--csv")
     df = dataset.load(a.results)
@@ -615,10 +646,7 @@ def _cmd_report(a: argparse.Namespace) -> int:
     _writable(a.csv, "--csv")
     _write(out, page, "-o")
     if a.csv:
-        try:
-            df.write_csv(a.csv)
-        except OSError as e:
-            raise ScenarioError(f"--csv {a.csv}: cannot write: {e.strerror or e}") from None
+        _write_frame(df, a.csv, "--csv", "csv")
     print(f"wrote {out}" + (f" and {a.csv}" if a.csv else ""))
     return 0
 
@@ -669,7 +697,7 @@ def _cmd_inspect(a: argparse.Namespace) -> int:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(hostinfo.format_inspect(res))
+        sys.stdout.write(terminal(hostinfo.format_inspect(res)))
         if a.scenario:
             print(f"wrote {shown(a.scenario)}")
     return 0
@@ -699,7 +727,7 @@ def _emit(as_json: bool, doc: Any, text: Callable[[Any], str]) -> int:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(text(doc))
+        sys.stdout.write(terminal(text(doc)))
     return 0
 
 
@@ -724,12 +752,12 @@ def _duration_args(a: argparse.Namespace) -> list[str]:
     return ["-d", str(int(math.ceil(a.duration)))]
 
 
-def _run_capture(a: argparse.Namespace, args: list[str]) -> int:
+def _run_capture(a: argparse.Namespace, args: list[str], rename: tuple[str, str] | None = None) -> int:
     """The capture script with `args`, then --dry-run's -n and -- COMMAND. Its own one-line errors and exit code
-    are the command's."""
+    are the command's; `rename` (path, words): what it says of the path, it says in those words."""
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     args = [*args, *(["-n"] if a.dry_run else []), *(["--", *cmd] if cmd else [])]
-    return _run_to_the_end(["sh", "-c", _capture_script(), "capture", *args])
+    return _run_to_the_end(["sh", "-c", _capture_script(), "capture", *args], rename)
 
 
 def _cmd_capture(a: argparse.Namespace) -> int:
@@ -754,7 +782,7 @@ def _cmd_profile(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if a.profile_cmd == "fit":
         _fresh(a.out, a.force, "-o")
         m = measure.load(a.measurement)
-        name, text = read_profile(a.base)
+        name, text = measure.base_profile(a.base)
         f = measure.fit(text, m)
         _write(a.out, measure.fitted_profile(text, name, f), "-o")
         rows = measure.modelled(f, a.out, m.get("kernel"))
@@ -764,7 +792,7 @@ def _cmd_profile(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                        "functions": rows, "not_fitted": f.skipped}, sys.stdout, indent=2)
             sys.stdout.write("\n")
         else:
-            sys.stdout.write(measure.format_fit(f, rows, a.out))
+            sys.stdout.write(terminal(measure.format_fit(f, rows, a.out)))
         return 0
     if a.profile_cmd != "measure":
         parser.parse_args(["profile", "--help"])
@@ -781,28 +809,48 @@ def _cmd_profile(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 raise ScenarioError(f"--functions {fn}: expected kernel function names, separated by commas")
         with tempfile.TemporaryDirectory(prefix="iommulab-measure-") as d:
             trace = a.keep_trace or os.path.join(d, "trace.txt")
-            rc = _run_capture(a, ["-M", "-o", trace, *(x for fn in fns for x in ("-L", fn)), *duration])
+            # A trace of our own is deleted once summarised: it is named as what it is, not by a path that
+            # will not exist when the user looks (the script's "wrote …" line, a summary's error).
+            name = None if a.keep_trace else f"the recorded trace (temporary: summarised into {shown(a.out)}, " \
+                "then deleted)"
+            rc = _run_capture(a, ["-M", "-o", trace, *(x for fn in fns for x in ("-L", fn)), *duration],
+                              rename=name and (trace, name))
             if a.dry_run or not os.path.exists(trace):
                 return rc
-            m = measure.summarize(trace)
+            m = measure.summarize(trace, name)
     _write(a.out, json.dumps(m, indent=1) + "\n", "-o")
     if a.json:
         json.dump(m, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        sys.stdout.write(measure.format_measure(m, a.out))
+        sys.stdout.write(terminal(measure.format_measure(m, a.out)))
     # A recording the user interrupted keeps what it read, and says so in its exit status.
     return 0 if a.trace else rc
 
 
-def _run_to_the_end(argv: list[str]) -> int:
+def _run_to_the_end(argv: list[str], rename: tuple[str, str] | None = None) -> int:
     """Run a host tool that undoes its changes when signalled: SIGINT, SIGTERM and SIGHUP reach it (forwarded,
     where they were sent to this process alone), and it is waited for however long its cleanup takes, never
-    killed (subprocess.run would kill it a quarter second after Ctrl-C, before it restored anything)."""
+    killed (subprocess.run would kill it a quarter second after Ctrl-C, before it restored anything). With
+    `rename` (text, words), its stdout and stderr pass through threads that write `words` for `text`."""
     import signal
     import subprocess
+    import threading
 
-    proc = subprocess.Popen(argv)
+    pipe = subprocess.PIPE if rename else None
+    proc = subprocess.Popen(argv, stdout=pipe, stderr=pipe)
+    relays = []
+    if rename:
+        text, words = (os.fsencode(x) for x in rename)
+
+        def copy(src, dst) -> None:
+            for line in src:
+                dst.write(line.replace(text, words))
+                dst.flush()
+
+        for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+            relays.append(threading.Thread(target=copy, args=(src, dst), name="iommulab-capture-relay", daemon=True))
+            relays[-1].start()
 
     def forward(signum, _frame):
         if proc.poll() is None:
@@ -812,7 +860,10 @@ def _run_to_the_end(argv: list[str]) -> int:
     sigs = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is not signal.SIG_IGN]
     old = {s: signal.signal(s, forward) for s in sigs}
     try:
-        return proc.wait()
+        rc = proc.wait()
+        for t in relays:
+            t.join()
+        return rc
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -945,7 +996,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     except ScenarioError as e:
-        sys.stderr.write(f"iommulab: error: {e}\n")
+        sys.stderr.write(f"iommulab: error: {shown(str(e))}\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("iommulab: interrupted\n")

@@ -56,6 +56,13 @@ def spec_of(path: str) -> dict[str, Any]:
             and all(isinstance(t, str) for t in spec.get("derived", {}).values())):
         raise ScenarioError(f"{f}: not the record of a sweep (expected an object with tables axes, set and "
                             "derived); move it aside")
+    # What a resumed sweep reads of it besides (sweeps._take): report and resume accept the same records.
+    whole = (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+    if not (all(isinstance(v, list) for v in spec.get("axes", {}).values()) and whole(spec.get("seeds", 1))
+            and whole(spec.get("variants", 1))):
+        raise ScenarioError(f"{f}: not the record of a sweep (expected a list of values per axis, and seeds and "
+                            "variants whole numbers of at least 1); move it aside")
+    grids_of(spec, f)
     return spec
 
 

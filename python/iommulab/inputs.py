@@ -7,6 +7,7 @@ import bz2
 import gzip
 import lzma
 import os
+import re
 import stat
 import sys
 from typing import IO
@@ -14,10 +15,33 @@ from typing import IO
 from ._core import MAX_INPUT_FILE_BYTES, ScenarioError
 
 
+# Characters a terminal acts on rather than shows: C0 controls (ESC starts a sequence that can move the cursor,
+# retitle the window or rewrite what was printed), DEL and C1 controls (U+009B is a one-character CSI).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+# The same, less the line breaks and tabs of a multi-line text.
+_CONTROL_IN_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _escape(m: re.Match) -> str:
+    return f"\\x{ord(m.group()):02x}"
+
+
 def shown(text: str | os.PathLike) -> str:
-    """`text` as printed: bytes that are not UTF-8 (a path's or an argument's, which Python holds as lone
-    surrogates, os.fsdecode) as \\xNN escapes, so that any stream can print it."""
-    return os.fsencode(text).decode("utf-8", "backslashreplace")
+    """`text` as printed within a line: bytes that are not UTF-8 (a path's or an argument's, which Python holds
+    as lone surrogates, os.fsdecode) and control characters (a terminal's escape sequences, a line break) as
+    \\xNN escapes, so that any stream can print it and it stays one item of one line."""
+    try:
+        s = os.fsencode(text).decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate no file system decoding makes (JSON's "\\ud800")
+        s = os.fspath(text).encode("utf-8", "backslashreplace").decode("ascii")
+    return _CONTROL.sub(_escape, s)
+
+
+def terminal(text: str) -> str:
+    """A command's text output as it reaches a terminal: what a trace or a sysfs tree named (a phase, a device,
+    a host) is shown, never acted on: control characters but line breaks and tabs as \\xNN escapes, as
+    `shown` escapes bytes that are not UTF-8."""
+    return _CONTROL_IN_TEXT.sub(_escape, text)
 
 
 def utf8(text: str, what: str) -> str:

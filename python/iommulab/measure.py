@@ -102,13 +102,13 @@ def _kernel_version(release: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
-def summarize(path: str | os.PathLike) -> dict[str, Any]:
+def summarize(path: str | os.PathLike, name: str | None = None) -> dict[str, Any]:
     """A trace recorded with the capture script's -M or -L, as per-function latencies: for each function its
     calls, mean, standard deviation, p50 and p99 (inclusive, ns), its self time (less the probed functions it
     called) and the same by its sizing argument; with the host, kernel, date, command line, IOMMUs and IOMMU
-    groups the script recorded."""
+    groups the script recorded. `name`: what errors call the trace (default: its path)."""
     f, raw = open_trace(path)
-    name = shown(path)
+    name = name or shown(path)
     meta: dict[str, Any] = {"iommus": [], "groups": [], "probes": [], "missed": {}}
     fns: dict[str, _Fn] = {}
     stacks: dict[tuple[int, int], list[list]] = {}  # (pid, cpu for pid 0) -> open calls [fn, t0, key, child ns]

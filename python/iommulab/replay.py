@@ -16,11 +16,27 @@ from .inputs import open_trace, shown, utf8
 CHUNK = 1 << 20
 # Chunks read and decompressed ahead of the replay at most.
 READ_AHEAD = 4
+# The traced kernel when none is given: Debian 13's (6.12), or for a driver that came later its first kernel.
+DEFAULT_KERNEL = "6.12"
 
+
+def default_kernel(iommu: str) -> str:
+    """The kernel a replay through `iommu` assumes when none is given: DEFAULT_KERNEL where that kernel has the
+    driver, else the first after it that has it (the RISC-V IOMMU's 6.13), as the core's own check decides."""
+    major, minor = (int(x) for x in DEFAULT_KERNEL.split("."))
+    newest = tuple(int(x) for x in _core.KERNEL_NEWEST.split("."))
+    while (major, minor) <= newest:
+        try:
+            _core.Replay("-", iommu, False, False, f"{major}.{minor}", "", None, 250, None, [])
+            return f"{major}.{minor}"
+        except ScenarioError:
+            # No Linux minor passes 20 (4.20): then the next major's .0.
+            major, minor = (major, minor + 1) if minor < 20 else (major + 1, 0)
+    return DEFAULT_KERNEL
 
 
 def replay(trace: str | os.PathLike, *, iommu: str = vendors.names(modelled=True)[0], caching_mode: bool = False, ats: bool = False,
-           kernel: str = "6.12", cmdline: str = "", mode: str | None = None, hz: int = 250,
+           kernel: str | None = None, cmdline: str = "", mode: str | None = None, hz: int = 250,
            tick_phase_us: float | None = None, ats_phases: list[str] | None = None,
            progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Replay TRACE through the DMA layer and the IOMMU model (`progress(bytes_read, file_size)` after each
@@ -29,10 +45,13 @@ def replay(trace: str | os.PathLike, *, iommu: str = vendors.names(modelled=True
     "domains": {..., "devices": {DOMAIN: [DEVICE, ...]}}, "phases": {NAME: {"counts": {...},
     "by_domain": {DOMAIN: {...}}}}, "warnings": [...]}`` (docs/replay.md).
     In lazy mode the scheduler tick's phase on the trace clock is inferred per phase unless given.
-    ``ats`` gives every traced device ATS; ``ats_phases`` only the devices whose traffic fills those phases."""
+    ``ats`` gives every traced device ATS; ``ats_phases`` only the devices whose traffic fills those phases.
+    ``kernel`` None: 6.12, or the first kernel after it that has the driver (:func:`default_kernel`)."""
     if not isinstance(trace, (str, os.PathLike)):
         raise ScenarioError(f"trace {trace!r}: expected a path (or - for standard input)")
     name = shown(trace)
+    if kernel is None and isinstance(iommu, str):
+        kernel = default_kernel(iommu)
     for arg, v in [("iommu", iommu), ("kernel", kernel), ("cmdline", cmdline)]:
         if not isinstance(v, str):
             raise ScenarioError(f"{arg} {v!r}: expected a string")

@@ -32,6 +32,10 @@ METRICS = [
 BENCH_METRIC = (("map_benchmark", "loops_per_sec_per_thread"), "loops/s", "{:.0f}")
 
 DEFAULT_FACTORS = (0.5, 2.0)
+# The factors a constant may be scaled by: 1/MAX_FACTOR to MAX_FACTOR. A bound of the front end, not a kernel
+# constant: a million times a nanosecond cost is a millisecond, another machine rather than an error in this one's
+# profile; and past it a profile's integers leave the core's types (u32, u64) and floats reach infinity.
+MAX_FACTOR = 1e6
 
 
 def _metrics(d: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str, str]]:
@@ -62,7 +66,10 @@ def scaled(v: Any, f: float) -> Any:
     """`v` times `f`, integers staying integers."""
     if isinstance(v, list):
         return [scaled(x, f) for x in v]
-    return round(v * f) if isinstance(v, int) else v * f
+    out = v * f
+    if not math.isfinite(out):
+        raise OverflowError(f"{v!r} x {f!r}")
+    return round(out) if isinstance(v, int) else out
 
 
 def _get(d: Mapping[str, Any], path: tuple[str, ...]) -> float:
@@ -89,8 +96,9 @@ def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, fac
                 ) -> dict[str, Any]:
     """Every run of the scenario, then each of its profile's constants scaled by each factor alone: the results'
     changes, relative to the run's baseline, for the constants that change anything."""
-    if not factors or any(not _number(f) or f <= 0 or f == 1 for f in factors):
-        raise ScenarioError(f"factors {list(factors)!r}: expected positive numbers other than 1")
+    if not factors or any(not _number(f) or not 1 / MAX_FACTOR <= f <= MAX_FACTOR or f == 1 for f in factors):
+        raise ScenarioError(f"factors {list(factors)!r}: expected numbers from {1 / MAX_FACTOR:g} to "
+                            f"{MAX_FACTOR:g} other than 1")
     sets = dict(sets or {})
     bases = load(scenario, sets, raw_strings=raw_strings)
     todo, slots = [], []
@@ -108,11 +116,15 @@ def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, fac
             c = {"key": key, "value": value, "source": _kind(sources.get(key)), "scaled": []}
             run["constants"].append(c)
             for f in factors:
-                v = scaled(value, f)
                 try:
+                    v = scaled(value, f)
                     [var] = load(scenario, {**pinned, f"platform.{key}": toml_value(v)}, raw_strings=True)
                 except ScenarioError as e:
                     c["scaled"].append({"factor": f, "value": v, "invalid": str(e)})
+                    continue
+                except OverflowError:
+                    # A constant near a float's largest (a profile may hold 1e300): scaled, no longer a number.
+                    c["scaled"].append({"factor": f, "value": None, "invalid": f"{key} x {f:g}: not a finite number"})
                     continue
                 todo.append(var)
                 slots.append((run, c, {"factor": f, "value": v}))

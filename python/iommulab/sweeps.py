@@ -40,7 +40,9 @@ from .dataset import (META, SPEC_FILE, Numbering, Writer, aggregate_seeds, axes_
                       done_keys, first_line, frame, grids_of, is_dataset, load, locked, parts, printable,
                       spec_of)
 
-# Most points a sweep file may describe (a typo in a range should not start a million runs).
+# Most runs a sweep may describe: its points x seeds x its scenario's [compare] variants (a typo in a range
+# should not start ten million runs). A bound of the front end, not a kernel constant: a million runs of the
+# shortest scenario fill a day of a 2-core machine and a dataset of a few GB.
 MAX_POINTS = 1_000_000
 
 
@@ -269,7 +271,9 @@ def check(sw: Sweep) -> int:
     rows, variants = [], None
     for axes in _checked_points(sw):
         vs = _load(sw, {**sw.sets, **axes})
-        variants = len(vs) if variants is None else variants
+        if variants is None:
+            variants = len(vs)
+            _at_most_runs(sw, variants)
         if len(vs) != variants:
             raise ScenarioError(f"{sw.where}: {_short(axes)} loads {len(vs)} variants, the first point {variants}: "
                                 "every point must compare the same keys")
@@ -281,6 +285,15 @@ def check(sw: Sweep) -> int:
             rows.append(_row(Run(0, 0, {}, _variant_axes(axes, v), 0, v.label, ""), result))
     _check_derived(sw, frame(rows))
     return variants
+
+
+def _at_most_runs(sw: Sweep, variants: int) -> None:
+    """Refuse, before a simulation is built, a sweep whose runs (points x seeds x the scenario's [compare]
+    variants) pass MAX_POINTS: the file's own count leaves out the variants, which multiply it by up to 4096."""
+    n = sw.points() * sw.seeds * variants
+    if n > MAX_POINTS:
+        raise ScenarioError(f"{sw.where}: {sw.points() * sw.seeds} points x seeds, each {variants} runs of the "
+                            f"scenario's [compare]: {n} runs; expected at most {MAX_POINTS}")
 
 
 def _check_derived(sw: Sweep, schema) -> None:
