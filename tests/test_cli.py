@@ -484,3 +484,103 @@ def test_the_old_names_of_built_ins_still_work():
     new = json.loads(cli("run", "iotlb-sync-map", "--json", *SHORT, check_rc=0).stdout)
     assert old == new and new["runs"][0]["scenario"] == "iotlb-sync-map"
     assert "seed004" not in cli("scenarios", check_rc=0).stdout
+
+
+# --- issue 64 items 14 and 16: outputs that fail, clash or would be overwritten; names a terminal would act on ---
+
+SHORT_ONE = [*SHORT, "--set", "os.policy=strict", "--set", "workload.nic_rx.page_pool=true"]
+
+
+def test_a_write_that_fails_is_one_line_for_every_output_format(tmp_path):
+    # --parquet /dev/full was a polars ComputeError traceback (exit 1); a full disk is the same.
+    for args in (("run", "--parquet", "/dev/full"), ("run", "--csv", "/dev/full"),
+                 ("compare", "--no-plot", "--parquet", "/dev/full")):
+        err = one_line_error(cli(*args, *SHORT_ONE, "--force", "--no-progress"))
+        assert f"{args[-2]} /dev/full: cannot write: No space left on device" in err, err
+
+
+def test_two_outputs_naming_one_file_are_refused_before_anything_runs(tmp_path):
+    # run --csv F --parquet F wrote the Parquet file and then the CSV over it, without a word.
+    f = tmp_path / "F"
+    err = one_line_error(cli("run", *SHORT_ONE, "--csv", str(f), "--parquet", str(f)))
+    assert "--csv" in err and "the same file as --parquet" in err, err
+    err = one_line_error(cli("compare", *SHORT_ONE, "--plot", str(f), "--csv", str(tmp_path / "." / "F")))
+    assert "the same file as --plot" in err, err
+    (tmp_path / "link").symlink_to(f)
+    err = one_line_error(cli("run", *SHORT_ONE, "--csv", str(tmp_path / "link"), "--parquet", str(f)))
+    assert "the same file" in err, err
+    assert not f.exists()
+
+
+def test_report_refuses_the_sweep_records_a_resume_refuses(tmp_path):
+    # A sweep.json whose grids (the runs' numbering) were damaged: resume refused it, report read it.
+    sw = tmp_path / "s.toml"
+    sw.write_text('scenario = "default"\n[set]\n"run.duration_ms" = 0.5\n"run.warmup_ms" = 0.2\n'
+                  '"os.policy" = "strict"\n"workload.nic_rx.page_pool" = true\n'
+                  '[axes]\n"workload.nic_rx.queues" = [1, 2]\n')
+    out = tmp_path / "o"
+    cli("sweep", str(sw), "--out", str(out), "--no-progress", check_rc=0)
+    spec = json.loads((out / "sweep.json").read_text())
+    for damaged in ({"grids": 5}, {"grids": [{"axes": {}, "seeds": 1, "first_run": 0, "first_point": 0}]},
+                    {"seeds": 0}, {"seeds": True}, {"variants": "x"}, {"axes": {"workload.nic_rx.queues": 3}}):
+        (out / "sweep.json").write_text(json.dumps({**spec, **damaged}))
+        resume = one_line_error(cli("sweep", str(sw), "--out", str(out), "--no-progress"))
+        report = one_line_error(cli("report", str(out), "-o", str(tmp_path / "r.html")))
+        for err in (resume, report):
+            assert "sweep.json" in err and "not the record of a sweep" in err, (damaged, err)
+        assert not (tmp_path / "r.html").exists()
+
+
+def _trace_with(phase: str, tmp_path: pathlib.Path) -> pathlib.Path:
+    mark = "            init-1       [000] .....     1.{:06d}: tracing_mark_write: "
+    ev = ("  dd-1 [000] ..... 1.000010: map: IOMMU: iova=0x00000000fff00000 - 0x00000000fff01000 "
+          "paddr=0x0000000000100000 size=4096\n"
+          "  dd-1 [000] ..... 1.000100: unmap: IOMMU: iova=0x00000000fff00000 - 0x00000000fff01000 "
+          "size=4096 unmapped_size=4096\n")
+    t = tmp_path / "t.txt"
+    t.write_text(mark.format(1) + f"TB_BEGIN {phase}\n" + ev + mark.format(200) + f"TB_END {phase}\n")
+    return t
+
+
+def test_escape_bytes_from_a_trace_or_a_tree_reach_the_terminal_escaped(tmp_path):
+    # A phase named "\x1b[2J" cleared the screen of whoever replayed the trace; a group directory of a saved
+    # tree so named did the same to inspect. They are shown as \xNN, as bytes that are not UTF-8 are.
+    out = cli("replay", str(_trace_with("net\x1b[2J\x9b5m", tmp_path)), check_rc=0).stdout
+    assert "\x1b" not in out and "\x9b" not in out and "net\\x1b[2J\\x9b5m" in out, out
+    doc = json.loads(cli("replay", str(_trace_with("net\x1b[2J", tmp_path)), "--json", check_rc=0).stdout)
+    assert "net\x1b[2J" in doc["phases"]
+    import tarfile
+
+    with tarfile.open(DATA / "inspect" / "vtd-lazy.tar.gz") as t:
+        t.extractall(tmp_path / "tree", filter="tar")
+    groups = tmp_path / "tree/sys/kernel/iommu_groups"
+    (groups / "3").rename(groups / "3\x1b]0;owned\x07")
+    out = cli("inspect", "--root", str(tmp_path / "tree"), check_rc=0).stdout
+    assert "\x1b" not in out and "\x07" not in out and "3\\x1b]0;owned\\x07" in out, out
+    # An error line stays one line whatever a file name holds.
+    err = one_line_error(cli("replay", str(tmp_path / "no\nsuch\x1b[2J")))
+    assert "no\\x0asuch\\x1b[2J" in err, err
+
+
+def test_replay_of_a_riscv_trace_defaults_to_the_first_kernel_with_its_driver(tmp_path):
+    # replay --iommu riscv assumed 6.12, which has no RISC-V IOMMU driver, and refused every trace for it.
+    doc = json.loads(cli("replay", "--iommu", "riscv", str(_trace_with("net", tmp_path)), "--json",
+                         check_rc=0).stdout)
+    assert doc["kernel"] == "6.13" and doc["phases"]["net"]["counts"]["map_events"] == 1
+    assert json.loads(cli("replay", str(_trace_with("net", tmp_path)), "--json", check_rc=0).stdout)["kernel"] == "6.12"
+    err = one_line_error(cli("replay", "--iommu", "riscv", "--kernel", "6.12", str(_trace_with("net", tmp_path))))
+    assert "6.13 or later" in err, err
+
+
+@pytest.mark.parametrize("profile, arch, kernel", [("riscv-server", "riscv64", "6.13"),
+                                                   ("smmuv3-server", "arm64", "6.12"),
+                                                   ("amdvi-server", "x86_64", "6.12")])
+def test_a_scenario_without_arch_or_kernel_takes_its_profiles(write, profile, arch, kernel):
+    # A scenario naming riscv-server (or an Arm profile) and no os.arch or os.kernel ran as x86_64 on 6.12 and
+    # was refused for it: a profile implies its architecture and a kernel that has its driver.
+    from iommulab.api import load
+
+    f = write("s.toml", MINIMAL.replace("vtd-server", profile))
+    os_ = json.loads(load(f)[0].scenario_json())["os"]
+    assert (os_["arch"], os_["kernel"]) == (arch, kernel), os_
+    assert json.loads(cli("run", str(f), "--json", check_rc=0).stdout)["throughput_gbps"] > 0

@@ -313,8 +313,9 @@ fn is_kvm_key(key: &str) -> bool {
         .is_some_and(|o| o.properties.contains_key(key))
 }
 
-fn deserialize(table: toml::Table) -> Result<Scenario, (Vec<String>, String)> {
+fn deserialize(mut table: toml::Table) -> Result<Scenario, (Vec<String>, String)> {
     check_provenance(&table)?;
+    with_platform_defaults(&mut table);
     let de = toml::Value::Table(table);
     let sc: Scenario = serde_path_to_error::deserialize(de).map_err(|e| {
         let path: Vec<String> = e

@@ -81,6 +81,59 @@ fn default_kernel() -> String {
 fn default_arch() -> Arch {
     Arch::X86_64
 }
+
+/// The `[os]` keys a scenario leaves out, from its (merged) platform: a profile implies its architecture and a
+/// kernel that has its driver. `os.arch`: the first the IOMMU's driver runs on (a guest's: its host profile's,
+/// where the guest's driver runs there too, so virtio-guest-arm64 is arm64). `os.kernel`: 6.12, or where the
+/// driver came later the first kernel after it that has it (the RISC-V IOMMU's 6.13). A key the scenario
+/// or `--set` gives is kept (and checked against the platform as written). Without `[os]` or a vendor the
+/// serde defaults stand and deserialising says what is missing.
+pub fn with_platform_defaults(table: &mut toml::Table) {
+    let Some(drv) = table
+        .get("platform")
+        .and_then(|p| p.get("vendor"))
+        .and_then(|v| v.as_str())
+        .and_then(crate::hw::driver)
+    else {
+        return;
+    };
+    let host_arch = table
+        .get("platform")
+        .and_then(|p| p.get("hypervisor"))
+        .and_then(|h| h.get("host_profile"))
+        .and_then(|h| h.as_str())
+        .and_then(builtin_platform)
+        .map(|h| h.vendor.driver().archs()[0])
+        .filter(|a| drv.archs().contains(a));
+    let Some(toml::Value::Table(os)) = table.get_mut("os") else {
+        return;
+    };
+    if !os.contains_key("arch") {
+        let arch = host_arch.unwrap_or(drv.archs()[0]);
+        os.insert("arch".into(), toml::Value::String(arch.as_str().into()));
+    }
+    if !os.contains_key("kernel") {
+        let arch = os
+            .get("arch")
+            .and_then(|a| a.as_str())
+            .and_then(Arch::parse)
+            .unwrap_or(drv.archs()[0]);
+        let first =
+            kernels_from(parse_kernel(&default_kernel()).expect("validated: 6.12 is in range"))
+                .find(|&k| drv.check_kernel(k.into(), arch).is_ok());
+        if let Some((a, b)) = first {
+            os.insert("kernel".into(), toml::Value::String(format!("{a}.{b}")));
+        }
+    }
+}
+
+/// Kernel versions from `k` to KERNEL_NEWEST, in order (no Linux minor passes 20, 4.20's: then the next .0).
+fn kernels_from(k: (u32, u32)) -> impl Iterator<Item = (u32, u32)> {
+    std::iter::successors(Some(k), |&(a, b)| {
+        Some(if b < 20 { (a, b + 1) } else { (a + 1, 0) })
+    })
+    .take_while(|&k| k <= KERNEL_NEWEST)
+}
 fn default_hz() -> u32 {
     250
 }
@@ -159,5 +212,59 @@ mod tests {
         assert_eq!(rules_kernel("7.3.4+deb13-amd64"), Ok(KERNEL_NEWEST));
         let e = rules_kernel("7.4").unwrap_err();
         assert!(e.contains("7.3") && e.contains("6.18"), "{e}");
+    }
+
+    fn os_of(profile: &str, os: &str, workload: &str) -> Result<(Arch, String), String> {
+        let text = format!(
+            "[run]\nduration_ms = 1\n[platform]\nprofile = \"{profile}\"\n[os]\npolicy = \"strict\"\n{os}{workload}"
+        );
+        let v = load(
+            Source::Text {
+                name: "t",
+                text: &text,
+            },
+            &[],
+        )
+        .map_err(|e| e.to_string())?;
+        Ok((v[0].scenario.os.arch, v[0].scenario.os.kernel.clone()))
+    }
+
+    /// Issue 64: a scenario naming riscv-server or smmuv3-server and no `[os]` arch or kernel ran as x86_64 on
+    /// 6.12 and was refused for it: a profile implies its architecture and a kernel that has its driver.
+    #[test]
+    fn a_profile_implies_its_arch_and_a_kernel_with_its_driver() {
+        let nic = "[workload.nic_rx]\nline_rate_gbps = 10\nqueues = 2\nflows = 2\nmtu = 4096\nring_size = 64\n";
+        let guest_net =
+            "[workload.virtio_net]\nline_rate_gbps = 10\ndirection = \"rx\"\nmtu = 1500\n";
+        assert_eq!(
+            os_of("vtd-server", "", nic),
+            Ok((Arch::X86_64, "6.12".into()))
+        );
+        assert_eq!(
+            os_of("smmuv3-server", "", nic),
+            Ok((Arch::Arm64, "6.12".into()))
+        );
+        assert_eq!(
+            os_of("riscv-server", "", nic),
+            Ok((Arch::Riscv64, "6.13".into()))
+        );
+        // A guest's virtio-iommu runs on x86 and arm64: its host's decides.
+        assert_eq!(
+            os_of("virtio-guest-arm64", "", guest_net),
+            Ok((Arch::Arm64, "6.12".into()))
+        );
+        assert_eq!(
+            os_of("virtio-guest", "", guest_net),
+            Ok((Arch::X86_64, "6.12".into()))
+        );
+        // What the scenario says is kept, and checked.
+        assert_eq!(
+            os_of("riscv-server", "kernel = \"6.15\"\n", nic),
+            Ok((Arch::Riscv64, "6.15".into()))
+        );
+        let e = os_of("riscv-server", "kernel = \"6.12\"\n", nic).unwrap_err();
+        assert!(e.contains("os.kernel") && e.contains("6.13"), "{e}");
+        let e = os_of("smmuv3-server", "arch = \"x86_64\"\n", nic).unwrap_err();
+        assert!(e.contains("os.arch") && e.contains("arm64"), "{e}");
     }
 }
