@@ -305,6 +305,22 @@ def test_the_readmes_example_gives_lazy_on_a_guest(tmp_path):
     assert p.stderr.count("\n") == 1 and "--max-exposure 'soon'" in p.stderr
 
 
+# --- 16. An architecture the IOMMU cannot be on ---------------------------------------------------------------
+
+@pytest.mark.parametrize("name,arch,said", [
+    ("vtd-metal-strict", "aarch64\n", "architecture arm64: Intel VT-d cannot be on arm64; runs as x86_64"),
+    ("no-iommu-metal", "ppc64le\n", "architecture ppc64le: the model has no IOMMU for ppc64le; runs as x86_64")])
+def test_an_architecture_the_iommu_cannot_be_on_is_said_and_not_run_as_is(name, arch, said, tmp_path):
+    # Issue 64 (item 16): VT-d in an arm64 tree ran as x86 without a note.
+    root = tree(name, tmp_path)
+    (root / "proc/sys/kernel/arch").write_text(arch)
+    doc = advise(root)
+    assert said in doc["from_host"] and doc["set"]["os.arch"] == '"x86_64"'
+    if name.startswith("vtd"):
+        assert doc["host"]["current"] == {"policy": "strict", "from": "iommu.strict=1 (IOMMU groups: DMA)"}
+        assert any("Intel VT-d cannot be on arm64" in c for c in doc["caveats"])
+
+
 # --- the host's hardware and other workloads -------------------------------------------------------------
 
 def test_nvme_is_ranked_by_iops_and_rr_by_latency(tmp_path):

@@ -36,13 +36,15 @@ WIDTH = 100
 # than the widest such spread count as equally good (the tie); CPU busy is weighed the same way. A modelling
 # choice, not a kernel constant: three samples give a range at a third of the cost of validate's five.
 SEEDS = 3
-# An option whose p99 exposure is within this share under the bound is flagged: it qualifies by less than the
-# exposure moves between seeds of one scenario (the jiffy a flush-queue timer lands in).
+# An option whose p99 exposure is within this share under the bound is flagged ("a few percent", or its own
+# spread over the seeds when wider): it qualifies by a margin a little more load or another seed can take.
+# A modelling choice, not a kernel constant.
 NEAR_BOUND = 0.05
 # --set keys advise cannot honour: it runs every option with the host's command line and the option's switch.
 REFUSED = {"os.policy": "advise runs every option (passthrough, lazy, strict); iommulab run pins one",
            "os.cmdline": "each option runs the host's command line with its own switch; iommulab run takes one"}
-# Where validate's targets bear on the verdict: those checking what advise ranks the options by.
+# validate's targets bear on the verdict when they check what advise ranks the options by: by measure, the
+# result key a target's value must use (IOPS and latency have no target).
 TARGET_MEASURE = {"throughput_gbps": "throughput_gbps"}
 # What a workload name means: (built-in scenario, its workload table).
 WORKLOADS = {"nic-rx": ("default", "nic_rx"), "nic-tx": ("tx", "nic_tx"), "nvme": ("nvme", "nvme"), "rr": ("rr", "rr")}
@@ -69,8 +71,8 @@ def _cmdline(host: str, words: list[str]) -> str:
     return " ".join([w for w in host.split() if not REPLACED.match(w)] + words)
 
 
-def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
-         given: dict[str, str] | None = None) -> tuple[Any, dict[str, Any], list[str], list[tuple[str, str]], str | None]:
+def plan(res: dict[str, Any], hw: dict[str, Any], workload: str, given: dict[str, str] | None = None
+         ) -> tuple[Any, dict[str, Any], list[str], list[tuple[str, str]], str | None]:
     """The scenario for this host and workload: (scenario, keys set from the host, what was taken from the host,
     what was assumed as (what, the key whose value the run used), why the workload's built-in scenario was
     swapped for another, if it was). `given`: the keys --set gives (they win; the queues follow the CPUs
@@ -111,24 +113,8 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
         took.append(f"{vendors.DRIVERS[cm['vendor']]['title']} caching mode on "
                     f"({vendors.DRIVERS[cm['vendor']]['caching_mode_cap']})")
     swapped = None
-    refused = hyp and (no_vfio or _refuses_vfio(base, table, sets))
-    if refused and workload not in ("nic-rx", "nic-tx"):
-        cm_key = vendors.DRIVERS[p["vendor"]].get("caching_mode_key")
-        raise ScenarioError(
-            f"--workload {workload}: its device would be assigned through VFIO, which "
-            + (no_vfio if no_vfio else f"QEMU's emulated {vendors.DRIVERS[p['vendor']]['title']} without caching "
-               f"mode cannot take (--set platform.iommu.{cm_key}=true models a guest whose VMM sets it)")
-            + "; the model has no emulated device for it")
-    if refused:
-        # A guest whose emulated IOMMU takes no VFIO device (QEMU's, or one without caching mode, which the
-        # VFIO device's shadow mappings need): its NIC is an emulated one, QEMU's virtio-net.
-        old, base, table = base, ("guest-arm" if sets.get("os.arch") == "arm64" else "guest-x86"), "virtio_net"
-        sets |= {"platform.hypervisor.host_profile": hyp["host_profile"], "os.policy": "strict",
-                 "workload.virtio_net.direction": "rx" if workload == "nic-rx" else "tx"}
-        reason = no_vfio or (f"QEMU's emulated {vendors.DRIVERS[p['vendor']]['title']} without caching mode "
-                             "takes no VFIO device")
-        swapped = f"run on {base}'s virtio-net, not {old}'s NIC: {reason}"
-        took.append(f"the guest's virtio-net, not a VFIO NIC: {reason}")
+    if hyp and (no_vfio or _refuses_vfio(base, table, sets)):
+        base, table, swapped = _emulated_nic(p, no_vfio, base, workload, sets, took)
     cores = hw["cpus"]
     if re.fullmatch(r"[0-9]{1,6}", given.get("platform.cpu.cores", "")):
         cores = int(given["platform.cpu.cores"])
@@ -155,6 +141,28 @@ def plan(res: dict[str, Any], hw: dict[str, Any], workload: str,
     if workload not in WORKLOADS:
         took.append(f"the workload of {base}")
     return base, sets, took, assumed, swapped
+
+
+def _emulated_nic(p: dict[str, Any], no_vfio: str | None, base: str, workload: str, sets: dict[str, Any],
+                  took: list[str]) -> tuple[str, str, str]:
+    """A guest whose emulated IOMMU takes no VFIO device (QEMU's AMD IOMMU before 10.1; any without caching mode,
+    which QEMU needs to shadow a VFIO device's mappings): its NIC is an emulated one, QEMU's virtio-net, whose
+    built-in guest scenario stands in (scenario, table, why it was swapped). Another workload's device has no
+    emulated stand-in: a one-line error says so."""
+    title = vendors.DRIVERS[p["vendor"]]["title"]
+    if workload not in ("nic-rx", "nic-tx"):
+        cm_key = vendors.DRIVERS[p["vendor"]].get("caching_mode_key")
+        raise ScenarioError(
+            f"--workload {workload}: its device would be assigned through VFIO, which "
+            + (no_vfio or f"QEMU's emulated {title} without caching mode cannot take (--set "
+               f"platform.iommu.{cm_key}=true models a guest whose VMM sets it)")
+            + "; the model has no emulated device for it")
+    new = "guest-arm" if sets.get("os.arch") == "arm64" else "guest-x86"
+    sets |= {"platform.hypervisor.host_profile": p["hypervisor"]["host_profile"], "os.policy": "strict",
+             "workload.virtio_net.direction": "rx" if workload == "nic-rx" else "tx"}
+    reason = no_vfio or f"QEMU's emulated {title} without caching mode takes no VFIO device"
+    took.append(f"the guest's virtio-net, not a VFIO NIC: {reason}")
+    return new, "virtio_net", f"run on {new}'s virtio-net, not {base}'s NIC: {reason}"
 
 
 def _refuses_vfio(base: str, table: str, sets: dict[str, Any]) -> bool:
@@ -253,7 +261,7 @@ def current(res: dict[str, Any], kernel: str | None) -> dict[str, str]:
     """The DMA option the host runs now, and where it comes from: the IOMMU groups' types (what runs), and the
     command line's switch or the rule the kernel followed (why)."""
     if not res["iommus"] and not res["groups"]:
-        return {"policy": "passthrough", "from": "no IOMMU is visible: every device reaches all memory"}
+        return {"policy": "passthrough", "from": "the absence of an IOMMU: every device reaches all memory"}
     types = [g["type"] for g in res["groups"] if g["devices"] and g["type"] in ("DMA", "DMA-FQ", "identity")]
     rule = _rules(res, kernel, res.get("cmdline") or "").get("PCI device", {})
     if types:
@@ -271,9 +279,26 @@ def current(res: dict[str, Any], kernel: str | None) -> dict[str, str]:
         src = why if not why.startswith(("Default domain type", "DMA domain TLB")) else (
             "the kernel's default" + (f" (CONFIG_IOMMU_DEFAULT: {res['config_default']})"
                                       if res.get("config_default") else ""))
+    elif not rule and words and _asked(words) == policy:
+        src = " ".join(words)  # the rules cannot be applied here: the command line says it alone
     else:
-        src = "the groups' type" + (f" ({' '.join(words)} asks otherwise)" if words else "")
+        src = "the groups' type" + (f" (the kernel's rules give {rule['policy']})" if rule else "")
     return {"policy": policy, "from": src + (f" (IOMMU groups: {gtype})" if gtype else "")}
+
+
+def _asked(words: list[str]) -> str | None:
+    """The option the command line's own switches ask for (iommu_setup(), iommu_dma_setup(): the last of each
+    wins, and passthrough before strictness)."""
+    pt = strict = None
+    for w in words:
+        k, _, v = w.partition("=")
+        if k == "iommu.passthrough":
+            pt = v in ("1", "y", "Y", "on")
+        elif w in ("iommu=pt", "iommu=nopt"):
+            pt = w == "iommu=pt"
+        elif k == "iommu.strict":
+            strict = v in ("1", "y", "Y", "on")
+    return "passthrough" if pt else {True: "strict", False: "lazy", None: None}[strict]
 
 
 def _reach(r: RunResult) -> str:
@@ -323,22 +348,7 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
                     "time a lazy flush queue)")
     hz = sc["os"]["hz"]
     bound = _core.fq_timer_bound_us(hz) if given is None else given
-    options, variants = [], []
-    for name, words in OPTIONS:
-        cmd = _cmdline(res.get("cmdline") or "", words)
-        rules = _rules(res, kernel, cmd)
-        policy = rules.get("PCI device", {}).get("policy")
-        opt = {"option": name, "cmdline": " ".join(words), "policy": policy or name}
-        if policy and policy != name:
-            opt["note"] = f"the kernel gives {policy} here, not {name}"
-            opt["explain"] = _explain_command(res, kernel, words)
-        untrusted = rules.get("untrusted PCI device")
-        if untrusted and untrusted.get("policy") != opt["policy"]:
-            opt["untrusted"] = untrusted["policy"]
-        options.append(opt)
-        for i in range(SEEDS):
-            variants += load(base, {**keys, "os.policy": toml_value(opt["policy"]), "os.cmdline": toml_value(cmd),
-                                    "run.seed": str(sc["run"]["seed"] + i)}, raw_strings=True)
+    options, variants = _option_runs(res, kernel, base, keys, sc["run"]["seed"])
     results = run_variants(variants)
     kind = _measure(base, results[0])
     key, _, value, higher = MEASURES[kind]
@@ -367,6 +377,30 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
                            "validation": checks},
         "caveats": _caveats(res, hw, options, sc),
     }
+
+
+def _option_runs(res: dict[str, Any], kernel: str, base: str, keys: dict[str, str],
+                 seed: int) -> tuple[list[dict[str, Any]], list[Any]]:
+    """Each option as the kernel's rules resolve it on this host (the policy a PCI device gets, a note and the
+    explain command when that is not the option asked for, untrusted devices' policy), and its runs at SEEDS
+    seeds from `seed`, option by option."""
+    options, variants = [], []
+    for name, words in OPTIONS:
+        cmd = _cmdline(res.get("cmdline") or "", words)
+        rules = _rules(res, kernel, cmd)
+        policy = rules.get("PCI device", {}).get("policy")
+        opt = {"option": name, "cmdline": " ".join(words), "policy": policy or name}
+        if policy and policy != name:
+            opt["note"] = f"the kernel gives {policy} here, not {name}"
+            opt["explain"] = _explain_command(res, kernel, words)
+        untrusted = rules.get("untrusted PCI device")
+        if untrusted and untrusted.get("policy") != opt["policy"]:
+            opt["untrusted"] = untrusted["policy"]
+        options.append(opt)
+        for i in range(SEEDS):
+            variants += load(base, {**keys, "os.policy": toml_value(opt["policy"]), "os.cmdline": toml_value(cmd),
+                                    "run.seed": str(seed + i)}, raw_strings=True)
+    return options, variants
 
 
 def _fill(opt: dict[str, Any], runs: list[RunResult], key: str, kind: str, value: Any) -> None:
