@@ -220,12 +220,14 @@ def _nic(hw: dict[str, Any], table: str, base: str, cores: int, sets: dict[str, 
             sets[f"workload.{table}.flows"] = queues
         what = (f"queues{' and flows' if table != 'rr' else ''} (one per CPU up to the NIC's {side} queues"
                 + (f", {nic_queues}" if nic_queues else "") + ")")
+        if queues == 1:
+            what = what.replace("queues", "queue", 1).replace("flows", "flow")
         if hw["cpus"] or "platform.cpu.cores" in given:
             took.append(f"{queues} {what}")
         else:
             assumed.append((what, qkey))
     if cores > queues:
-        why = (f"the NIC has {nic_queues} {side} queues" if nic_queues == queues else
+        why = (f"the NIC has {nic_queues} {side} queue{'s' * (nic_queues > 1)}" if nic_queues == queues else
                "the model takes 16 queues at most" if queues == 16 else f"{qkey}={queues}")
         took.append(f"{cores - queues} of the {cores} CPUs take no {side} queue and stay idle ({why})")
 
@@ -468,7 +470,7 @@ def _rule_text(v: dict[str, Any], bound: float, given: float | None, hz: int, hi
 
 
 def _pct(x: float) -> str:
-    return f"{100 * x:.2g} %" if x < 0.1 else f"{100 * x:.0f} %"
+    return "0 % (no spread)" if not x else f"{100 * x:.2g} %" if x < 0.1 else f"{100 * x:.0f} %"
 
 
 def _why(rec: dict[str, Any], v: dict[str, Any], key: str) -> str:
