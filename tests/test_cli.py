@@ -510,6 +510,14 @@ def test_two_outputs_naming_one_file_are_refused_before_anything_runs(tmp_path):
     err = one_line_error(cli("run", *SHORT_ONE, "--csv", str(tmp_path / "link"), "--parquet", str(f)))
     assert "the same file" in err, err
     assert not f.exists()
+    # Nor is the input written over, --force or not.
+    sc = tmp_path / "s.toml"
+    sc.write_text(MINIMAL)
+    err = one_line_error(cli("run", str(sc), "--csv", str(sc), "--force"))
+    assert "the same file as the scenario" in err and sc.read_text() == MINIMAL, err
+    cli("run", str(sc), "--parquet", str(f), check_rc=0)
+    err = one_line_error(cli("report", str(f), "-o", str(f), "--force"))
+    assert "the same file as the results" in err and f.read_bytes()[:4] == b"PAR1", err
 
 
 def test_report_refuses_the_sweep_records_a_resume_refuses(tmp_path):

@@ -95,11 +95,12 @@ import iommulab  # noqa: E402
 from conftest import cli, one_line_error  # noqa: E402
 from iommulab import sweeps  # noqa: E402
 from iommulab._core import ScenarioError  # noqa: E402
-from iommulab.validate import MAX_SEEDS, Runner  # noqa: E402
 
 
 def test_validate_and_calibrate_seeds_past_the_cap_are_one_line():
     # --seeds 1000000 was taken: every seed's runs kept in memory, which climbed without a word.
+    from iommulab.validate import MAX_SEEDS, Runner
+
     err = one_line_error(cli("validate", "NOSUCH", "--seeds", "1000000"))
     assert "--seeds" in err and f"from 1 to {MAX_SEEDS}" in err, err
     err = one_line_error(cli("calibrate", "--list", "--seeds", str(MAX_SEEDS + 1)))

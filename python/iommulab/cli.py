@@ -377,7 +377,7 @@ def _cmd_run(a: argparse.Namespace) -> int:
         for v in variants:
             sys.stdout.write(inv_log(v, a.inv_log))
         return 0
-    _distinct(("--parquet", a.parquet), ("--csv", a.csv))
+    _distinct(("the scenario", _input(a.scenario)), ("--parquet", a.parquet), ("--csv", a.csv))
     _fresh(a.parquet, a.force, "--parquet")
     _fresh(a.csv, a.force, "--csv")
     with _progress(a) as progress:
@@ -530,8 +530,14 @@ def _write_frame(df, path: str, what: str, kind: str) -> None:
     _write(path, buf.getvalue(), what)
 
 
+def _input(path: str | None) -> str | None:
+    """`path` when it names a file the command reads (not a built-in's name), for `_distinct`."""
+    return path if path and os.path.isfile(path) else None
+
+
 def _distinct(*outputs: tuple[str, str | None]) -> None:
-    """Refuse two outputs (flag, path) that name one file: the second would overwrite the first unasked."""
+    """Refuse two outputs (flag, path), or an output and the input, that name one file: the second would
+    overwrite the first unasked, --force or not (it overwrites a file of an earlier run, not this one's)."""
     seen: dict[str, str] = {}
     for what, path in outputs:
         if not path:
@@ -570,7 +576,7 @@ def _cmd_compare(a: argparse.Namespace) -> int:
                 k += 1
             plot = f"compare-{name}-{k}.html"
         _fresh(plot, a.force, "--plot")
-    _distinct(("--plot", plot), ("--parquet", a.parquet), ("--csv", a.csv))
+    _distinct(("the scenario", _input(a.scenario)), ("--plot", plot), ("--parquet", a.parquet), ("--csv", a.csv))
     _fresh(a.parquet, a.force, "--parquet")
     _fresh(a.csv, a.force, "--csv")
     with _progress(a) as progress:
@@ -637,7 +643,7 @@ def _cmd_report(a: argparse.Namespace) -> int:
 
     out = a.out or os.path.join(a.results if os.path.isdir(a.results) else os.path.dirname(a.results) or ".",
                                 "report.html")
-    _distinct(("-o", out), ("--csv", a.csv))
+    _distinct(("the results", _input(a.results)), ("-o", out), ("--csv", a.csv))
     _fresh(out, a.force, "-o")
     _fresh(a.csv, a.force, "--csv")
     df = dataset.load(a.results)
