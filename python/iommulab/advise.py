@@ -21,7 +21,7 @@ from . import _core, hostinfo, vendors
 from .api import RunResult, ScenarioError, load, run_variants, toml_value
 from .inputs import shown
 from .report import exposure, rate
-from .validate import profile_value, read_profile
+from .validate import Runner, check, load_targets, profile_value, read_profile
 
 # The kernel's own bound on how long lazy leaves a freed page reachable: the flush-queue timer
 # (IOVA_DEFAULT_FQ_TIMEOUT, _core.FQ_TIMEOUT_MS) in whole jiffies and one more, _core.fq_timer_bound_us(hz).
@@ -503,8 +503,6 @@ def targets_bearing(profile: str, key: str) -> list[dict[str, Any]]:
     """validate's targets on `profile` that check what the verdict ranks by (a throughput of strict, lazy or
     passthrough), each run at its scenario's own seed (validate runs five: about a second here, against
     validate's tens)."""
-    from .validate import Runner, check, load_targets
-
     field = TARGET_MEASURE.get(key)
     if not field:
         return []

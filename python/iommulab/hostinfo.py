@@ -660,7 +660,7 @@ def format_inspect(res: dict[str, Any]) -> str:
         nics = ", ".join(f"{n['name']} ({n['device']}" + (f", {n['speed_gbps']:g} Gbps" if n["speed_gbps"] else "")
                          + (f", {n['rx_queues']} RX queues" if n["rx_queues"] else "") + ")" for n in hw["nics"])
         lines.append(f"CPUs {hw.get('cpus') or '?'}" + (f" ({hw['cpu_model']})" if hw.get("cpu_model") else "")
-                     + (" · a guest" if hw.get("guest") else "")
+                     + (f" · a guest{' of ' + hw['vmm'] if hw.get('vmm') else ''}" if hw.get("guest") else "")
                      + (f" · confidential: {hw['confidential']}" if hw.get("confidential") else "")
                      + f" · NICs {nics or 'none'} · NVMe {', '.join(hw['nvme']) or 'none'}")
     for i in res["iommus"]:
