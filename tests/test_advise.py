@@ -165,6 +165,13 @@ def test_a_set_advise_would_override_is_refused_in_one_line(key, tmp_path):
     assert p.stderr.count("\n") == 1 and f"--set {key}: not used here" in p.stderr
 
 
+def test_a_cpu_count_that_is_not_a_number_is_one_line(tmp_path):
+    # Issue 64 (item 14): --set platform.cpu.cores=² passed str.isdigit() and int() raised a traceback.
+    p = cli("advise", "--root", str(tree("vtd-metal-strict", tmp_path)), "--set", "platform.cpu.cores=\u00b2",
+            check_rc=2)
+    assert p.stderr.count("\n") == 1 and "platform.cpu.cores" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_cpus_beyond_the_nics_queues_are_said_to_stay_idle(tmp_path):
     # Issue 64 (item 3): 8 CPUs on a NIC with 4 queues; and the README's 32 CPUs past the model's 16 queues.
     root = tree("vtd-metal-strict", tmp_path)
