@@ -592,3 +592,10 @@ def test_a_scenario_without_arch_or_kernel_takes_its_profiles(write, profile, ar
     os_ = json.loads(load(f)[0].scenario_json())["os"]
     assert (os_["arch"], os_["kernel"]) == (arch, kernel), os_
     assert json.loads(cli("run", str(f), "--json", check_rc=0).stdout)["throughput_gbps"] > 0
+
+
+def test_explain_on_riscv64_defaults_to_the_first_kernel_with_its_driver():
+    # explain --arch riscv64 described Linux 6.12, which has no RISC-V IOMMU driver.
+    assert cli("explain", "--arch", "riscv64", check_rc=0).stdout.startswith("Linux 6.13 on riscv64 with riscv")
+    assert cli("explain", check_rc=0).stdout.startswith("Linux 6.12 on x86_64 with vtd")
+    assert json.loads(cli("explain", "--arch", "riscv64", "--kernel", "6.15", "--json", check_rc=0).stdout)

@@ -17,7 +17,7 @@ from .api import ScenarioError, as_result, load, run_variants, stderr_progress
 from .compare import POLICIES, compare, format_compare
 from .inputs import shown, terminal, utf8
 from .invlog import inv_log
-from .replay import format_replay, replay
+from .replay import default_kernel, format_replay, replay
 from .report import format_table
 from .sensitivity import MAX_FACTOR
 from .validate import (DEFAULT_SEEDS, MAX_SEEDS, Calibration, calibrate, declared_calibrations, format_validate,
@@ -184,7 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "capabilities) and print it per device type with the kernel's own log lines.")
     archs = list(dict.fromkeys(a for d in vendors.DRIVERS.values() for a in d["archs"]))
     e.add_argument("--arch", choices=archs, default=archs[0], help=f"default {archs[0]}")
-    e.add_argument("--kernel", default="6.12", metavar="V", help="kernel version, MAJOR.MINOR (default 6.12)")
+    e.add_argument("--kernel", metavar="V", help="kernel version, MAJOR.MINOR (default 6.12, or the first kernel "
+                   "after it with the IOMMU's driver: 6.13 for riscv)")
     e.add_argument("--cmdline", default="", help="kernel command line")
     e.add_argument("--caching-mode", choices=["on", "off"], default="off",
                    help=f"caching mode (a virtual IOMMU's {_caching_mode_caps()})")
@@ -667,6 +668,7 @@ def _cmd_replay(a: argparse.Namespace) -> int:
 
 def _cmd_explain(a: argparse.Namespace) -> int:
     iommu = a.iommu or _default_driver(a.arch)
+    a.kernel = a.kernel or default_kernel(iommu)
     utf8(a.kernel, "--kernel")
     utf8(a.cmdline, "--cmdline")
     res = json.loads(_core.explain(a.arch, a.kernel, a.cmdline, a.caching_mode == "on", iommu))
