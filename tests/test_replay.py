@@ -273,23 +273,16 @@ def many_phases(path: pathlib.Path, n: int) -> pathlib.Path:
     return path
 
 
-def test_lazy_replay_time_grows_linearly_with_the_number_of_phases(tmp_path):
+def test_lazy_replay_reports_each_of_thousands_of_phases_alike(tmp_path):
     # Issue 14: every marker looked its phase up by name among all the phases before it (in each of the 16
-    # tick phases' replays), and so did the choice of tick phase: 10k phases took 10 s, 40k over a minute.
-    import time
-
-    def seconds(n):
-        trace = many_phases(tmp_path / f"p{n}.txt", n)
-        best = None
-        for _ in range(3):
-            t = time.perf_counter()
-            res = iommulab.replay(trace, mode="lazy")
-            best = min(best or 1e9, time.perf_counter() - t)
-        assert len(res["phases"]) == n + 1 and res["phases"][f"p{n - 1}"] == res["phases"]["p1"]
-        return best
-    # Four times the phases: four times the time, where the lookups made it over thirty (on a busy machine too).
-    small, large = seconds(2000), seconds(8000)
-    assert large < 10 * small, f"2000 phases {small:.2f} s, 8000 phases {large:.2f} s"
+    # tick phases' replays), and so did the choice of tick phase: 10k phases took 10 s, 40k over a minute. How
+    # the time grows with the phases is a figure of `cargo bench --bench speed -- replay-phases`
+    # (docs/benchmarks.md), not a timed test; here, that each of 2000 identical phases is reported, alike.
+    n = 2000
+    res = iommulab.replay(many_phases(tmp_path / "p.txt", n), mode="lazy")
+    assert len(res["phases"]) == n + 1
+    assert all(res["phases"][f"p{p}"] == res["phases"]["p1"] for p in range(1, n))
+    assert res["phases"]["p1"]["counts"]["map_events"] == 4
 
 
 def test_perf_script_output_replays_as_the_ftrace_text_it_came_from(tmp_path):

@@ -5,6 +5,7 @@
 //! - full-walk translations per second (pages 1 GiB apart: every lookup misses the IOTLB and walk caches);
 //! - replay events per second over a generated trace of map/unmap pairs, strict and lazy (lazy tries its 16
 //!   tick phases);
+//! - lazy replay's time over 2000 and 8000 phases, and their ratio (linear in the phases: about 4);
 //! - memory per mapped page in the 200 Gbps configuration, at 100, 200 and 400 simulated ms of one run.
 //!
 //! Each figure is the best of a few repeats; user CPU time on one core is what the targets mean.
@@ -223,6 +224,76 @@ fn replays(modes: &[(&str, PolicyName)]) {
     }
 }
 
+/// A trace of `n` phases (`TB_BEGIN p0` ... `TB_END p{n-1}`), each four map/unmap pairs of 4 KiB at its start,
+/// 40 ms apart so that a lazy flush timer fires between them (tests/test_replay.py `many_phases`, generated).
+fn phases_trace(n: u64) -> Vec<u8> {
+    let mut out = String::with_capacity(n as usize * 10 * 120);
+    let line = |ts: u64, body: &str| {
+        format!(
+            "  ksoftirqd/0-15 [000] ..s1. {}.{:06}: {body}\n",
+            ts / 1_000_000_000,
+            (ts / 1000) % 1_000_000
+        )
+    };
+    for p in 0..n {
+        let base = 10_000_000 + p * 40_000_000;
+        out += &line(base, &format!("tracing_mark_write: TB_BEGIN p{p}"));
+        for i in 0..4u64 {
+            let iova = 0xffff_f000 - i * 0x1000;
+            out += &line(
+                base + 10_000 + i * 2000,
+                &format!(
+                    "map: IOMMU: iova=0x{iova:016x} - 0x{:016x} paddr=0x{:016x} size=4096",
+                    iova + 0x1000,
+                    0x1_0000_0000 + i * 0x1000
+                ),
+            );
+            out += &line(
+                base + 11_000 + i * 2000,
+                &format!(
+                    "unmap: IOMMU: iova=0x{iova:016x} - 0x{:016x} size=4096 unmapped_size=4096",
+                    iova + 0x1000
+                ),
+            );
+        }
+        out += &line(
+            base + 39_000_000,
+            &format!("tracing_mark_write: TB_END p{p}"),
+        );
+    }
+    out.into_bytes()
+}
+
+/// Lazy replay's time against the number of phases (issue 14: each marker looked its phase up among all the
+/// phases before it, in each of the 16 tick phases' replays; 10k phases took 10 s, 40k over a minute): 2000 and
+/// 8000 phases, and the ratio of their times: at most about 4 where the time is linear in the phases (less, as
+/// a replay's fixed costs weigh more in the smaller), over 30 with issue 14's lookups. Moved here from
+/// tests/test_replay.py, where it was a timed test.
+fn replay_phases() {
+    let opts = ReplayOptions {
+        mode: Some(PolicyName::Lazy),
+        ..Default::default()
+    };
+    let mut secs = Vec::new();
+    for n in [2000u64, 8000] {
+        let t = phases_trace(n);
+        let (wall, phases) = best(|| {
+            let t0 = Instant::now();
+            let mut s = ReplaySession::new("bench", &opts).expect("options");
+            s.feed(&t).expect("short lines");
+            let r = s.finish().expect("replays");
+            (t0.elapsed().as_secs_f64(), r.phases.iter().count())
+        });
+        assert_eq!(phases as u64, n + 1, "every phase and _outside");
+        println!("replay    lazy, {n} phases: {wall:.3} s");
+        secs.push(wall);
+    }
+    println!(
+        "replay    lazy, 4 × the phases: {:.1} × the time (linear: at most about 4)",
+        secs[1] / secs[0]
+    );
+}
+
 /// The trace parser alone: lines per second.
 fn parse() {
     let t = trace(1_000_000);
@@ -254,7 +325,7 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let parts: [(&str, fn()); 6] = [
+    let parts: [(&str, fn()); 7] = [
         ("memory", memory),
         ("simulate", simulation),
         ("translate", full_walks),
@@ -262,6 +333,7 @@ fn main() {
             replays(&[("strict", PolicyName::Strict)])
         }),
         ("replay-lazy", || replays(&[("lazy", PolicyName::Lazy)])),
+        ("replay-phases", replay_phases),
         ("parse", parse),
     ];
     for (name, f) in parts {
