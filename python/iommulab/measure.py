@@ -259,25 +259,30 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
                             f"{MEASURE_FORMAT}, with functions)")
     _check_meta(doc, name)
     for fn, s in doc["functions"].items():
-        where = f"{name}: functions.{shown(fn)}"
-        if not isinstance(s, dict):
-            raise ScenarioError(f"{where}: expected an object with calls, mean_ns and self_mean_ns")
-        _check_calls(s, where)
-        for k in ("stddev_ns", "p50_ns", "p99_ns"):
-            if k in s:
-                _check_ns(s, k, where)
-        by = s.get("by", {})
-        if not isinstance(by, dict):
-            raise ScenarioError(f"{where}.by: expected an object of argument values")
-        for key, b in by.items():
-            w = f"{where}.by.{shown(key)}"
-            if key != "other" and not all(re.fullmatch(r"\w+=\d+", p) and int(p.split("=")[1]) <= MAX_ARG
-                                          for p in key.split(",")):
-                raise ScenarioError(f"{w}: expected NAME=N[,NAME=N] with N at most {MAX_ARG}, or other")
-            if not isinstance(b, dict):
-                raise ScenarioError(f"{w}: expected an object with calls, mean_ns and self_mean_ns")
-            _check_calls(b, w)
+        _check_function(s, f"{name}: functions.{shown(fn)}")
     return doc
+
+
+def _check_function(s: Any, where: str) -> None:
+    """One function's summary: its calls and latencies, and the same per argument value (`by`), each keyed
+    NAME=N[,NAME=N] as `_key` writes them (N in ASCII digits, at most MAX_ARG) or `other`."""
+    if not isinstance(s, dict):
+        raise ScenarioError(f"{where}: expected an object with calls, mean_ns and self_mean_ns")
+    _check_calls(s, where)
+    for k in ("stddev_ns", "p50_ns", "p99_ns"):
+        if k in s:
+            _check_ns(s, k, where)
+    by = s.get("by", {})
+    if not isinstance(by, dict):
+        raise ScenarioError(f"{where}.by: expected an object of argument values")
+    for key, b in by.items():
+        w = f"{where}.by.{shown(key)}"
+        if key != "other" and not all(re.fullmatch(r"\w+=\d{1,16}", p, re.ASCII) and int(p.split("=")[1]) <= MAX_ARG
+                                      for p in key.split(",")):
+            raise ScenarioError(f"{w}: expected NAME=N[,NAME=N] with N at most {MAX_ARG}, or other")
+        if not isinstance(b, dict):
+            raise ScenarioError(f"{w}: expected an object with calls, mean_ns and self_mean_ns")
+        _check_calls(b, w)
 
 
 def _check_calls(s: dict[str, Any], where: str) -> None:
