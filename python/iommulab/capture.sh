@@ -161,7 +161,7 @@ add() {  # LINE FILE
 }
 nap() {  # SECONDS: a sleep that SIGINT, SIGTERM and SIGHUP cut short
   sleep "$1" & sleeper=$!
-  [ "$stopped" = 1 ] || wait "$sleeper"
+  [ "$stopped" = 1 ] || wait "$sleeper" 2>/dev/null
   kill "$sleeper" 2>/dev/null
   sleeper=
 }
@@ -170,7 +170,7 @@ made=0 added_kprobes= reader= child= sleeper= stopped=0 cleaned=0 recording=0
 stop_reader() {  # it holds the instance's trace_pipe open, and an instance in use cannot be removed
   [ -n "$reader" ] || return 0
   kill "$reader" 2>/dev/null
-  while kill -0 "$reader" 2>/dev/null; do wait "$reader"; done  # a signal may cut a wait short
+  while kill -0 "$reader" 2>/dev/null; do wait "$reader" 2>/dev/null; done  # a signal may cut a wait short
   reader=
 }
 # Undo every change, once, on any exit: the reader stops, the instance goes (its events with it), then the kprobe
@@ -310,15 +310,18 @@ fi
     done
   fi
 } >> "$tmp"
-recording=1
+# The reader starts before tracing does, so that no event is missed; the trace is kept (on any exit) once
+# tracing is on: until then it holds nothing recorded.
 cat "$I/trace_pipe" >> "$tmp" &
 reader=$!
 put 1 "$I/tracing_on" || fail "cannot turn tracing on in $I"
+recording=1
 [ -n "$phase" ] && add "TB_BEGIN $phase" "$I/trace_marker"
 status=0
 if [ $# -gt 0 ]; then
   IOMMULAB_TRACE_MARKER=$I/trace_marker IOMMULAB_TRACE_INSTANCE=$I "$@" & child=$!
-  [ "$stopped" = 1 ] || { wait "$child"; status=$?; }
+  # (A wait's 2>/dev/null silences the shell's own "Hangup" or "Terminated" for a job a signal ended.)
+  [ "$stopped" = 1 ] || { wait "$child" 2>/dev/null; status=$?; }
   if [ "$stopped" = 1 ]; then
     # A TERM that reaches the command between its fork and its exec can be lost (the forked shell still has
     # this script's trap): send it again once the command runs, so the wait below cannot outlast it.
