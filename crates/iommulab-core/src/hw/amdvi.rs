@@ -678,6 +678,23 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn before_5_13_one_page_was_flushed_alone_and_two_were_the_whole_domain() {
+        // build_inv_iommu_pages() (5.10): pages = iommu_num_pages(address, size, PAGE_SIZE); pages > 1 takes
+        // CMD_INV_IOMMU_ALL_PAGES_ADDRESS. One page is the last flushed by itself, two the first flushed whole.
+        for (pages, selective, whole) in [(1, 1, 0), (2, 0, 1)] {
+            let mut a = amd_with(&cfg(false), None, KernelVersion(5, 10));
+            a.map_pages(1, 4, 1000, pages);
+            unmap_sync(&mut a, 0, 4, pages);
+            let c = a.counters();
+            assert_eq!(
+                (c.get(INV_IOMMU_PAGES), c.get(INV_IOMMU_PAGES_ALL)),
+                (selective, whole),
+                "{pages} pages"
+            );
+        }
+    }
+
+    #[test]
     fn wait_on_sem_sees_the_store_at_a_whole_poll() {
         // cmd_ns + completion_wait_ns = 600 ns: the first read (right after the tail write) misses it, the
         // second, after udelay(1), sees it.
