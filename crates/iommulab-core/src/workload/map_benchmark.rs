@@ -284,4 +284,44 @@ mod tests {
         assert!(nofill.unmap_ns_mean >= (256 * cmd_ns) as f64, "{nofill:?}");
         assert!(nofill.map_ns_mean > 0.0, "{nofill:?}");
     }
+
+    #[test]
+    fn each_timed_span_is_its_calls_own_time_to_the_nanosecond() {
+        // The same calls, made by hand on a twin host, give each span's exact length: the map's from after
+        // the fill (map_stime) to dma_map_single()'s return (map_etime); the unmap's from after ndelay()
+        // (unmap_stime) to dma_unmap_single()'s return (unmap_etime).
+        let cfg = MapBenchmark {
+            threads: 1,
+            seconds: None,
+            granule: 16,
+            dma_dir: MapDir::Bidirectional,
+            node: -1,
+            dma_bits: 32,
+            dma_trans_ns: 50_000,
+        };
+        let (mut host, mut twin) = (
+            crate::run::test_host("strict"),
+            crate::run::test_host("strict"),
+        );
+        let mut w = MapBenchmarkWorkload::new(&cfg, 8, 0.25);
+        w.start(&mut host, 0);
+        MapBenchmarkWorkload::new(&cfg, 8, 0.25).start(&mut twin, 0);
+        let (cpu, phys, pages, fill) = (w.cpus[0], w.threads[0].phys, w.pages(), w.fill_ns);
+        assert!(fill > 0, "a bidirectional map fills its buffer first");
+        w.handle(&mut host, 0, EV_MAP, 0);
+        assert!(twin.cpu_acquire(cpu, 0, event(EV_MAP, 0), Ctx::Task));
+        let (dma, mapped) = twin.dma_map(fill, cpu, phys, pages).expect("maps");
+        assert_eq!(w.threads[0].mapped, Some((dma, mapped - fill)));
+        let at = mapped + cfg.dma_trans_ns;
+        twin.cpus[cpu].account(0, at);
+        w.handle(&mut host, at, EV_UNMAP, 0);
+        assert!(twin.cpu_acquire(cpu, at, event(EV_UNMAP, 0), Ctx::Task));
+        let t = twin.dma_unmap(at, cpu, dma, pages);
+        let t = twin.dma_batch_end(t, cpu);
+        assert!(mapped > fill && t > at);
+        assert_eq!(
+            (w.sums.loops, w.sums.sum_map_ns, w.sums.sum_unmap_ns),
+            (1, mapped - fill, t - at)
+        );
+    }
 }
