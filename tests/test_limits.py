@@ -135,6 +135,9 @@ def test_sensitivity_factors_and_calibrate_ranges_must_be_finite_and_bounded():
     for r in ("0:inf", "-inf:5", "nan:5"):
         err = one_line_error(cli("calibrate", "--param", "nosuch", f"--range={r}"))
         assert "--range" in err and "finite" in err, err
+    # A finite range past what TOML's 64-bit integers hold, for an integer constant: said before any probe runs.
+    err = one_line_error(cli("calibrate", "--param", "iommu.smmuv3.cmd_ns", "--range", "0:1e300", "--seeds", "1"))
+    assert "--range" in err and "whole number" in err and len(err) < 200, err
     assert sensitivity_scaled_past_a_double_is_invalid()
 
 

@@ -390,6 +390,10 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24,
         return r.value(t)
 
     lo, hi = snap(c.range[0]), snap(c.range[1])
+    if integer and max(abs(lo), abs(hi)) >= 1 << 63:
+        # TOML's integers are 64-bit signed: a probe past them could not be written into the profile.
+        raise ScenarioError(f"--range {c.range[0]:g}:{c.range[1]:g}: {c.param} is a whole number; expected a "
+                            f"range within ±{float(1 << 63):g}")
     m_lo, m_hi = model_at(lo), model_at(hi)
     f_lo, f_hi = m_lo - t.published, m_hi - t.published
     if f_lo * f_hi > 0:
