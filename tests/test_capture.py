@@ -113,7 +113,9 @@ class TracePipe:
     capture has read the stats `hold_reads` times: a reader lagging behind the recording); its read then waits
     for more and never ends, as the kernel's does, until the reader is killed. A stats read is answered once the
     reader has written out all it was given (or is gone): `entries` counts the events still held back, plus
-    `unread` (events the ring buffer keeps unread whatever the reader does), and `overrun` is the template's."""
+    `unread` (events the ring buffer keeps unread whatever the reader does), and `overrun` is the template's.
+    (The kernel answers at once, counting an event read once read() has returned it; waiting for the reader to
+    have written it out too keeps the tests from depending on how fast the reader runs.)"""
 
     def __init__(self, root: pathlib.Path, template: pathlib.Path, first=None, hold_reads=0, unread=0):
         self.pipe, self.stats, self.template = root / "trace_pipe.fifo", root / "stats", template
@@ -207,7 +209,10 @@ class TracePipe:
         self.stopped = True
         os.write(self.wake_w, b"s")
         for f in (self.pipe, self.stats):
-            os.close(os.open(f, os.O_RDONLY | os.O_NONBLOCK))
+            try:
+                os.close(os.open(f, os.O_RDONLY | os.O_NONBLOCK))
+            except OSError:
+                pass  # its directory is gone (at exit): the daemon threads go with the process
         for t in self.threads:
             t.join(10)
 
