@@ -57,10 +57,11 @@ impl PolicyName {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Os {
-    /// Kernel version, `MAJOR.MINOR`.
+    /// Kernel version, `MAJOR.MINOR`. Left out: 6.12, or the IOMMU driver's first kernel after it.
     #[serde(default = "default_kernel")]
     pub kernel: String,
-    /// The kernel's architecture (an IOMMU's vendor must match it).
+    /// The kernel's architecture (an IOMMU's vendor must match it). Left out: the IOMMU driver's (a guest's:
+    /// its host profile's).
     #[serde(default = "default_arch")]
     pub arch: Arch,
     pub policy: PolicyName,
