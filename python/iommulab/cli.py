@@ -927,6 +927,10 @@ def _cmd_calibrate(a: argparse.Namespace) -> int:
     if a.list:
         return _list_calibrations(ts, a.json)
     cals = [c for c in ts.calibrations if a.param in (None, c.param)]
+    # --profile and --target pick among the declared calibrations where they name one (else they override).
+    for attr, want in (("profile", a.profile), ("target", a.target_id)):
+        picked = [c for c in cals if getattr(c, attr) == want]
+        cals = picked or cals
     if a.param and not cals:
         if not (a.target_id and a.rng and a.profile):
             raise ScenarioError(f"--param {a.param}: not declared in targets.toml; give --profile, --target and --range")
@@ -934,7 +938,8 @@ def _cmd_calibrate(a: argparse.Namespace) -> int:
     cals = [Calibration(param=c.param, profile=a.profile or c.profile, target=a.target_id or c.target,
                         range=a.rng or c.range) for c in cals]
     if a.out and len(cals) != 1:
-        raise ScenarioError(f"--out: {len(cals)} calibrations selected; choose one with --param")
+        raise ScenarioError(f"--out: {len(cals)} calibrations selected; choose one with --param, --profile or "
+                            "--target")
     if a.out and os.path.exists(a.out) and not a.force:
         raise ScenarioError(f"--out {a.out}: exists; pass --force to overwrite it")
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):

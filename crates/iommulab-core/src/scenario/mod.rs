@@ -61,19 +61,16 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
     ("tx", include_str!("../../data/scenarios/tx.toml")),
     ("rr", include_str!("../../data/scenarios/rr.toml")),
 ];
-/// Names built-ins had before (`seed…` read as the random seed): still accepted, as the new name.
-pub const BUILTIN_ALIASES: &[(&str, &str)] = &[
+/// Names built-ins had before (`seed…` read as the random seed, and meant nothing to a user), each with its
+/// new name: refused with a one-line error naming the new one (`load`), never run.
+pub const RENAMED_BUILTINS: &[(&str, &str)] = &[
     ("seed004", "iotlb-sync-map"),
     ("seed001-x86", "guest-x86"),
     ("seed001-arm", "guest-arm"),
 ];
 
-/// The built-in scenario `name` (or an alias of it): its name and text.
+/// The built-in scenario `name`: its name and text.
 pub fn builtin_scenario(name: &str) -> Option<(&'static str, &'static str)> {
-    let name = BUILTIN_ALIASES
-        .iter()
-        .find(|(old, _)| *old == name)
-        .map_or(name, |(_, new)| new);
     BUILTIN_SCENARIOS.iter().find(|(n, _)| *n == name).copied()
 }
 
@@ -105,6 +102,11 @@ pub const BUILTIN_PROFILES: &[(&str, &str)] = &[
     (
         "kunpeng920",
         include_str!("../../data/profiles/kunpeng920.toml"),
+    ),
+    ("morello", include_str!("../../data/profiles/morello.toml")),
+    (
+        "snapdragon-x",
+        include_str!("../../data/profiles/snapdragon-x.toml"),
     ),
     (
         "virtio-guest",
