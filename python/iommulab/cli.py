@@ -888,7 +888,8 @@ def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None, as_json
         for n, d in docs:
             print(f"{n:<16} {d.get('description', '')}")
         return 0
-    name = dict(_core.builtin_aliases()).get(name, name) if kind == "scenario" else name
+    if kind == "scenario" and name in dict(_core.builtin_aliases()):
+        load(name)  # a renamed built-in: the core refuses it, naming the new name
     for n, text in items:
         if n == name:
             if as_json:

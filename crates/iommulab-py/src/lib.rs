@@ -280,10 +280,10 @@ fn builtin_scenarios() -> Vec<(String, String)> {
     owned(scenario::BUILTIN_SCENARIOS)
 }
 
-/// (old name, its built-in's name) of every alias.
+/// (old name, new name) of every renamed built-in: loading the old name is refused with an error naming the new one.
 #[pyfunction]
 fn builtin_aliases() -> Vec<(String, String)> {
-    owned(scenario::BUILTIN_ALIASES)
+    owned(scenario::RENAMED_BUILTINS)
 }
 
 /// (name, TOML text) of every built-in profile.

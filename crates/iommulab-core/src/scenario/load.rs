@@ -379,6 +379,12 @@ pub fn load(
     let (name, text, base) = match source {
         Source::Builtin(n) => {
             let Some((n, t)) = super::builtin_scenario(n) else {
+                if let Some((_, new)) = super::RENAMED_BUILTINS.iter().find(|(old, _)| *old == n) {
+                    return Err(InputError::new(
+                        "scenario",
+                        format!("`{n}` is now `{new}`: run it by that name"),
+                    ));
+                }
                 let names: Vec<_> = BUILTIN_SCENARIOS.iter().map(|(n, _)| *n).collect();
                 return Err(InputError::new(
                     "scenario",
@@ -689,5 +695,16 @@ mod tests {
             p.display()
         );
         assert_eq!(e.to_string(), want);
+    }
+
+    /// Issue 64 item 10: the `seed…` names meant nothing to a user; an old name is refused, naming the new one.
+    #[test]
+    fn a_renamed_builtin_is_refused_naming_its_new_name() {
+        let e = load(Source::Builtin("seed004"), &[]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "scenario: `seed004` is now `iotlb-sync-map`: run it by that name"
+        );
+        assert!(load(Source::Builtin("iotlb-sync-map"), &[]).is_ok());
     }
 }
