@@ -84,10 +84,11 @@ def _toml_or_str(text: str):
 
 
 def _runner_args(p: argparse.ArgumentParser) -> None:
-    """What every command that runs simulations takes: --jobs and --no-progress."""
+    """What every command that runs simulations takes: --jobs and --no-progress (or --quiet)."""
     p.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
                    help="run up to N simulations at once (default: every CPU); results do not depend on it")
-    p.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    p.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
+                   help="print no progress on stderr (the bar, sweep's notes)")
 
 
 def _scenario_args(p: argparse.ArgumentParser, set_help: str) -> None:
@@ -176,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the traced kernel's tick falls in each jiffy on the trace clock (lazy mode; "
                     "default: inferred per phase from the trace)")
     rp.add_argument("--json", action="store_true", help='print {"phases": {NAME: {"counts": {...}}}, ...}')
-    rp.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    rp.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
+                    help="never draw the progress bar")
 
     e = sub.add_parser("explain", help="which DMA domain a kernel gives its devices, and why",
                        description="Resolve the default DMA domain as the kernel does (arch Kconfig default, "
@@ -394,7 +396,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
 
 
 class _progress:
-    """The progress bar a command draws on stderr (a terminal only, not with --json or --no-progress)."""
+    """The progress bar a command draws on stderr (a terminal only, not with --json, --quiet or --no-progress):
+    one line, runs done and the ETA."""
 
     def __init__(self, a: argparse.Namespace, what: str = "runs"):
         quiet = getattr(a, "json", False) or getattr(a, "no_progress", False)
@@ -610,7 +613,8 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
     out = a.out or "sweep-" + os.path.splitext(os.path.basename(a.sweep))[0]
     _fresh(a.report, False, "--report")
     _writable(a.report, "--report")
-    log = None if a.json else (lambda m: sys.stderr.write(f"iommulab sweep: {m} · results in {out}\n"))
+    log = None if a.json or a.no_progress else (
+        lambda m: sys.stderr.write(f"iommulab sweep: {m} · results in {out}\n"))
     with _progress(a) as progress:
         df = sweep_mod.sweep(sw, out, jobs=a.jobs, ray=a.ray, progress=progress, log=log)
     if a.report:
