@@ -516,3 +516,88 @@ def test_a_riscv_guests_groups_are_identity_as_the_rules_predict(tmp_path):
     assert res["devices"] and all(d["mode"] == "passthrough" == d["predicted"] for d in res["devices"])
     assert "IOMMU_DMA" in res["devices"][0]["why"]
     assert not any("kernel log says" in n for n in res["notes"])
+
+
+# --- issue 64 item 10: --root takes the committed .tar.gz trees as they are ---
+
+@pytest.mark.parametrize("tgz", sorted((DATA / "inspect").glob("*.tar.gz")), ids=lambda p: p.name)
+def test_root_reads_a_tar_gz_tree_as_the_directory_it_holds(tgz, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    packed = cli("inspect", "--root", str(tgz), "--json", check_rc=0, env={"TMPDIR": str(tmp)})
+    unpacked = cli("inspect", "--root", str(saved_tree(tgz, tmp_path / "tree")), "--json", check_rc=0)
+    assert json.loads(packed.stdout) == json.loads(unpacked.stdout)
+    assert list(tmp.iterdir()) == [], "the unpacked tree is removed"
+
+
+def test_advise_reads_a_tar_gz_tree():
+    doc = json.loads(cli("advise", "--root", str(DATA / "inspect" / "vtd-lazy.tar.gz"), "--json", check_rc=0).stdout)
+    assert doc["host"]["guest"] is True and doc["recommendation"]["option"]
+
+
+def _archive(path: pathlib.Path, *members: tuple[tarfile.TarInfo, bytes | None]) -> pathlib.Path:
+    with tarfile.open(path, "w:gz") as t:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            t.addfile(info, None if data is None else __import__("io").BytesIO(data))
+    return path
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", size: int | None = None) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    if size is not None:
+        info.size = size
+    return info
+
+
+@pytest.mark.parametrize("member, data, why", [
+    (_member("/etc/passwd"), b"x", "a path outside the tree"),
+    (_member("../escape"), b"x", "a path outside the tree"),
+    (_member("proc/../../escape"), b"x", "a path outside the tree"),
+    (_member("sys/out", tarfile.SYMTYPE, "../../etc"), None, "a link leading out of the tree"),
+    (_member("sys/abs", tarfile.SYMTYPE, "/etc/passwd"), None, "a link leading out of the tree"),
+    (_member("sys/hard", tarfile.LNKTYPE, "proc/cmdline"), None, "a hard link"),
+    (_member("dev/null", tarfile.CHRTYPE), None, "a device or FIFO"),
+    (_member("dev/fifo", tarfile.FIFOTYPE), None, "a device or FIFO"),
+])
+def test_an_archive_member_that_could_reach_outside_is_refused(member, data, why, tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tgz = _archive(tmp_path / "bad.tar.gz", (_member("proc/cmdline"), b"quiet\n"), (member, data))
+    err = one_line_error(cli("inspect", "--root", str(tgz), env={"TMPDIR": str(tmp)}))
+    assert why in err and "bad.tar.gz" in err, err
+    assert list(tmp.iterdir()) == [], "the unpacked tree is removed on an error too"
+    assert not (tmp_path / "escape").exists()
+
+
+def test_an_oversized_archive_member_is_refused_before_it_is_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(hostinfo, "ARCHIVE_MEMBER_BYTES", 1000)
+    tgz = _archive(tmp_path / "big.tar.gz", (_member("proc/cmdline"), b"quiet\n"), (_member("dev/kmsg"), b"x" * 1001))
+    with pytest.raises(iommulab.ScenarioError, match="1001 bytes; expected at most 1000"):
+        hostinfo.inspect(tgz)
+
+
+def test_an_interrupted_read_of_an_archive_leaves_nothing_behind(tmp_path, monkeypatch):
+    seen = []
+
+    def interrupted(root):
+        seen.append(root)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hostinfo, "_inspect", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        hostinfo.inspect(DATA / "inspect" / "vtd-lazy.tar.gz")
+    assert seen and not os.path.exists(seen[0])
+
+
+def test_sigterm_while_an_archive_is_unpacked_removes_it(tmp_path, monkeypatch):
+    # SIGTERM's default ends the process at once, skipping the removal: while a tree is unpacked it raises.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(SystemExit):
+        with hostinfo._unpacked(DATA / "inspect" / "vtd-lazy.tar.gz") as d:
+            assert os.path.isdir(os.path.join(d, "proc"))
+            os.kill(os.getpid(), signal.SIGTERM)
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -7,12 +7,19 @@ saying when what sysfs shows disagrees with what those rules predict."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
+import shutil
+import signal
 import stat
+import tarfile
+import tempfile
+import threading
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +70,15 @@ BOUNDS = [("sys/", SYSFS_FILE_BYTES, "a sysfs attribute"), ("dev/kmsg", KERNEL_L
           ("boot/config-", KERNEL_CONFIG_BYTES, "a kernel config"),
           ("proc/config.gz", KERNEL_CONFIG_BYTES, "a kernel config"), ("proc/cpuinfo", CPUINFO_BYTES, "/proc/cpuinfo"),
           ("proc/", PROC_FILE_BYTES, "a /proc file")]
+
+# A saved tree as a `.tar.gz` (inspect --save's directory archived, or a guest's: tests/data/inspect) is unpacked
+# to a temporary directory first. Bounds on what it may hold (reading bounds, not kernel constants): no member
+# larger than the largest file inspect reads, a whole far above the trees saved here (about 100 KiB), and a
+# count far above their few hundred entries.
+ARCHIVE_MEMBER_BYTES = KERNEL_LOG_BYTES
+ARCHIVE_BYTES = 128 << 20
+ARCHIVE_MEMBERS = 100_000
+ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
 
 
 class _Unreadable(Exception):
@@ -352,6 +368,83 @@ def _device(tree: Tree, bdf: str) -> dict[str, Any]:
     return d
 
 
+@contextlib.contextmanager
+def _unpacked(root: str | os.PathLike) -> Iterator[str | os.PathLike]:
+    """`root` itself, or, for a `.tar.gz` tree, a temporary directory it is unpacked to and that is removed on
+    every way out (an error, Ctrl-C, SIGTERM, SIGHUP)."""
+    if not os.fspath(root).endswith(ARCHIVE_SUFFIXES) or os.path.isdir(root):
+        yield root
+        return
+    with _signals_raise(), tempfile.TemporaryDirectory(prefix="iommulab-root-") as d:
+        try:
+            _unpack(root, d)
+        except (OSError, tarfile.TarError, EOFError, zlib.error) as e:
+            raise ScenarioError(f"--root {shown(root)}: cannot unpack: {getattr(e, 'strerror', None) or e}") from None
+        yield d
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise SystemExit while the block runs (so its cleanup runs), where they would end the
+    process at once; only in the main thread, and only where the signal's action is the default."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def leave(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    sigs = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
+    old = {s: signal.signal(s, leave) for s in sigs}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _unpack(archive: str | os.PathLike, dest: str) -> None:
+    """Unpack `archive` into the empty directory `dest`: directories, regular files and relative links that stay
+    inside it. Anything else is refused, naming the member: an absolute path or one with `..`, a link leading
+    out, a hard link, a device or FIFO, a name given twice, a member over ARCHIVE_MEMBER_BYTES, more than
+    ARCHIVE_BYTES or ARCHIVE_MEMBERS in all."""
+    top = os.path.realpath(dest)
+    total = 0
+    with tarfile.open(archive, "r:gz") as tar:
+        for n, m in enumerate(tar):
+            name = os.path.normpath(m.name)
+            what = f"--root {shown(archive)}: member {shown(m.name)}"
+            if n >= ARCHIVE_MEMBERS:
+                raise ScenarioError(f"--root {shown(archive)}: more than {ARCHIVE_MEMBERS} members")
+            if os.path.isabs(m.name) or name == ".." or name.startswith("../"):
+                raise ScenarioError(f"{what}: a path outside the tree")
+            if name == "." and m.isdir():
+                continue
+            dst = os.path.join(top, name)
+            if os.path.lexists(dst) or not _inside(os.path.realpath(os.path.dirname(dst)), top):
+                raise ScenarioError(f"{what}: given twice, or under a link")
+            if m.isdir():
+                os.makedirs(dst)
+            elif m.issym():
+                goes = os.path.normpath(os.path.join(os.path.dirname(name), m.linkname))
+                if os.path.isabs(m.linkname) or goes == ".." or goes.startswith("../"):
+                    raise ScenarioError(f"{what}: a link leading out of the tree (to {shown(m.linkname)})")
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                os.symlink(m.linkname, dst)
+            elif m.isreg():
+                total += m.size
+                if m.size > ARCHIVE_MEMBER_BYTES or total > ARCHIVE_BYTES:
+                    raise ScenarioError(f"{what}: {m.size} bytes; expected at most {ARCHIVE_MEMBER_BYTES} a file "
+                                        f"and {ARCHIVE_BYTES} in all")
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                src = tar.extractfile(m)
+                with src, open(dst, "xb") as f:
+                    shutil.copyfileobj(src, f)
+            else:
+                raise ScenarioError(f"{what}: a {'hard link' if m.islnk() else 'device or FIFO'}; expected files, "
+                                    "directories and links")
+
+
 def _tree(root: str | os.PathLike) -> Tree:
     """The tree under `root`, which must be a directory that can be read (a saved one: with proc/ or sys/)."""
     tree = Tree(Path(root))
@@ -455,7 +548,14 @@ def hardware(tree: Tree) -> dict[str, Any]:
 
 def inspect(root: str | os.PathLike = "/") -> tuple[dict[str, Any], Tree]:
     """The system under `root`: kernel, IOMMUs, groups and devices with their DMA mode and its reason; each
-    file of the tree that could not be used is named in the notes."""
+    file of the tree that could not be used is named in the notes. `root` may be a `.tar.gz` of a saved tree:
+    it is unpacked to a temporary directory, read, and removed before this returns (the tree keeps what it
+    read)."""
+    with _unpacked(root) as d:
+        return _inspect(d)
+
+
+def _inspect(root: str | os.PathLike) -> tuple[dict[str, Any], Tree]:
     tree = _tree(root)
     release = (tree.text("proc/sys/kernel/osrelease") or "").strip()
     if not release and tree.root == Path("/"):
@@ -584,7 +684,10 @@ def scenario_skeleton(res: dict[str, Any], cores: int) -> dict[str, Any]:
 
 
 def cpu_count(tree: Tree) -> int:
-    n = [c for c in tree.ls("sys/devices/system/cpu") or [] if re.fullmatch(r"cpu\d+", c)]
+    """The CPUs the tree lists (as inspect listed them: an unpacked archive is gone once inspect returns)."""
+    cpus = tree.listed.get("sys/devices/system/cpu")
+    n = [c for c in (tree.ls("sys/devices/system/cpu") if cpus is None else cpus) or []
+         if re.fullmatch(r"cpu\d+", c)]
     return len(n) or (os.cpu_count() or 1 if tree.root == Path("/") else 1)
 
 
