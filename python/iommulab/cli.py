@@ -84,11 +84,12 @@ def _toml_or_str(text: str):
 
 
 def _runner_args(p: argparse.ArgumentParser) -> None:
-    """What every command that runs simulations takes: --jobs and --no-progress (or --quiet)."""
+    """What every command that runs simulations takes: --jobs, --no-progress and --quiet."""
     p.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
                    help="run up to N simulations at once (default: every CPU); results do not depend on it")
-    p.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
-                   help="print no progress on stderr (the bar, sweep's notes)")
+    p.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    p.add_argument("--quiet", action="store_true",
+                   help="print nothing on stderr but errors (no progress bar, no sweep notes)")
 
 
 def _scenario_args(p: argparse.ArgumentParser, set_help: str) -> None:
@@ -177,8 +178,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the traced kernel's tick falls in each jiffy on the trace clock (lazy mode; "
                     "default: inferred per phase from the trace)")
     rp.add_argument("--json", action="store_true", help='print {"phases": {NAME: {"counts": {...}}}, ...}')
-    rp.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
-                    help="never draw the progress bar")
+    rp.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
+    rp.add_argument("--quiet", action="store_true", help="print nothing on stderr but errors")
 
     e = sub.add_parser("explain", help="which DMA domain a kernel gives its devices, and why",
                        description="Resolve the default DMA domain as the kernel does (arch Kconfig default, "
@@ -400,7 +401,7 @@ class _progress:
     one line, runs done and the ETA."""
 
     def __init__(self, a: argparse.Namespace, what: str = "runs"):
-        quiet = getattr(a, "json", False) or getattr(a, "no_progress", False)
+        quiet = any(getattr(a, k, False) for k in ("json", "no_progress", "quiet"))
         self.bar = None if quiet else stderr_progress(what)
 
     def __enter__(self):
@@ -613,7 +614,7 @@ def _cmd_sweep(a: argparse.Namespace) -> int:
     out = a.out or "sweep-" + os.path.splitext(os.path.basename(a.sweep))[0]
     _fresh(a.report, False, "--report")
     _writable(a.report, "--report")
-    log = None if a.json or a.no_progress else (
+    log = None if a.json or a.quiet else (
         lambda m: sys.stderr.write(f"iommulab sweep: {m} · results in {out}\n"))
     with _progress(a) as progress:
         df = sweep_mod.sweep(sw, out, jobs=a.jobs, ray=a.ray, progress=progress, log=log)
