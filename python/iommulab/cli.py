@@ -797,7 +797,7 @@ def _cmd_profile(a: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         m = measure.load(a.measurement)
         name, text = measure.base_profile(a.base)
         f = measure.fit(text, m)
-        _write(a.out, measure.fitted_profile(text, name, f), "-o")
+        _write(a.out, measure.fitted_profile(name, f), "-o")
         rows = measure.modelled(f, a.out, m.get("kernel"))
         if a.json:
             json.dump({"profile": a.out, "fitted": {k: {"value": round(v, 4), "how": f.how[k]}

@@ -372,12 +372,12 @@ def _by(s: dict[str, Any], name: str, field: str = "self_mean_ns", **where: int)
 
 
 class Fit:
-    """The constants a measurement sets in a base profile, each with how it was derived; and per function whose
-    constants were all set from it, the (size, mean, calls) points they were set from (its row matches them by
-    construction)."""
+    """The constants a measurement sets in a base profile (`text`, TOML, with NEWER_KEYS written in), each with
+    how it was derived; and per function whose constants were all set from it, the (size, mean, calls) points
+    they were set from (its row matches them by construction)."""
 
-    def __init__(self, base: dict[str, Any], m: dict[str, Any]):
-        self.base, self.m = base, m
+    def __init__(self, text: str, m: dict[str, Any]):
+        self.text, self.base, self.m = text, tomllib.loads(text), m
         self.fns = m["functions"]
         self.values: dict[str, float] = {}
         self.how: dict[str, str] = {}
@@ -434,7 +434,7 @@ def fit(base_text: str, m: dict[str, Any]) -> Fit:
     """The constants of a profile (`base_text`, TOML) that `m` (from summarize) measures. Each comes from one
     function's mean latency, less what the model charges inside it from other constants; where a function was
     called with several sizes, a line over the sizes gives the per-size and the fixed cost apart."""
-    f = Fit(tomllib.loads(with_newer_keys(base_text)), m)
+    f = Fit(with_newer_keys(base_text), m)
     fns = f.fns
     # The IOVA allocator's per-CPU caches: alloc_iova_fast and free_iova_fast of up to 32 pages (cpu.iova_rcache_ns
     # is charged once per allocation and once per free, dma/iova.rs).
@@ -531,12 +531,12 @@ def _fixed_and_per(f: Fit, what: str, pts: list[tuple[float, float, float]], fix
               f"{per_key} each")
 
 
-def fitted_profile(base_text: str, base_name: str, f: Fit) -> str:
-    """`base_text` with the fitted values and, in [sources], where each came from."""
+def fitted_profile(base_name: str, f: Fit) -> str:
+    """The base profile `f` was fitted on with the fitted values and, in [sources], where each came from."""
     m = f.m
     # The host's own words go into a comment line and [sources]: one line each, whatever the trace held.
     where = shown(f"measured on {m.get('host', '?')}, {m.get('date', '?')}, Linux {m.get('kernel', '?')}")
-    text = f"# Fitted by iommulab profile fit from {base_name}: {where}.\n" + with_newer_keys(base_text)
+    text = f"# Fitted by iommulab profile fit from {base_name}: {where}.\n" + f.text
     for key in sorted(f.values):
         v = f.values[key]
         integer = isinstance(profile_value(f.base, key), int)
@@ -588,10 +588,9 @@ def modelled(f: Fit, profile: str, kernel: str | None) -> list[dict[str, Any]]:
         if fn in f.exact:
             row(fn, "self_mean_ns", per_size(f.exact[fn], walk_map),
                 "sets cpu.pte_ns, cpu.pgtable_map_ns: its own cost + a walk + a PTE per page", f.exact[fn])
-        elif _by(fns.get(fn, {}), "pages"):
-            row(fn, "self_mean_ns", per_size(_by(fns[fn], "pages"), walk_map),
-                "predicted: its own cost + a walk + a PTE per page (not fitted: see below)",
-                _by(fns[fn], "pages"))
+        elif pts := _by(fns.get(fn, {}), "pages"):
+            row(fn, "self_mean_ns", per_size(pts, walk_map),
+                "predicted: its own cost + a walk + a PTE per page (not fitted: see below)", pts)
     pts = _by(fns.get("iommu_unmap_fast", {}), "pages")
     if pts:
         row("iommu_unmap_fast", "self_mean_ns", per_size(pts, g("cpu.pgtable_walk_ns")),
@@ -674,8 +673,8 @@ def format_fit(f: Fit, rows: list[dict[str, Any]], out: str) -> str:
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
         lines.append(f"{r['function']:<28} {r['calls']:>9} {r['time']:>5} {_us(r['measured_ns']):>12} "
                      f"{_us(r['modelled_ns']):>9} {err:>8}  {r['role']}")
-    lines += ["", "sets: the measurement fixed a constant from this function (its error shows only rounding) · "
-              "shares: one constant from several functions' mean · predicted: composed by the model from "
-              "constants set elsewhere (a check)"]
+    lines += ["", "sets: the measurement fixed a constant from this function (its error shows only rounding)",
+              "shares: one constant from several functions' mean (its error: how far they differ)",
+              "predicted: composed by the model from constants set elsewhere (a check)"]
     lines += [f"not fitted: {s}" for s in f.skipped]
     return "\n".join(lines) + "\n"
