@@ -10,6 +10,7 @@ pub mod driver;
 pub mod emul;
 pub mod pgtable;
 pub mod platform;
+pub mod ranges;
 pub mod riscv;
 pub mod s390;
 pub mod smmuv3;

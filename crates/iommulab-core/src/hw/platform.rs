@@ -53,6 +53,9 @@ pub struct Platform {
     /// Where each number comes from: `"section.key" = "source"`.
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
+    /// How far each constant may be from its value, and why (`hw::ranges`): what a ranged run samples.
+    #[serde(default)]
+    pub ranges: BTreeMap<String, super::ranges::ConstRange>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]

@@ -115,6 +115,16 @@ pub fn builtin_platform(name: &str) -> Option<Platform> {
 }
 
 fn load_profile(name: &str, base: Option<&Path>) -> Result<SourceDoc, InputError> {
+    let doc = find_profile(name, base)?;
+    // The profile's own [ranges] against its own values, before a scenario's keys go over them.
+    crate::hw::ranges::check(&doc.table()?).map_err(|(path, msg)| {
+        let (loc, _) = doc.locate(&path);
+        InputError::new(loc, format!("key `{}`: {msg}", path.join(".")))
+    })?;
+    Ok(doc)
+}
+
+fn find_profile(name: &str, base: Option<&Path>) -> Result<SourceDoc, InputError> {
     if let Some((n, text)) = BUILTIN_PROFILES.iter().find(|(n, _)| *n == name) {
         return SourceDoc::parse(&format!("profile:{n}"), text);
     }
@@ -229,6 +239,16 @@ fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&tom
             profile.insert(section.into(), toml::Value::Table(t));
         }
     }
+    // And their ranges, likewise.
+    take_ranges(
+        profile,
+        &host,
+        host_name.as_str().unwrap_or_default(),
+        |k| {
+            k.split_once('.')
+                .is_some_and(|(section, _)| FROM_HOST.contains(&section))
+        },
+    );
     // And their sources, where the guest profile gives none of its own.
     if let Some(toml::Value::Table(theirs)) = host.get("sources") {
         let name = host_name.as_str().unwrap_or_default();
@@ -263,6 +283,8 @@ fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&tom
             let _ = input::set_path(profile, &p, v.clone());
         }
     };
+    let name = host_name.as_str().unwrap_or_default();
+    let mut taken = vec!["memory.walk_read_ns".to_string()];
     copy(&["memory", "walk_read_ns"]);
     for k in [
         "iotlb_entries",
@@ -274,13 +296,57 @@ fn with_host(profile: &mut toml::Table, own: &toml::Table, workload: Option<&tom
         "large_pages",
     ] {
         copy(&["iommu", k]);
+        taken.push(format!("iommu.{k}"));
     }
     if nested {
         for k in ["vtd", "smmuv3"] {
             if let Some(v) = host.get("iommu").and_then(|i| i.get(k)) {
                 let _ = input::set_path(profile, &["iommu".into(), k.into()], v.clone());
+                taken.push(format!("iommu.{k}."));
             }
         }
+    }
+    // The ranges go with the values taken (over the guest's own: the value is the host's now).
+    if let Some(toml::Value::Table(r)) = profile.get_mut("ranges") {
+        r.retain(|k, _| {
+            !taken
+                .iter()
+                .any(|t| k == t || (t.ends_with('.') && k.starts_with(t.as_str())))
+        });
+    }
+    take_ranges(profile, &host, name, |k| {
+        taken
+            .iter()
+            .any(|t| k == t || (t.ends_with('.') && k.starts_with(t.as_str())))
+    });
+}
+
+/// The host's `[ranges]` for the keys `taken` says the guest took from it, where the guest has none; each
+/// reason names the host.
+fn take_ranges(
+    profile: &mut toml::Table,
+    host: &toml::Table,
+    name: &str,
+    taken: impl Fn(&str) -> bool,
+) {
+    let Some(toml::Value::Table(theirs)) = host.get("ranges") else {
+        return;
+    };
+    let mine = profile
+        .entry("ranges")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let toml::Value::Table(mine) = mine else {
+        return;
+    };
+    for (k, v) in theirs.iter().filter(|(k, _)| taken(k)) {
+        if mine.contains_key(k) {
+            continue;
+        }
+        let mut v = v.clone();
+        if let Some(toml::Value::String(why)) = v.get_mut("why") {
+            *why = format!("host {name}: {why}");
+        }
+        mine.insert(k.clone(), v);
     }
 }
 
@@ -464,9 +530,19 @@ pub fn load(
                         ),
                     ));
                 }
+                if p.contains_key("ranges") {
+                    return Err(origins.error(
+                        &["platform".into(), "ranges".into()],
+                        "ranges belong to a profile's constants: write them in a profile file's [ranges] \
+                         (a scenario's value for a key is exact)",
+                    ));
+                }
                 own_platform = p.clone();
                 with_host(&mut merged, &p, table.get("workload"));
+                let mut set = vec![];
+                crate::hw::ranges::leaf_keys(&p, "", &mut set);
                 input::merge(&mut merged, p);
+                crate::hw::ranges::pin(&mut merged, &set);
             }
             table.insert("platform".into(), toml::Value::Table(merged));
             origins.profile = Some(&profile_doc);
@@ -594,7 +670,10 @@ pub fn load(
             // (an [iommu.smmuv3] key beside a virtio-iommu variant) and is left out of that variant.
             with_host(&mut merged, &own_platform, t.get("workload"));
             let shared = shared_keys(&own_platform, &merged);
+            let mut set = vec![];
+            crate::hw::ranges::leaf_keys(&shared, "", &mut set);
             input::merge(&mut merged, shared);
+            crate::hw::ranges::pin(&mut merged, &set);
             let mut fresh = t.clone();
             fresh.insert("platform".into(), toml::Value::Table(merged));
             for (k, v) in ov.iter().filter(|(k, _)| k.starts_with("platform.")) {
@@ -617,6 +696,14 @@ pub fn load(
                 forget_provenance(&mut fresh, &kp);
             }
             t = fresh;
+        }
+        // A key a variant sets is its value, exact.
+        if let Some(toml::Value::Table(p)) = t.get_mut("platform") {
+            let set: Vec<String> = ov
+                .iter()
+                .filter_map(|(k, _)| k.strip_prefix("platform.").map(str::to_string))
+                .collect();
+            crate::hw::ranges::pin(p, &set);
         }
         // Named settings lead the label ("strict-cm rx vhost=on").
         parts.sort_by_key(|p| p.is_err());

@@ -979,7 +979,9 @@ pub(crate) mod tests {
                 }
                 // A named choice inside a section (the top level's description and vendor are not settings).
                 toml::Value::String(_) if !prefix.is_empty() => out.push(key),
-                toml::Value::Table(inner) if key != "sources" => setting_keys(inner, &key, out),
+                toml::Value::Table(inner) if key != "sources" && key != "ranges" => {
+                    setting_keys(inner, &key, out)
+                }
                 _ => {}
             }
         }
