@@ -7,6 +7,10 @@ import sys
 import pytest
 from hypothesis import HealthCheck, settings
 
+# Text output is set to 100 columns whatever the terminal the tests run in (every command and its subprocesses
+# read COLUMNS first), so that what a test reads of a table does not depend on where it runs.
+os.environ["COLUMNS"] = "100"
+
 # Short runs keep the suite fast; the mechanisms are the same as in the full default run.
 SHORT = ["--set", "run.duration_ms=10", "--set", "run.warmup_ms=5"]
 

@@ -158,7 +158,8 @@ def test_every_output_shown_is_what_its_command_prints(page, cmd, lines, ran, wo
 
 
 def test_the_readme_shows_the_whole_default_comparison(ran):
-    """`iommulab run` is shown in full: the table it prints, every row."""
+    """`iommulab run` is shown in full: the first block of the table it prints (goodput, CPU, exposure and what
+    bound each run, the columns that fit 100 columns), every row."""
     lines = next(l for page, cmd, l in SHOWN if page == "README.md" and cmd == "iommulab run")
     printed = [l.rstrip() for l in ran["iommulab run"].stdout.splitlines()]
     start = printed.index(lines[0])

@@ -86,8 +86,10 @@ def test_compare_and_validate_write_their_plots_through_the_report(tmp_path):
     # with each run's numbers (3 policies, page_pool on and off).
     assert dom.count('class="plot-container plotly"') == 3 and 'data-errors="1"' not in dom
     table = dom.split('<table class="runs">', 1)[1].split("</table>", 1)[0]
-    assert "Gbps" in table and "exposure p99 µs" in table and "limited by" in table
+    assert "Gbps" in table and "<th>exposure p99</th>" in table and "limited by" in table
     assert table.count("<tr>") == 1 + 6 and ">all<" in table and ">none<" in table
+    # Each exposure with its unit in the cell, as every command writes a time.
+    assert re.search(r"<td>\d+(\.\d)? (ns|µs|ms)</td>", table)
     val = tmp_path / "val.html"
     p = cli("validate", "C2.strict_inv_per_page", "--seeds", "1", "--plot", str(val), "--json", check_rc=0)
     assert json.loads(p.stdout)["targets"][0]["id"] == "C2.strict_inv_per_page"

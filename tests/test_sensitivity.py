@@ -41,7 +41,10 @@ def test_every_listed_constant_moves_its_run_and_says_how_it_is_known():
 def test_the_table_shows_the_baseline_and_each_factor():
     out = cli("sensitivity", "default", "--set", "os.policy=strict", *SHORT, "--top", "3", check_rc=0).stdout
     assert "strict (profile vtd-server): Gbps " in out
-    assert "Gbps ×0.5" in out and "exposed ×2" in out
+    # Each figure over its factors' columns.
+    head = next(i for i, line in enumerate(out.splitlines()) if line.lstrip().startswith("constant"))
+    over, under = out.splitlines()[head - 1:head + 1]
+    assert over.split() == ["Gbps", "CPU", "busy", "exposed"] and under.split()[-7:] == ["×0.5", "×2"] * 3 + ["source"]
     assert "more constants move this run (--json lists them all)" in out
 
 

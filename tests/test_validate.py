@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from conftest import cli
-from iommulab.validate import load_targets
+from iommulab.validate import Target, Targets, load_targets
 
 ROOT = pathlib.Path(__file__).parent.parent
 
@@ -240,3 +240,33 @@ def test_fail_on_miss_exits_1_on_a_miss_and_0_when_every_target_holds():
     assert miss.stderr.strip() == "iommulab: 1 of 1 targets outside their tolerance: C1.strict_lazy_ratio"
     ok = cli("validate", "C1.lazy_line_rate_share", "--seeds", "1", "--fail-on-miss")
     assert ok.returncode == 0 and ok.stderr == ""
+
+
+def test_a_target_is_named_by_its_id_or_the_start_of_ids_in_any_case():
+    # Issue 64 (item 8): `validate C1` selected nothing (exact ids only), where `run c1` runs the c1 scenario.
+    ts = load_targets()
+    ids = lambda *words: [t.id for t in ts.select(list(words))]
+    assert ids("C1") == ids("c1") == ["C1.strict_lazy_ratio", "C1.lazy_line_rate_share"]
+    assert ids("m5.morello_one_thread") == [t.id for t in ts.targets if t.id.startswith("M5.morello_one_thread")]
+    assert ids("C1.strict_lazy_ratio") == ["C1.strict_lazy_ratio"]
+    # A word ends at a `.` or `_`: C1 is not the start of a C10, nor `M5.morello_one_t` of a word.
+    two = Targets([Target(id=i, source="", published=1.0, tolerance=0.1, scenario="c1", value="", runs={})
+                   for i in ("C1.a", "C10.b")])
+    assert [t.id for t in two.select(["C1"])] == ["C1.a"] and [t.id for t in two.select(["c10"])] == ["C10.b"]
+    for word in ("M5.morello_one_t", "C", "M", "C1.strict_lazy_rati"):
+        with pytest.raises(Exception, match="no such target"):
+            ts.select([word])
+    # Each target once, in the order the words name them.
+    assert ids("C1.lazy_line_rate_share", "C1") == ["C1.lazy_line_rate_share", "C1.strict_lazy_ratio"]
+    listed = json.loads(cli("validate", "c1", "--list", "--json", check_rc=0).stdout)["targets"]
+    assert [t["id"] for t in listed] == ids("C1")
+
+
+def test_an_unknown_target_is_one_short_line_naming_the_groups():
+    # Issue 64 (item 7): the error listed every id, 820 characters.
+    p = cli("validate", "C9")
+    err = p.stderr.strip()
+    assert p.returncode == 2 and "\n" not in err and len(err) <= 120, err
+    assert "C1, C2, C3, M1" in err and "validate --list" in err
+    lines = cli("validate", "--list", check_rc=0).stdout.splitlines()
+    assert len(lines) == 2 + len(load_targets().targets) and all(len(l) <= 100 for l in lines)

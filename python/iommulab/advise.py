@@ -13,14 +13,13 @@ import json
 import math
 import os
 import re
-import textwrap
 import tomllib
 from typing import Any
 
 from . import _core, hostinfo, vendors
 from .api import RunResult, ScenarioError, load, run_variants, toml_value
 from .inputs import shown
-from .report import exposure, rate
+from .report import command_lines, duration, exposure, fit, left, right, wrap
 from .validate import Runner, check, load_targets, profile_value, read_profile
 
 # The kernel's own bound on how long lazy leaves a freed page reachable: the flush-queue timer
@@ -29,8 +28,6 @@ from .validate import Runner, check, load_targets, profile_value, read_profile
 # The shortest window advise runs: a lazy domain's flush-queue timer fires five times in it (10 ms each), so each
 # option's exposure and flush counts are measured, not sampled once (metrics::limits MIN_TIMER_PERIODS).
 MIN_WINDOW_MS = 50
-# The width advise's text lines are wrapped to (the table's rows are not).
-WIDTH = 100
 # Each option runs at this many seeds (the scenario's and the next ones): one seed is one sample of arrivals and
 # of RSS, and the spread of an option's measure over its seeds is the run's own noise. Options closer to the best
 # than the widest such spread count as equally good (the tie); CPU busy is weighed the same way. A modelling
@@ -252,11 +249,13 @@ def _rules(res: dict[str, Any], kernel: str | None, cmd: str) -> dict[str, dict[
 
 def _explain_command(res: dict[str, Any], kernel: str, words: list[str]) -> str:
     """The `iommulab explain` command that gives what the rules give this host with `words`: its
-    architecture, kernel, IOMMU, caching mode and command line."""
+    architecture, kernel, IOMMU, caching mode and the words of its command line the rules read (iommu_setup()'s
+    and iommu_dma_setup()'s, and the driver's own parameter: the rest change nothing explain says)."""
     vendor = vendors.first({i["vendor"] for i in res["iommus"]})
     cm = " --caching-mode on" if vendors.with_caching_mode(res["iommus"]) else ""
-    return (f"iommulab explain --arch {res['arch']} --kernel {kernel} --iommu {vendor}{cm} "
-            f"--cmdline '{_cmdline(res.get('cmdline') or '', words)}'")
+    read = {"iommu", "iommu.passthrough", "iommu.strict", vendors.DRIVERS[vendor].get("param")}
+    cmd = " ".join(w for w in _cmdline(res.get("cmdline") or "", words).split() if w.split("=", 1)[0] in read)
+    return f"iommulab explain --arch {res['arch']} --kernel {kernel} --iommu {vendor}{cm} --cmdline '{cmd}'"
 
 
 def current(res: dict[str, Any], kernel: str | None) -> dict[str, str]:
@@ -312,14 +311,14 @@ def _reach(r: RunResult) -> str:
     w = s.get("window")
     if not w:
         return f"only {mine}"
-    return f"{mine}, and pages freed back to their owners for up to {w['max_us'] / 1000:.1f} ms"
+    return f"{mine}, and pages freed back to their owners for up to {duration(w['max_us'])}"
 
 
 # What ranks the options, by the workload's kind: (JSON key, table header, value of a run, higher is better).
 MEASURES = {
     "gbps": ("throughput_gbps", "Gbps", lambda r: r.throughput_gbps, True),
     "iops": ("iops", "kIOPS", lambda r: r.packets_per_sec, True),
-    "latency": ("latency_p99_us", "p99 µs", lambda r: (r.latency or {}).get("p99_us", 0.0), False),
+    "latency": ("latency_p99_us", "latency p99", lambda r: (r.latency or {}).get("p99_us", 0.0), False),
 }
 
 
@@ -458,8 +457,8 @@ def choose(options: list[dict[str, Any]], bound: float, key: str, higher: bool) 
 
 
 def _rule_text(v: dict[str, Any], bound: float, given: float | None, hz: int, higher: bool) -> str:
-    fastest = "the fastest option" if higher else "the option with the lowest p99 latency"
-    return (f"{fastest} whose p99 exposure is within {_bound_text(bound)}"
+    fastest = "the fastest option" if higher else "the option with the lowest latency p99"
+    return (f"{fastest} whose exposure p99 is within {_bound_text(bound)}"
             + (" (--max-exposure)" if given is not None else
                f" (the default: the kernel's own bound on lazy exposure, its {_core.FQ_TIMEOUT_MS} ms flush-queue "
                f"timer at HZ {hz})")
@@ -495,7 +494,7 @@ def _near_bound(o: dict[str, Any], bound: float, given: float | None) -> str | N
         return None
     what = ("the kernel's own bound: the flush-queue timer, not the workload, sets lazy's exposure"
             if given is None else "a slightly tighter --max-exposure excludes it")
-    return (f"{o['option']}: p99 exposure {_us_text(x)} is {100 * margin:.1f} % under the {_bound_text(bound)} "
+    return (f"{o['option']}: exposure p99 {duration(x)} is {100 * margin:.1f} % under the {_bound_text(bound)} "
             f"bound ({what})")
 
 
@@ -548,18 +547,14 @@ def _exposure_change(cur: dict[str, Any], o: dict[str, Any]) -> str:
     a, b = cur["exposure_p99_us"], o["exposure_p99_us"]
     if a is not None and b is not None:
         d = b - a
-        return "no change" if abs(d) < 1 else ("+" if d > 0 else "-") + _us_text(abs(d))
-    word = lambda x: "all memory" if x is None else _us_text(x) if x else "none"
+        return "no change" if abs(d) < 1 else ("+" if d > 0 else "-") + duration(abs(d))
+    word = lambda x: "all memory" if x is None else duration(x) if x else "none"
     return f"{word(a)} -> {word(b)}"
 
 
 def _signed(pct: float) -> str:
     """A change in per cent: one decimal under 10 (and no -0)."""
     return f"{round(pct, 1) + 0.0:+.1f}" if abs(pct) < 10 else f"{pct:+.0f}"
-
-
-def _us_text(us: float) -> str:
-    return f"{us / 1000:.1f} ms" if us >= 1000 else f"{us:.0f} µs"
 
 
 def _caveats(res: dict[str, Any], hw: dict[str, Any], options: list[dict[str, Any]], sc: dict[str, Any]) -> list[str]:
@@ -599,84 +594,100 @@ def _no_iommu(res: dict[str, Any], hw: dict[str, Any], profile: str) -> str:
 
 
 def _bound_text(us: float) -> str:
-    return "any time (passthrough allowed)" if math.isinf(us) else f"{us / 1000:g} ms" if us >= 1000 else f"{us:g} µs"
-
-
-def _exposure_text(o: dict[str, Any]) -> str:
-    v = o["exposure_p99_us"]
-    return exposure(v is not None, v or None) + (" µs" if v else "")
+    return "any time (passthrough allowed)" if math.isinf(us) else duration(us)
 
 
 def _exposed_text(o: dict[str, Any]) -> str:
     v = o["exposure_p99_us"]
     if v is None:
         return "a device reaches all memory"
-    return f"p99 exposure {v:.0f} µs" if v else "no page is exposed"
+    return f"exposure p99 {duration(v)}" if v else "no page is exposed"
 
 
 def _speed_text(o: dict[str, Any], key: str) -> str:
     if key == "iops":
-        return f"{rate(o['iops'])} IOPS"
+        return f"{o['iops'] / 1e3:.0f} kIOPS"
     if key == "latency_p99_us":
-        return f"p99 latency {o[key]:.1f} µs at {o['kreq_per_sec']:.0f}k requests/s"
+        return f"latency p99 {duration(o[key])} at {o['kreq_per_sec']:.0f} kreq/s"
     return f"{o['throughput_gbps']:.1f} Gbps"
 
 
-def _wrapped(text: str, indent: str = "  ") -> list[str]:
-    """`text` as lines of at most WIDTH columns, the later ones indented."""
-    return textwrap.wrap(text, WIDTH, subsequent_indent=indent, break_on_hyphens=False) or [""]
-
-
-def format_advise(doc: dict[str, Any]) -> str:
+def _host_lines(doc: dict[str, Any]) -> list[str]:
+    """Where advise runs: the host, what it runs now, the scenario, and each value taken from the host or
+    assumed, one a line."""
     h = doc["host"]
     iommus = ", ".join(f"{i['name']} ({i['vendor']}"
                        + (f", caching mode {'on' if i.get('caching_mode') else 'off'}" if "caching_mode" in i else "")
                        + ")" for i in h["iommus"]) or "no IOMMU"
     where = (f"a guest{' of ' + h['vmm'] if h.get('vmm') else ''}" if h["guest"] else "bare metal (no sign of a VM)")
     now = h["current"]
-    lines = _wrapped(f"host: {where} · Linux {h['kernel'] or '?'} {h['arch']} · {iommus} · "
-                     f"{h['cpus'] or '?'} CPUs · NICs {', '.join(n['name'] for n in h['nics']) or 'none seen'} · "
-                     f"NVMe {', '.join(h['nvme']) or 'none seen'}")
-    lines += _wrapped(f"now: {now['policy']}, from {now['from']}")
-    lines += _wrapped(f"scenario: {doc['scenario']} with " + " ".join(f"{k}={v}" for k, v in doc["set"].items()))
-    lines += _wrapped("from the host: " + "; ".join(doc["from_host"]))
-    lines += _wrapped("assumed: " + "; ".join(doc["assumed"]) + " (change any with --set KEY=VALUE)") + [""]
-    key = doc["measure"]
+    lines = wrap(f"host: {where} · Linux {h['kernel'] or '?'} {h['arch']} · {iommus} · "
+                 f"{h['cpus'] or '?'} CPUs · NICs {', '.join(n['name'] for n in h['nics']) or 'none seen'} · "
+                 f"NVMe {', '.join(h['nvme']) or 'none seen'}")
+    lines += wrap(f"now: {now['policy']}, from {now['from']}")
+    lines += wrap(f"scenario: {doc['scenario']} with " + " ".join(f"{k}={v}" for k, v in doc["set"].items()))
+    lines += ["from the host:"] + [x for t in doc["from_host"] for x in wrap(t, "    ", "  - ")]
+    lines += ["assumed (change any with --set KEY=VALUE):"]
+    return lines + [x for t in doc["assumed"] for x in wrap(t, "    ", "  - ")]
+
+
+# The figure each measure is shown by in the table.
+CELL = {"iops": lambda o: f"{o['iops'] / 1e3:.0f}", "latency_p99_us": lambda o: duration(o["latency_p99_us"]),
+        "throughput_gbps": lambda o: f"{o['throughput_gbps']:.2f}"}
+
+
+def _table(doc: dict[str, Any]) -> list[str]:
+    """The options' table (in blocks that fit the width), then what a device can reach under each."""
+    key, opts = doc["measure"], doc["options"]
     header = next(h for k, h, _, _ in MEASURES.values() if k == key)
-    cell = {"iops": lambda o: f"{o['iops'] / 1e3:.0f}", "latency_p99_us": lambda o: f"{o[key]:.1f}",
-            "throughput_gbps": lambda o: f"{o['throughput_gbps']:.2f}"}[key]
-    head = ["option", "command line", header, "CPU busy", "exposure p99 µs", "limited by", "a device can reach"]
-    rows = [[o["option"] + (" *" if o.get("note") else "") + (" (now)" if o.get("now") else ""), o["cmdline"],
-             cell(o), f"{o['cpu_busy'] * 100:.1f}%", _exposure_text(o).removesuffix(" µs"), o["limited_by"],
-             o["reach"]] for o in doc["options"]]
-    w = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head) - 1)]
-    right = {2, 3, 4}
-    fmt = lambda cells: "  ".join((c.rjust(w[i]) if i in right else c.ljust(w[i])) if i < len(w) else c
-                                  for i, c in enumerate(cells)).rstrip()
-    lines += [fmt(head), "-" * (sum(w) + 2 * len(w) + len(head[-1]))] + [fmt(r) for r in rows]
-    unit = {"iops": "IOPS", "latency_p99_us": "p99 latency", "throughput_gbps": "throughput"}[key]
+    cols = [left("command line", [o["cmdline"] for o in opts]),
+            right(header, [CELL[key](o) for o in opts], 2),
+            right("CPU busy", [f"{o['cpu_busy'] * 100:.1f}%" for o in opts], 2),
+            right("exposure p99", [exposure(o["exposure_p99_us"] is not None, o["exposure_p99_us"] or None)
+                                   for o in opts], 2),
+            left("limited by", [o["limited_by"] for o in opts])]
+    names = [o["option"] + (" *" if o.get("note") else "") + (" (now)" if o.get("now") else "") for o in opts]
+    lines = fit(["option"] + names, cols)
+    lines += ["", "a device can reach:"]
+    return lines + [x for o in opts for x in wrap(o["reach"], "    ", f"  {o['option']}: ")]
+
+
+def format_advise(doc: dict[str, Any]) -> str:
+    now = doc["host"]["current"]
+    lines = _host_lines(doc) + [""] + _table(doc)
+    key = doc["measure"]
+    unit = {"iops": "IOPS", "latency_p99_us": "latency p99", "throughput_gbps": "throughput"}[key]
     changes = [o for o in doc["options"] if "against_now" in o]
     if changes:
         lines += ["", f"against now ({now['policy']}):"]
         for o in changes:
             c = o["against_now"]
             m = "" if c["measure_pct"] is None else f"{_signed(c['measure_pct'])} % {unit}, "
-            lines += _wrapped(f"  {o['option']}: {m}CPU busy {c['cpu_busy_points']:+.1f} points, exposure "
-                              f"{c['exposure']}", "    ")
+            lines += wrap(f"{m}CPU busy {c['cpu_busy_points']:+.1f} points, exposure {c['exposure']}", "    ",
+                          f"  {o['option']}: ")
     r = doc["recommendation"]
-    lines += [""] + _wrapped(f"recommendation: {r['option']} ({r['cmdline']}): {r['why']}" if r["option"] else
-                             f"recommendation: none: {r['why']}")
+    lines += [""] + wrap(f"recommendation: {r['option']} ({r['cmdline']}): {r['why']}" if r["option"] else
+                         f"recommendation: none: {r['why']}")
     for f in r["flags"]:
-        lines += _wrapped(f"  flagged: {f}", "    ")
+        lines += wrap(f"  flagged: {f}", "    ")
     for t in r["validation"]:
         if not t["ok"]:
-            lines += _wrapped(f"  validation: {t['id']} misses: model {t['model']:.3g} against {t['published']:.3g} "
-                              f"published ({100 * t['error']:+.0f} %, tolerance {100 * t['tolerance']:.0f} %; one seed "
-                              f"of {t['scenario']}, on this profile; iommulab validate {t['id']} runs five)", "    ")
-    lines += _wrapped(f"rule: {r['rule']}")
+            lines += wrap(f"  validation: {t['id']} misses: model {t['model']:.3g} against {t['published']:.3g} "
+                          f"published ({100 * t['error']:+.0f} %, tolerance {100 * t['tolerance']:.0f} %; one seed "
+                          f"of {t['scenario']}, on this profile; iommulab validate {t['id']} runs five)", "    ")
+    lines += wrap(f"rule: {r['rule']}")
     warn = sorted({f"{o['option']}: {x}" for o in doc["options"] for x in o.get("warnings") or []})
     if doc["caveats"] or warn:
         lines += ["", "caveats:"]
         for c in doc["caveats"] + [f"warning: {x}" for x in warn]:
-            lines += _wrapped(f"  - {c}", "    ")
+            lines += _caveat_lines(c)
     return "\n".join(lines) + "\n"
+
+
+def _caveat_lines(caveat: str) -> list[str]:
+    """A caveat wrapped, the explain command it names on lines of its own, split between words with a
+    backslash as a shell continues a line, so that it runs as printed."""
+    if "(iommulab explain " not in caveat or not caveat.endswith(" says why)"):
+        return wrap(f"  - {caveat}", "    ")
+    text, command = caveat[:-len(" says why)")].split(" (iommulab explain ", 1)
+    return wrap(f"  - {text}; this says why:", "    ") + command_lines(f"iommulab explain {command}", "      ")

@@ -18,7 +18,7 @@ from .compare import POLICIES, compare, format_compare
 from .inputs import shown, terminal, utf8
 from .invlog import inv_log
 from .replay import default_kernel, format_replay, replay
-from .report import format_table
+from .report import fit, format_table, left, wrap
 from .sensitivity import MAX_FACTOR
 from .validate import (DEFAULT_SEEDS, MAX_SEEDS, Calibration, calibrate, declared_calibrations, format_validate,
                        load_targets, validate)
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--root", default="/", metavar="DIR", help="read a saved tree (from inspect --save) instead of /")
     ad.add_argument("--workload", default="nic-rx", metavar="W",
                     help="nic-rx (default), nic-tx, nvme, rr, or a scenario file or built-in name whose workload to run")
-    ad.add_argument("--max-exposure", metavar="TIME", help="the longest p99 exposure to accept (10ms, 500us, 0, "
+    ad.add_argument("--max-exposure", metavar="TIME", help="the longest exposure p99 to accept (10ms, 500us, 0, "
                     "any); default: the kernel's own bound on lazy exposure (the flush-queue timer)")
     ad.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
                     help="override a scenario key (the CPUs, the line rate, …); repeatable")
@@ -257,7 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run the scenario of each published target (C1, C3, ...: targets.toml in the "
                        "package) and print the model's value next to the published one, the relative error and "
                        "whether it is within the target's tolerance.")
-    v.add_argument("ids", nargs="*", metavar="TARGET", help="only these target ids (default: all)")
+    v.add_argument("ids", nargs="*", metavar="TARGET", help="only these targets: an id, or the start of ids up to a "
+                   "`.` or `_` (C1, m5.morello), in any case (default: all)")
+    v.add_argument("--list", action="store_true", help="list the targets (id, published figure, tolerance, kind) "
+                   "without running anything")
     v.add_argument("--set", dest="sets", action="append", default=[], type=_set_pair, metavar="KEY=VALUE",
                    help="override a scenario key in every target run (e.g. platform.memory.walk_read_ns=150)")
     v.add_argument("--seeds", type=_seeds, default=DEFAULT_SEEDS, metavar="N",
@@ -439,8 +442,8 @@ def _list_calibrations(ts, as_json: bool) -> int:
         return 0
     for r in rows:
         what = "a micro-target" if r["kind"] == "micro" else "a throughput or workload count (macro)"
-        print(f"{r['profile']}: {r['param']} = {r['value']}  fitted on {r['target']} = {r['published']:g}, "
-              f"{what}: {r['source']}")
+        print("\n".join(wrap(f"{r['profile']}: {r['param']} = {r['value']}  fitted on {r['target']} = "
+                             f"{r['published']:g}, {what}: {r['source']}")))
     return 0
 
 
@@ -588,8 +591,8 @@ def _cmd_compare(a: argparse.Namespace) -> int:
         results = compare(a.scenario, dict(a.sets), a.policies, progress, raw_strings=True, jobs=a.jobs)
     if plot:
         rows = [r.flat() for r in results]
-        _write(plot, results_page(rows, f"iommulab compare · {name}", subtitle=sc.get("description", "")),
-               "--plot")
+        _write(plot, results_page(rows, f"iommulab compare · {name}", subtitle=sc.get("description", ""),
+                                  iops=bool(sc["workload"].get("nvme"))), "--plot")
     _write_runs(a, results)
     if a.json:
         out = {"scenario": name, "plot": plot, "runs": [r.to_dict() for r in results]}
@@ -641,7 +644,17 @@ def _report_html(path: str, df) -> str:
         agg = dataset.aggregate_seeds(df, axes)
         df = agg if agg.height < df.height else df
     title = f"iommulab report · {os.path.basename(os.path.normpath(path))}"
-    return results_page(df.to_dicts(), title, axes, spec or None)
+    return results_page(df.to_dicts(), title, axes, spec or None, iops=_nvme_sweep(spec))
+
+
+
+def _nvme_sweep(spec: dict[str, Any]) -> bool:
+    """Whether a sweep's dataset (its sweep.json `spec`) is an NVMe workload's, read by kIOPS."""
+    try:
+        sc = load(spec["scenario"], dict(spec.get("set") or {}))[0].scenario_json()
+    except (KeyError, ScenarioError):
+        return False
+    return bool(json.loads(sc)["workload"].get("nvme"))
 
 
 def _cmd_report(a: argparse.Namespace) -> int:
@@ -681,14 +694,14 @@ def _cmd_explain(a: argparse.Namespace) -> int:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    print(f"Linux {a.kernel} on {a.arch} with {iommu}" + (" (caching mode)" if a.caching_mode == "on" else "")
-          + (f", command line: {a.cmdline}" if a.cmdline else ""))
-    for line in res["kernel_log"]:
-        print(f"  {line}")
-    print()
-    print(f"{'device':<22} {'type':<9} {'mode':<12} why")
-    for d in res["devices"]:
-        print(f"{d['device']:<22} {d['sysfs']:<9} {d['policy']:<12} {d['why']}")
+    lines = wrap(f"Linux {a.kernel} on {a.arch} with {iommu}" + (" (caching mode)" if a.caching_mode == "on" else "")
+                 + (f", command line: {a.cmdline}" if a.cmdline else ""))
+    lines += [x for line in res["kernel_log"] for x in wrap(line, "    ", "  ")] + [""]
+    devs = res["devices"]
+    lines += fit(["device"] + [d["device"] for d in devs],
+                 [left("type", [d["sysfs"] for d in devs]), left("mode", [d["policy"] for d in devs])],
+                 text=("why", [d["why"] for d in devs]))
+    sys.stdout.write(terminal("\n".join(lines) + "\n"))
     return 0
 
 
@@ -906,7 +919,30 @@ def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None, as_json
     raise ScenarioError(f"{kind} `{name}`: no such built-in (built-in: {', '.join(n for n, _ in items)})")
 
 
+def _list_names(items: list[tuple[str, str]]) -> int:
+    """The built-ins' names, each with its description wrapped beside it."""
+    docs = [(n, tomllib.loads(text).get("description", "")) for n, text in items]
+    w = max(len(n) for n, _ in docs) + 2
+    lines = [x for n, d in docs for x in wrap(d, " " * w, n.ljust(w))]
+    sys.stdout.write(terminal("\n".join(lines) + "\n"))
+    return 0
+
+
+
 def _cmd_validate(a: argparse.Namespace) -> int:
+    from .validate import format_targets
+
+    if a.list:
+        ts = load_targets()
+        if a.ids:
+            ts.targets = ts.select(a.ids)
+        if a.json:
+            keys = ("id", "published", "tolerance", "kind", "scenario", "source")
+            json.dump({"targets": [{k: getattr(t, k) for k in keys} for t in ts.targets]}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            sys.stdout.write(format_targets(ts))
+        return 0
     _fresh(a.plot, a.force, "--plot")
     with _progress(a) as progress:
         rows = validate(a.ids or None, {k: _toml_or_str(v) for k, v in a.sets}, seeds=a.seeds, jobs=a.jobs,
@@ -922,8 +958,10 @@ def _cmd_validate(a: argparse.Namespace) -> int:
         sys.stdout.write(format_validate(rows))
     missed = [r["id"] for r in rows if not r["ok"]]
     if a.fail_on_miss and missed:
+        # One line, a few ids: the table or the JSON names every miss.
+        more = f" and {len(missed) - 3} more" if len(missed) > 3 else ""
         sys.stderr.write(f"iommulab: {len(missed)} of {len(rows)} targets outside their tolerance: "
-                         f"{', '.join(missed)}\n")
+                         f"{', '.join(missed[:3])}{more}\n")
         return 1
     return 0
 
@@ -966,8 +1004,8 @@ def _cmd_calibrate(a: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     for d in done:
-        print(f"{d['profile']}: {d['param']} = {d['value']}  ({d['target']}: model {d['model']:.4g}, "
-              f"published {d['published']:g}, error {100 * d['error']:+.1f}%)")
+        print("\n".join(wrap(f"{d['profile']}: {d['param']} = {d['value']}  ({d['target']}: model "
+                             f"{d['model']:.4g}, published {d['published']:g}, error {100 * d['error']:+.1f}%)")))
     if a.out:
         print(f"wrote {a.out}")
     return 0
@@ -983,6 +1021,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_sensitivity(a)
         if a.cmd == "compare":
             return _cmd_compare(a)
+        if a.cmd == "scenarios" and a.name is None and not a.json:
+            return _list_names(_core.builtin_scenarios())
         if a.cmd == "scenarios":
             return _cmd_list("scenario", _core.builtin_scenarios(), a.name, a.json)
         if a.cmd == "explain":
@@ -1008,6 +1048,8 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_sweep(a)
         if a.cmd == "report":
             return _cmd_report(a)
+        if a.cmd == "profiles" and a.name is None and not a.json:
+            return _list_names(_core.builtin_profiles())
         if a.cmd == "profiles":
             return _cmd_list("profile", _core.builtin_profiles(), a.name, a.json)
         if a.cmd == "profile":

@@ -10,8 +10,9 @@ from typing import Any, Mapping
 
 from . import __version__, _core
 from .api import ProgressFn, RunResult, load, run_variants
-from .report import (EXPOSURE_LEGEND, LIMITED_BY_COLUMN, LIMITED_BY_LEGEND, note_lines, per_sec, render,
-                     run_exposure, set_lines, warning_lines)
+from .report import (EXPOSED_LEGEND, LIMITED_BY_COLUMN, LIMITED_BY_LEGEND, WORKLOAD_LEGEND, exposed,
+                     exposure_legend, header_lines, legend, note_lines, per_sec, render, run_exposure, set_lines,
+                     warning_lines, with_workload, workload_kind, wrap)
 
 # Every policy the simulator has, cheapest protection first (the core's list).
 POLICIES: list[str] = _core.policies()
@@ -31,13 +32,6 @@ def compare(scenario: Any = None, sets: Mapping[str, Any] | None = None, policie
     return results
 
 
-def _exposed(r: RunResult) -> str:
-    s = r.safety
-    if not s["protected"]:
-        return "all"
-    return f"{s['exposed_share'] * 100:.1f}%"
-
-
 def _sub_page(r: RunResult) -> str:
     s = r.safety
     if not s["protected"]:
@@ -45,44 +39,45 @@ def _sub_page(r: RunResult) -> str:
     return f"{s['sub_page']['mean_reachable_bytes'] / 1024:.1f}"
 
 
+# Goodput and exposure first (the first block of columns that fit the width), then the invalidation work.
 COLUMNS = [
     # header, width, formatter
     ("Gbps", 8, lambda r: f"{r.throughput_gbps:.2f}"),
     ("CPU busy", 9, lambda r: f"{r.cpu_busy * 100:.1f}%"),
+    ("exposed", 9, exposed),
+    ("exposure p50", 14, lambda r: run_exposure(r, "p50_us")),
+    ("exposure p99", 14, lambda r: run_exposure(r, "p99_us")),
+    ("exposure max", 14, lambda r: run_exposure(r, "max_us")),
+    LIMITED_BY_COLUMN,
     ("inv/page", 9, lambda r: f"{r.inv_per_page:.4f}"),
     ("unmapped pg/s", 14, lambda r: per_sec(r, r.iova_pages_unmapped)),
     ("inv/s", 10, lambda r: per_sec(r, r.invalidations['total'])),
-    ("exposed", 9, _exposed),
-    ("exp p50 µs", 11, lambda r: run_exposure(r, "p50_us")),
-    ("exp p99 µs", 11, lambda r: run_exposure(r, "p99_us")),
-    ("exp max µs", 11, lambda r: run_exposure(r, "max_us")),
     ("stale hits", 11, lambda r: f"{r.stale_translations}"),
     ("sub-page KiB", 13, lambda r: _sub_page(r)),
-    LIMITED_BY_COLUMN,
+]
+LEGEND = [
+    ("Gbps", "application goodput"),
+    ("CPU busy", "mean over the workload's CPUs"),
+    EXPOSED_LEGEND,
+    exposure_legend("p50, p99, max", "median, 99th percentile and longest"),
+    LIMITED_BY_LEGEND,
+    ("inv/page", "IOMMU TLB invalidation descriptors/commands per page unmapped"),
+    ("unmapped pg/s", "IOVA pages unmapped per second"),
+    ("inv/s", "the IOMMU's invalidation commands per second"),
+    ("stale hits", "device translations served by an entry the page table no longer held"),
+    ("sub-page KiB", "other data sharing the pages of mapped small buffers, reachable on average at any instant"),
 ]
 
 
 def format_compare(scenario: dict[str, Any], results: list[RunResult], plot: str | None = None,
                    sets: list[tuple[str, str]] | None = None) -> str:
-    lines = [
-        f"iommulab {__version__} · compare · {scenario.get('name') or 'scenario'}: "
-        f"{scenario.get('description', '')}".rstrip(": "),
-        f"platform {scenario['platform']['profile']} ({scenario['platform']['vendor']}) · kernel "
-        f"{scenario['os']['kernel']} · {scenario['run']['duration_ms']:g} ms after {scenario['run']['warmup_ms']:g} ms "
-        f"warm-up · seed {scenario['run']['seed']}",
-    ]
-    lines += set_lines(sets) + [""]
+    kind = workload_kind(scenario, results)
+    lines = header_lines(scenario, "compare") + set_lines(sets) + [""]
     lw = max([len("run")] + [len(r.label) for r in results])
-    lines += render(COLUMNS, results, lw)
-    lines += [
-        "",
-        "exposed: share of unmapped pages released to their owner before an invalidation covering them completed "
-        "(all: identity domain, the device reaches every page) · exp p50/p99/max: " + EXPOSURE_LEGEND.split(": ", 1)[1]
-        + " · stale hits: device translations served by an entry the page table no longer held "
-        "· sub-page: other data sharing the pages of mapped small buffers, reachable on average at any instant",
-        LIMITED_BY_LEGEND.split(" · ")[0],
-    ]
+    lines += render(with_workload(COLUMNS, kind), results, lw)
+    terms = LEGEND[:1] + WORKLOAD_LEGEND.get(kind, []) + LEGEND[1:]
+    lines += [""] + legend(terms)
     lines += note_lines(results) + warning_lines(results)
     if plot:
-        lines.append(f"plot: {plot}")
+        lines += wrap(f"plot: {plot}")
     return "\n".join(lines) + "\n"

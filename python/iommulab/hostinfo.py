@@ -754,36 +754,39 @@ def _write_tree(tree: Tree, d: Path) -> int:
 
 
 def format_inspect(res: dict[str, Any]) -> str:
-    lines = [f"Linux {res['kernel'] or '?'} {res['arch']}" + (f" · command line: {res['cmdline']}" if res['cmdline']
-                                                               else "")]
+    from .report import fit, left, right, wrap
+
+    lines = wrap(f"Linux {res['kernel'] or '?'} {res['arch']}"
+                 + (f" · command line: {res['cmdline']}" if res['cmdline'] else ""))
     if res.get("config_default"):
-        lines.append(f"kernel config default DMA mode: {res['config_default']}")
+        lines += wrap(f"kernel config default DMA mode: {res['config_default']}")
     hw = res.get("hardware") or {}
     if hw.get("cpus") or hw.get("nics") or hw.get("nvme"):
         nics = ", ".join(f"{n['name']} ({n['device']}" + (f", {n['speed_gbps']:g} Gbps" if n["speed_gbps"] else "")
                          + (f", {n['rx_queues']} RX queues" if n["rx_queues"] else "") + ")" for n in hw["nics"])
-        lines.append(f"CPUs {hw.get('cpus') or '?'}" + (f" ({hw['cpu_model']})" if hw.get("cpu_model") else "")
-                     + (f" · a guest{' of ' + hw['vmm'] if hw.get('vmm') else ''}" if hw.get("guest") else "")
-                     + (f" · confidential: {hw['confidential']}" if hw.get("confidential") else "")
-                     + f" · NICs {nics or 'none'} · NVMe {', '.join(hw['nvme']) or 'none'}")
+        lines += wrap(f"CPUs {hw.get('cpus') or '?'}" + (f" ({hw['cpu_model']})" if hw.get("cpu_model") else "")
+                      + (f" · a guest{' of ' + hw['vmm'] if hw.get('vmm') else ''}" if hw.get("guest") else "")
+                      + (f" · confidential: {hw['confidential']}" if hw.get("confidential") else "")
+                      + f" · NICs {nics or 'none'} · NVMe {', '.join(hw['nvme']) or 'none'}")
     for i in res["iommus"]:
-        lines.append(f"IOMMU {i['name']} ({i['vendor']}){vendors.describe(i)}")
+        lines += wrap(f"IOMMU {i['name']} ({i['vendor']}){vendors.describe(i)}")
     if res.get("kernel_log_seen"):
         lines.append("kernel log, IOMMU lines:")
-        lines += [f"  {line}" for line in res["kernel_log_seen"]]
+        lines += [x for line in res["kernel_log_seen"] for x in wrap(line, "    ", "  ")]
     elif res.get("kernel_log"):
-        lines.append("kernel log not readable (root, or kernel.dmesg_restrict=0); the rules predict it says:")
-        lines += [f"  {line}" for line in res["kernel_log"]]
+        lines += wrap("kernel log not readable (root, or kernel.dmesg_restrict=0); the rules predict it says:")
+        lines += [x for line in res["kernel_log"] for x in wrap(line, "    ", "  ")]
     for n in res["notes"]:
-        lines.append(n)
-    if res["devices"]:
-        lines.append("")
-        w = max(len("device"), *(len(d["device"]) for d in res["devices"]))
-        wc = max(len("class"), *(len(d["class"] or "-") for d in res["devices"]))
-        lines.append(f"{'group':>5}  {'device':<{w}}  {'driver':<14} {'class':<{wc}} {'ATS':<4} {'type':<10} "
-                     f"{'mode':<12} why")
-        for d in res["devices"]:
-            ats = {True: "yes", False: "no", None: "?"}[d["ats"]]
-            lines.append(f"{d['group']:>5}  {d['device']:<{w}}  {d['driver'] or '-':<14} {d['class'] or '-':<{wc}} "
-                         f"{ats:<4} {d['type'] or '-':<10} {d['mode'] or '-':<12} {d.get('why', '')}")
+        lines += wrap(n)
+    devs = res["devices"]
+    if devs:
+        group = right("group", [str(d["group"]) for d in devs], 0)
+        device = left("device", [d["device"] for d in devs])
+        lines += [""] + fit([g + d for g, d in zip(group, device)],
+                            [left("driver", [d["driver"] or "-" for d in devs]),
+                             left("class", [d["class"] or "-" for d in devs]),
+                             left("ATS", [{True: "yes", False: "no", None: "?"}[d["ats"]] for d in devs]),
+                             left("type", [d["type"] or "-" for d in devs]),
+                             left("mode", [d["mode"] or "-" for d in devs])],
+                            text=("why", [d.get("why", "") for d in devs]))
     return "\n".join(lines) + "\n"

@@ -642,39 +642,43 @@ def _us(ns: float | None) -> str:
 
 def format_measure(m: dict[str, Any], out: str) -> str:
     """The measurement as a table: per function its calls, mean, self time, p50 and p99 in µs."""
-    lines = [f"measured on {m.get('host', '?')}, Linux {m.get('kernel', '?')}, {m.get('date', '?')}"
-             + (f" · IOMMU {', '.join(m['iommus'])}" if m.get("iommus") else " · no IOMMU in sysfs")
-             + (f" · {policy_of(m)}" if policy_of(m) else ""), "",
-             f"{'function':<30} {'calls':>9} {'mean µs':>9} {'self µs':>9} {'p50 µs':>9} {'p99 µs':>9}",
-             "-" * 80]
-    for fn, s in m["functions"].items():
-        lines.append(f"{fn:<30} {s['calls']:>9} {_us(s['mean_ns']):>9} {_us(s['self_mean_ns']):>9} "
-                     f"{_us(s['p50_ns']):>9} {_us(s['p99_ns']):>9}")
-    lines += ["", "mean: entry to return, as the trace's clock gives it (µs resolution: a mean over many calls is "
-              "finer) · self: less the measured functions it called · each probe adds its own time to its "
-              "caller's"]
+    from .report import fit, legend, right, wrap
+
+    lines = wrap(f"measured on {m.get('host', '?')}, Linux {m.get('kernel', '?')}, {m.get('date', '?')}"
+                 + (f" · IOMMU {', '.join(m['iommus'])}" if m.get("iommus") else " · no IOMMU in sysfs")
+                 + (f" · {policy_of(m)}" if policy_of(m) else "")) + [""]
+    fns = list(m["functions"].items())
+    cols = [right("calls", [str(s["calls"]) for _, s in fns], 2)]
+    cols += [right(h, [_us(s[k]) for _, s in fns], 2) for h, k in
+             (("mean µs", "mean_ns"), ("self µs", "self_mean_ns"), ("p50 µs", "p50_ns"), ("p99 µs", "p99_ns"))]
+    lines += fit(["function"] + [fn for fn, _ in fns], cols)
+    lines += [""] + legend([
+        ("mean", "entry to return, as the trace's clock gives it (µs resolution: a mean over many calls is finer)"),
+        ("self", "less the measured functions it called; each probe adds its own time to its caller's")])
     if m.get("unpaired"):
-        lines.append(f"{m['unpaired']} calls left out: an entry or return without the other (a missed kretprobe, "
-                     "or the recording's edges)")
+        lines += wrap(f"{m['unpaired']} calls left out: an entry or return without the other (a missed kretprobe, "
+                      "or the recording's edges)")
     for fn, n in m.get("missed", {}).items():
-        lines.append(f"{fn}: the kernel missed {n} probe hits")
+        lines += wrap(f"{fn}: the kernel missed {n} probe hits")
     lines.append(f"wrote {shown(out)}")
     return "\n".join(lines) + "\n"
 
 
 def format_fit(f: Fit, rows: list[dict[str, Any]], out: str) -> str:
     """The constants written, then measured against modelled latency per function."""
-    lines = [f"wrote {shown(out)}: {len(f.values)} constants from the measurement", ""]
+    from .report import fit, left, legend, right, wrap
+
+    lines = wrap(f"wrote {shown(out)}: {len(f.values)} constants from the measurement") + [""]
     for k in sorted(f.values):
-        lines.append(f"  {k} = {f.values[k]:.1f}  ({f.how[k]})")
-    lines += ["", f"{'function':<28} {'calls':>9} {'time':>5} {'measured µs':>12} {'model µs':>9} {'error':>8}  role",
-              "-" * 100]
-    for r in rows:
-        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
-        lines.append(f"{r['function']:<28} {r['calls']:>9} {r['time']:>5} {_us(r['measured_ns']):>12} "
-                     f"{_us(r['modelled_ns']):>9} {err:>8}  {r['role']}")
-    lines += ["", "sets: the measurement fixed a constant from this function (its error shows only rounding)",
-              "shares: one constant from several functions' mean (its error: how far they differ)",
-              "predicted: composed by the model from constants set elsewhere (a check)"]
-    lines += [f"not fitted: {s}" for s in f.skipped]
+        lines += wrap(f"{k} = {f.values[k]:.1f}  ({f.how[k]})", "    ", "  ")
+    cols = [right("calls", [str(r["calls"]) for r in rows], 2), left("time", [r["time"] for r in rows], 1),
+            right("measured µs", [_us(r["measured_ns"]) for r in rows], 2),
+            right("model µs", [_us(r["modelled_ns"]) for r in rows], 2),
+            right("error", ["-" if r["error"] is None else f"{r['error']:+.1%}" for r in rows], 2)]
+    lines += [""] + fit(["function"] + [r["function"] for r in rows], cols, text=("role", [r["role"] for r in rows]))
+    lines += [""] + legend([
+        ("sets", "the measurement fixed a constant from this function (its error shows only rounding)"),
+        ("shares", "one constant from several functions' mean (its error: how far they differ)"),
+        ("predicted", "composed by the model from constants set elsewhere (a check)")])
+    lines += [x for s in f.skipped for x in wrap(f"not fitted: {s}")]
     return "\n".join(lines) + "\n"

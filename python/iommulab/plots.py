@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from . import __version__, _core
-from .report import flat_cell
+from .report import duration, exposure, flat_cell
 
 # One colour per policy, in the core's order (cheapest protection first), from plotly's default qualitative set.
 PALETTE = ["#d62728", "#ff7f0e", "#2ca02c", "#17becf", "#8c564b", "#9467bd", "#1f77b4", "#e377c2", "#7f7f7f",
@@ -33,6 +33,23 @@ def _exposure(row: dict[str, Any]) -> float:
         return UNPROTECTED_US
     w = row.get("safety.window.p99_us")
     return w if w and w > 0 else NONE_US
+
+
+def _exposure_text(row: dict[str, Any]) -> str:
+    """A run's p99 exposure as the tables write it (all, none, 877 µs, 15.9 ms)."""
+    return exposure(row.get("safety.protected"), row.get("safety.window.p99_us") or None)
+
+
+# What a run's rate is read as: goodput, or an NVMe workload's kIOPS. (result column, axis title, scale, unit)
+GBPS = ("throughput_gbps", "goodput (Gbps)", 1.0, "Gbps")
+KIOPS = ("packets_per_sec", "kIOPS (I/Os completed per second, in thousands)", 1e-3, "kIOPS")
+
+
+def _time_axis(lo_us: float, hi_us: float) -> dict[str, Any]:
+    """Ticks of a log axis of times in µs at each decade from `lo_us` to `hi_us`, written as the tables write a
+    time (100 ns, 1 µs, ..., 10 ms)."""
+    ticks = [10.0 ** d for d in range(math.floor(math.log10(lo_us)), math.ceil(math.log10(hi_us)) + 1)]
+    return {"tickvals": ticks, "ticktext": [duration(t) for t in ticks]}
 
 
 def _or(v: Any, default: Any) -> Any:
@@ -59,36 +76,40 @@ def _variant(row: dict[str, Any], name_keys: list[str] | None) -> str:
 SYMBOLS = ["circle", "diamond", "square", "triangle-up", "x", "star", "cross", "triangle-down"]
 
 
-def tradeoff_figure(rows: list[dict[str, Any]], title: str, name_keys: list[str] | None = None):
-    """Goodput against the p99 exposure window, one marker per run with a goodput, coloured by policy and shaped
-    by what else tells runs apart; half-transparent so that overlapping runs show."""
+def tradeoff_figure(rows: list[dict[str, Any]], title: str, name_keys: list[str] | None = None,
+                    rate: tuple[str, str, float, str] = GBPS):
+    """Goodput (or kIOPS, `rate`) against the p99 exposure, one marker per run with a goodput, coloured by policy
+    and shaped by what else tells runs apart; half-transparent so that overlapping runs show."""
     import plotly.graph_objects as go
 
+    key, axis, scale, unit = rate
     fig = go.Figure()
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        if r.get("throughput_gbps") is not None:
+        if r.get("throughput_gbps") is not None and r.get(key) is not None:
             by_policy.setdefault(_policy(r), []).append(r)
     variants = list(dict.fromkeys(_variant(r, name_keys) for rs in by_policy.values() for r in rs))
     for pol, rs in by_policy.items():
-        err = [(_or(r.get("throughput_gbps.max"), r["throughput_gbps"]) - r["throughput_gbps"],
-                r["throughput_gbps"] - _or(r.get("throughput_gbps.min"), r["throughput_gbps"])) for r in rs]
+        y = [r[key] * scale for r in rs]
+        err = [((_or(r.get(f"{key}.max"), r[key]) - r[key]) * scale, (r[key] - _or(r.get(f"{key}.min"), r[key])) * scale)
+               for r in rs]
         fig.add_trace(go.Scatter(
-            x=[_exposure(r) for r in rs], y=[r["throughput_gbps"] for r in rs], mode="markers", name=pol or "run",
+            x=[_exposure(r) for r in rs], y=y, mode="markers", name=pol or "run",
             marker={"size": 12, "color": COLOURS.get(pol), "opacity": 0.75, "line": {"width": 1, "color": "#333"},
                     "symbol": [SYMBOLS[variants.index(_variant(r, name_keys)) % len(SYMBOLS)] for r in rs]},
             error_y={"type": "data", "array": [e[0] for e in err], "arrayminus": [e[1] for e in err],
                      "visible": any(e != (0, 0) for e in err)},
             text=[f"{_name(r, name_keys or []) if name_keys else r.get('label', '')}<br>limited by "
-                  f"{r.get('limited_by', '?')}" for r in rs],
-            hovertemplate="%{text}<br>%{y:.2f} Gbps<br>p99 window %{x:.3g} µs<extra>" + html.escape(pol) + "</extra>"))
+                  f"{r.get('limited_by', '?')}<br>exposure p99 {_exposure_text(r)}" for r in rs],
+            hovertemplate="%{text}<br>%{y:.2f} " + unit + "<extra>" + html.escape(pol) + "</extra>"))
     ticks = [NONE_US] + [10.0 ** d for d in range(0, 6)] + [UNPROTECTED_US]
     fig.update_layout(
         title=title, template="plotly_white", height=480, legend_title_text="policy",
-        xaxis={"type": "log", "title": "exposure: p99 window from a page's release to its invalidation (µs, log)",
-               "tickvals": ticks, "ticktext": ["none"] + [f"{t:g}" for t in ticks[1:-1]] + ["unprotected"],
+        xaxis={"type": "log", "title": "exposure p99: how long an unmapped page stayed reachable by the device "
+               "after its owner got it back (log)",
+               "tickvals": ticks, "ticktext": ["none"] + [duration(t) for t in ticks[1:-1]] + ["all"],
                "range": [math.log10(NONE_US) - 0.3, math.log10(UNPROTECTED_US) + 0.3]},
-        yaxis={"title": "goodput (Gbps)", "rangemode": "tozero"})
+        yaxis={"title": axis, "rangemode": "tozero"})
     return fig
 
 
@@ -102,21 +123,24 @@ def _run_names(rows: list[dict[str, Any]], name_keys: list[str] | None) -> list[
     return [_name(r, name_keys or []) if name_keys else str(r.get("label") or r.get("run")) for r in rows]
 
 
-def cost_figure(rows: list[dict[str, Any]], name_keys: list[str] | None = None):
-    """Per run: goodput as a bar coloured by policy (with what bound it), and where the CPUs' time went as
-    stacked bars."""
+def cost_figure(rows: list[dict[str, Any]], name_keys: list[str] | None = None,
+                rate: tuple[str, str, float, str] = GBPS):
+    """Per run: goodput (or kIOPS, `rate`) as a bar coloured by policy (with what bound it), and where the CPUs'
+    time went as stacked bars."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    rows = [r for r in rows if r.get("throughput_gbps") is not None]
+    key, axis, scale, unit = rate
+    rows = [r for r in rows if r.get("throughput_gbps") is not None and r.get(key) is not None]
     names = _run_names(rows, name_keys)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=("goodput (Gbps), labelled with what bound the run",
+                        subplot_titles=(f"{axis}, labelled with what bound the run",
                                         "where the workload CPUs' time went (share)"))
-    fig.add_trace(go.Bar(x=names, y=[r["throughput_gbps"] for r in rows], showlegend=False,
+    fig.add_trace(go.Bar(x=names, y=[r[key] * scale for r in rows], showlegend=False,
                          marker={"color": [COLOURS.get(_policy(r), "#888") for r in rows]},
                          text=[r.get("limited_by", "") for r in rows], textposition="inside", textangle=-90,
-                         hovertemplate="%{x}<br>%{y:.2f} Gbps<br>limited by %{text}<extra></extra>"), row=1, col=1)
+                         hovertemplate="%{x}<br>%{y:.2f} " + unit + "<br>limited by %{text}<extra></extra>"),
+                  row=1, col=1)
     for key, label, colour in CPU_PARTS:
         fig.add_trace(go.Bar(x=names, y=[r.get(f"cpu_breakdown.{key}") or 0 for r in rows], name=label,
                              marker={"color": colour}, legendgroup="cpu",
@@ -127,25 +151,30 @@ def cost_figure(rows: list[dict[str, Any]], name_keys: list[str] | None = None):
 
 
 def exposure_figure(rows: list[dict[str, Any]], name_keys: list[str] | None = None):
-    """Per protected run that exposed pages: its exposure window's p50, p99, p99.9 and max (µs, log) on one line,
-    coloured by policy; runs that exposed nothing, or are unprotected, are listed in the title."""
+    """Per protected run that exposed pages: its exposure's p50, p99, p99.9 and max (log) on one line, coloured
+    by policy; runs that exposed nothing, or are unprotected, are left out."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     qs = [("p50_us", "p50", "circle"), ("p99_us", "p99", "diamond"), ("p999_us", "p99.9", "square"),
           ("max_us", "max", "x")]
     shown = [r for r in rows if r.get("safety.protected", True) and r.get("safety.window.p99_us")]
+    xs = [r.get(f"safety.window.{k}") for r in shown for k, _, _ in qs]
+    xs = [x for x in xs if x] or [1.0]
     for r, name in zip(shown, _run_names(shown, name_keys)):
         pol = _policy(r)
+        x = [r.get(f"safety.window.{k}") for k, _, _ in qs]
         fig.add_trace(go.Scatter(
-            x=[r.get(f"safety.window.{k}") for k, _, _ in qs], y=[name] * len(qs), mode="lines+markers",
-            name=name, showlegend=False, text=[q for _, q, _ in qs],
+            x=x, y=[name] * len(qs), mode="lines+markers",
+            name=name, showlegend=False, text=[f"exposure {q} {duration(v) if v else 'none'}"
+                                               for (_, q, _), v in zip(qs, x)],
             marker={"symbol": [s for _, _, s in qs], "size": 10, "color": COLOURS.get(pol)},
             line={"color": COLOURS.get(pol)},
-            hovertemplate="%{y}<br>%{text} %{x:.4g} µs<extra>" + html.escape(pol) + "</extra>"))
+            hovertemplate="%{y}<br>%{text}<extra>" + html.escape(pol) + "</extra>"))
     fig.update_layout(template="plotly_white", height=160 + 40 * len(shown),
-                      title="exposure windows per run: p50 (circle), p99 (diamond), p99.9 (square), max (x)",
-                      xaxis={"type": "log", "title": "µs from a page's release to its invalidation (log)"},
+                      title="exposure per run: p50 (circle), p99 (diamond), p99.9 (square), max (x)",
+                      xaxis={"type": "log", "title": "how long an unmapped page stayed reachable by the device after "
+                             "its owner got it back (log)", **_time_axis(min(xs), max(xs))},
                       yaxis={"type": "category"})
     return fig
 
@@ -298,16 +327,21 @@ class Page:
 # The numbers each run's row shows: (column, header, format).
 RUN_NUMBERS = [("throughput_gbps", "Gbps", "{:.2f}"), ("cpu_busy", "CPU busy", "{:.1%}"),
                ("cpu_inv_wait_share", "inv wait", "{:.1%}"), ("inv_per_page", "inv/page", "{:.4f}"),
-               ("safety.exposed_share", "exposed", "{:.1%}"), ("safety.window.p50_us", "exposure p50 µs", None),
-               ("safety.window.p99_us", "exposure p99 µs", None), ("safety.window.max_us", "exposure max µs", None),
+               ("safety.exposed_share", "exposed", "{:.1%}"), ("safety.window.p50_us", "exposure p50", None),
+               ("safety.window.p99_us", "exposure p99", None), ("safety.window.max_us", "exposure max", None),
                ("limited_by", "limited by", "{}")]
+# An NVMe workload's rate, after goodput.
+IOPS_NUMBER = ("packets_per_sec", "kIOPS", "{:.0f}")
 
 
-def runs_table(rows: list[dict[str, Any]], axes: list[str]) -> str:
-    """Each run: label, axes, its numbers (goodput, CPU, exposure, what bound it), seed, scenario hash and the
-    keys it set."""
+def runs_table(rows: list[dict[str, Any]], axes: list[str], iops: bool = False) -> str:
+    """Each run: label, axes, its numbers (goodput, kIOPS for an NVMe workload, CPU, exposure, what bound it),
+    seed, scenario hash and the keys it set."""
     head = [c for c in ["run", "label"] + axes if any(c in r for r in rows)]
-    nums = [(c, h, f) for c, h, f in RUN_NUMBERS if any(c in r for r in rows)]
+    numbers = RUN_NUMBERS[:1] + [IOPS_NUMBER] * iops + RUN_NUMBERS[1:]
+    nums = [(c, h, f) for c, h, f in numbers if any(c in r for r in rows)]
+    rows = [{**r, "packets_per_sec": r["packets_per_sec"] / 1e3} if iops and r.get("packets_per_sec") is not None
+            else r for r in rows]
     tail = [c for c in ["seed", "seeds", "scenario_hash", "overrides"] if any(c in r for r in rows)]
     return _table(head + [h for _, h, _ in nums] + tail,
                   [[r.get(c) for c in head] + [flat_cell(r, c, f, "") for c, _, f in nums] + [r.get(c) for c in tail]
@@ -316,24 +350,29 @@ def runs_table(rows: list[dict[str, Any]], axes: list[str]) -> str:
 
 def results_page(rows: list[dict[str, Any]], title: str, axes: list[str] | None = None,
                  spec: dict[str, Any] | None = None, validate_rows: list[dict[str, Any]] | None = None,
-                 subtitle: str = "") -> str:
-    """The report of a set of runs (a sweep's points, a comparison's policies), one row per run or point."""
+                 subtitle: str = "", iops: bool = False) -> str:
+    """The report of a set of runs (a sweep's points, a comparison's policies), one row per run or point;
+    `iops`: the runs are an NVMe workload's, read by kIOPS."""
     axes = axes or []
     page = Page(title, subtitle or (spec or {}).get("description", ""))
     if any(r.get("throughput_gbps") is not None for r in rows):
+        rate = KIOPS if iops else GBPS
+        what = "kIOPS" if iops else "goodput"
         page.heading("Throughput against exposure",
                      "Each marker is one run (the mean over seeds, with their min-max, when a sweep has several): "
-                     "goodput against the p99 time a freed page stayed reachable by the device.")
+                     f"{what} against its exposure p99, how long an unmapped page stayed reachable by the device "
+                     "after its owner got it back.")
         keys = [a for a in axes if a != "run.seed"]
-        page.figure(tradeoff_figure(rows, "goodput against exposure, per policy", keys))
+        page.figure(tradeoff_figure(rows, f"{what} against exposure, per policy", keys, rate))
         page.heading("What each run costs, and what bound it",
-                     "Goodput per run, and where its CPUs' time went: the DMA API's own work, waiting for "
-                     "invalidations, spinning on the DMA layer's locks, everything else (the stack), idle.")
-        page.figure(cost_figure(rows, keys))
+                     f"{'kIOPS' if iops else 'Goodput'} per run, and where its CPUs' time went: the DMA "
+                     "API's own work, waiting for invalidations, spinning on the DMA layer's locks, everything else "
+                     "(the stack), idle.")
+        page.figure(cost_figure(rows, keys, rate))
         if any(r.get("safety.window.p99_us") for r in rows):
             page.heading("Exposure per run", "How long unmapped pages stayed reachable by the device after their "
-                         "owner got them back, per run that exposed any (strict runs expose none; passthrough "
-                         "leaves every page reachable).")
+                         "owner got them back, per run that exposed any (strict runs expose none; under "
+                         "passthrough the device reaches every page).")
             page.figure(exposure_figure(rows, keys))
     swept = [a for a in axes if a not in ("os.policy", "run.seed") and len({json.dumps(r.get(a)) for r in rows}) > 1]
     metrics = metrics_of(rows)
@@ -350,9 +389,12 @@ def results_page(rows: list[dict[str, Any]], title: str, axes: list[str] | None 
         page.figure(validate_figure(validate_rows))
         page.html(validate_table(validate_rows))
     if rows:
-        page.heading("Runs", "What each run (or point) was and measured: its axes, its numbers (exposure in µs; "
-                     "none: no page exposed; all: identity domain), seed and the scenario keys it set.")
-        page.html(runs_table(rows, axes))
+        page.heading("Runs", "What each run (or point) was and measured: its axes, its numbers (exposed: the "
+                     "share of unmapped pages given back to their owner before an invalidation covering them "
+                     "completed; exposure: how long such a page stayed reachable; none: no page was; all: "
+                     "passthrough, an identity domain or no IOMMU at all, where the device reaches every page), "
+                     "seed and the scenario keys it set.")
+        page.html(runs_table(rows, axes, iops))
     if spec:
         page.heading("Sweep")
         page.code(json.dumps(spec, indent=2, default=str))

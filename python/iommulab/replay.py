@@ -12,6 +12,7 @@ from typing import IO, Any, Callable
 from . import _core, vendors
 from ._core import ScenarioError
 from .inputs import open_trace, shown, utf8
+from .report import fit, right, wrap
 
 CHUNK = 1 << 20
 # Chunks read and decompressed ahead of the replay at most.
@@ -124,32 +125,33 @@ def format_replay(res: dict[str, Any]) -> str:
     """The per-phase table the CLI prints, under the replay's warnings."""
     keys = next((list(d["counts"]) for d in res["phases"].values()),
                 ["map_events", "unmap_events", "map_syncs"] + vendors.DRIVERS[res["iommu"]]["replay_columns"])
-    cols = [("phase", 10)] + [(k, max(len(k), 8)) for k in keys]
-    lines = [f"iommu {res['iommu']} · kernel {res['kernel']} · HZ {res['hz']} · policy {res['policy']} "
-             f"({res['policy_reason']})",
-             f"lines {res['lines']['total']} · events {res['lines']['events']} · unreadable {res['lines']['bad']}"]
-    lines += [f"  unreadable line {e}" for e in res["lines"]["bad_examples"]]
+    lines = wrap(f"iommu {res['iommu']} · kernel {res['kernel']} · HZ {res['hz']} · policy {res['policy']} "
+                 f"({res['policy_reason']})")
+    lines += wrap(f"lines {res['lines']['total']} · events {res['lines']['events']} · unreadable "
+                  f"{res['lines']['bad']}")
+    lines += [x for e in res["lines"]["bad_examples"] for x in wrap(f"unreadable line {e}", "    ", "  ")]
     dom = res.get("domains", {})
     rt = res.get("recorded_timer") or {}
     if dom.get("labelled_events"):
-        lines.append(f"domains: {dom['count']} named by the trace's labels ({dom['labelled_events']} events placed by "
-                     f"a label, {dom['inferred_events']} by inference)")
+        lines += wrap(f"domains: {dom['count']} named by the trace's labels ({dom['labelled_events']} events "
+                      f"placed by a label, {dom['inferred_events']} by inference)")
     elif res.get("anomalies", {}).get("maps_over_live") and res["policy"] == "lazy" and rt.get("firings"):
-        lines.append("domains: the trace names none and is replayed as one, but it maps IOVA still mapped: it has "
-                     "several, each with its own flush queue and timer. Every recorded firing of their timers "
-                     "flushes that one queue.")
-    lines += [f"warning: {w}" for w in res.get("warnings", [])]
+        lines += wrap("domains: the trace names none and is replayed as one, but it maps IOVA still mapped: it has "
+                      "several, each with its own flush queue and timer. Every recorded firing of their timers "
+                      "flushes that one queue.")
+    lines += [x for w in res.get("warnings", []) for x in wrap(f"warning: {w}")]
     lines.append("")
-    lines.append(" ".join(f"{n:>{w}}" if i else f"{n:<{w}}" for i, (n, w) in enumerate(cols)))
-    fits = []
-    for ph, d in res["phases"].items():
-        c = d["counts"]
-        lines.append(" ".join([f"{ph:<10}"] + [f"{c[k]:>{w}}" for k, w in cols[1:]]))
-        if "tick_fit" in d:
-            fits.append(f"{ph} {d['tick_fit']['tick_phase_us']:g} µs ({d['tick_fit']['early_reuses']} early reuses)")
+    phases = list(res["phases"])
+    # Each count right-aligned in at least 8 columns after a space, as the phase column is 10 wide.
+    cols = [right(k, [str(res["phases"][ph]["counts"][k]) for ph in phases] or [""]) for k in keys]
+    cols = [[x.rjust(9) for x in c] for c in cols]
+    lines += fit(["phase".ljust(10)] + phases, cols)
+    fits = [f"{ph} {d['tick_fit']['tick_phase_us']:g} µs ({d['tick_fit']['early_reuses']} early reuses)"
+            for ph, d in res["phases"].items() if "tick_fit" in d]
     lines += _timer_lines(rt, fits)
     lines.append("")
-    lines.append("map_syncs: iotlb_sync_map calls (one per map_sg) · " + vendors.legend(res["iommu"]))
+    terms = ["map_syncs: iotlb_sync_map calls (one per map_sg)"] + vendors.legend(res["iommu"]).split(" · ")
+    lines += [x for t in terms if t for x in wrap(t)]
     return "\n".join(lines) + "\n"
 
 
@@ -160,12 +162,12 @@ def _timer_lines(rt: dict[str, Any], fits: list[str]) -> list[str]:
     if rt.get("firings"):
         how = ("each flushing the domain its pointer was tied to: the device whose unmaps armed that timer" if rt.get("tied")
                else "each flushing the domain its flush named" if rt.get("by_domain") else "")
-        out.append(f"lazy flush timer: as the trace recorded it ({rt['firings']} firings of fq_flush_timeout"
-                   + (f", {how})" if how else ")"))
+        out += wrap(f"lazy flush timer: as the trace recorded it ({rt['firings']} firings of fq_flush_timeout"
+                    + (f", {how})" if how else ")"))
     elif rt:
-        out.append("lazy flush timer: each domain its own timer (the model's): the trace recorded "
-                   f"{rt['ignored']} firings of fq_flush_timeout and none could be given its domain")
+        out += wrap("lazy flush timer: each domain its own timer (the model's): the trace recorded "
+                    f"{rt['ignored']} firings of fq_flush_timeout and none could be given its domain")
     if fits and (not rt.get("firings") or rt.get("own_timer_domains")):
-        out.append("lazy flush timer: tick phase inferred per phase from when queued IOVAs are mapped again: "
-                   + ", ".join(fits))
+        out += wrap("lazy flush timer: tick phase inferred per phase from when queued IOVAs are mapped again:")
+        out += [f"  {f}" for f in fits]
     return [""] + out if out else []

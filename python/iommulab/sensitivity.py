@@ -14,22 +14,23 @@ from typing import Any, Mapping
 from . import __version__
 from .api import ProgressFn, load, override_pairs, run_variants, toml_value
 from ._core import ScenarioError
-from .report import set_lines
+from .report import EXPOSED_LEGEND, fit, left, legend, right, set_lines, wrap
 
 # Keys of a profile that describe the machine's structure, not a cost or a size to be measured: scaling them
 # changes what is simulated (how many CPUs, the page-table format), not how fast it is.
 STRUCTURE = {"cores", "cluster_cores", "socket_cores", "pages", "ias_bits", "granule_kb", "stage", "mamv",
              "iotlb_ways", "pwc_ways", "atc_ways"}
 
-# What each run is read by: (result key path, column header, format).
+# What each run is read by: (result key path, JSON key, header in the table, the baseline as the table shows it).
 METRICS = [
-    (("throughput_gbps",), "Gbps", "{:.2f}"),
-    (("cpu_busy",), "CPU", "{:.1%}"),
-    (("safety", "exposed_share"), "exposed", "{:.1%}"),
+    (("throughput_gbps",), "Gbps", "Gbps", lambda v: f"{v:.2f}"),
+    (("cpu_busy",), "CPU", "CPU busy", lambda v: f"{v:.1%}"),
+    (("safety", "exposed_share"), "exposed", "exposed", lambda v: f"{v:.1%}"),
 ]
-
+# An NVMe workload's rate (its goodput's bytes are its I/Os times their size: the table shows kIOPS alone).
+IOPS_METRIC = (("packets_per_sec",), "IOPS", "kIOPS", lambda v: f"{v / 1e3:.0f}")
 # The DMA map benchmark's own figure, on its runs (they move no data: no goodput to read).
-BENCH_METRIC = (("map_benchmark", "loops_per_sec_per_thread"), "loops/s", "{:.0f}")
+BENCH_METRIC = (("map_benchmark", "loops_per_sec_per_thread"), "loops/s", "loops/s", lambda v: f"{v:.0f}")
 
 DEFAULT_FACTORS = (0.5, 2.0)
 # The factors a constant may be scaled by: 1/MAX_FACTOR to MAX_FACTOR. A bound of the front end, not a kernel
@@ -38,9 +39,9 @@ DEFAULT_FACTORS = (0.5, 2.0)
 MAX_FACTOR = 1e6
 
 
-def _metrics(d: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str, str]]:
-    """What a run with result `d` is read by."""
-    return METRICS + [BENCH_METRIC] if d.get("map_benchmark") else METRICS
+def _metrics(d: Mapping[str, Any], nvme: bool = False) -> list[tuple[tuple[str, ...], str, str, Any]]:
+    """What a run with result `d` is read by (`nvme`: the run is an NVMe workload's)."""
+    return METRICS + [BENCH_METRIC] * bool(d.get("map_benchmark")) + [IOPS_METRIC] * nvme
 
 
 def constants(platform: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -111,7 +112,7 @@ def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, fac
         run = {"label": b.label, "profile": sc["platform"]["profile"], "constants": []}
         runs.append(run)
         todo.append(b)
-        slots.append((run, None, None))
+        slots.append((run, None, bool(sc["workload"].get("nvme"))))
         for key, value in constants(sc["platform"]):
             c = {"key": key, "value": value, "source": _kind(sources.get(key)), "scaled": []}
             run["constants"].append(c)
@@ -132,10 +133,11 @@ def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, fac
     for (run, c, entry), r in zip(slots, results):
         d = r.to_dict()
         if c is None:
-            run["metrics"] = [h for _, h, _ in _metrics(d)]
-            run["baseline"] = {h: _get(d, path) for path, h, _ in _metrics(d)}
+            run["metrics"] = [k for _, k, _, _ in _metrics(d, entry)]
+            run["baseline"] = {k: _get(d, path) for path, k, _, _ in _metrics(d, entry)}
+            run["protected"] = d["safety"]["protected"]
         else:
-            entry.update({h: _get(d, path) for path, h, _ in _metrics(d) if h in run["metrics"]})
+            entry.update({k: _get(d, path) for path, k, _, _ in _metrics(d, True) if k in run["metrics"]})
             c["scaled"].append(entry)
     for run in runs:
         base = run["baseline"]
@@ -163,7 +165,7 @@ def largest_change(c: dict[str, Any]) -> tuple[float, float]:
     """The largest relative change a constant makes, over its factors, to throughput (a map benchmark's loops per
     second: it moves no data) and to CPU busy."""
     ch = [e["change"] for e in c["scaled"] if "change" in e]
-    rate = max((abs(x[h]) for x in ch for h in ("Gbps", "loops/s") if x.get(h) is not None), default=0.0)
+    rate = max((abs(x[h]) for x in ch for h in ("Gbps", "IOPS", "loops/s") if x.get(h) is not None), default=0.0)
     cpu = max((abs(x["CPU"]) for x in ch if x["CPU"] is not None), default=0.0)
     return rate, cpu
 
@@ -178,35 +180,74 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:+.1f}%"
 
 
+LEGEND = [
+    ("change", "(scaled - baseline) / baseline of the run's figure, for each factor"),
+    ("Gbps", "application goodput"),
+    ("kIOPS", "I/Os completed per second, in thousands (an NVMe workload's rate, in place of its goodput)"),
+    ("CPU busy", "mean over the workload's CPUs"),
+    EXPOSED_LEGEND,
+    ("loops/s", "a map benchmark's map+unmap loops per second per thread"),
+    ("source", "how the profile knows the constant ([sources]: sourced, fitted or estimate); structure keys "
+     "(cores, table format, ways) are not scaled"),
+]
+
+
+def _shown(run: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """The figures a run's table shows: (JSON key, header, baseline format); kIOPS in place of an NVMe run's
+    Gbps."""
+    keys = run["metrics"]
+    figures = [IOPS_METRIC if m[1] == "Gbps" and "IOPS" in keys else m for m in METRICS + [BENCH_METRIC]]
+    return [(k, h, fmt) for _, k, h, fmt in figures if k in keys]
+
+
+# Each factor's change in a column this wide (+10.8%, invalid).
+CHANGE_WIDTH = 8
+
+
+def _group(head: str, fs: list[float], cells: list[list[str]]) -> list[str]:
+    """One figure's changes as one column of the table: its name over its factors, a cell per factor."""
+    sub = "".join(f"×{f:g}".rjust(CHANGE_WIDTH) for f in fs)
+    rows = ["".join(c.rjust(CHANGE_WIDTH) for c in row) for row in cells]
+    n = max(len(head), len(sub)) + 2
+    return [head.rjust(n), sub.rjust(n)] + [r.rjust(n) for r in rows]
+
+
+def _run_lines(run: dict[str, Any], fs: list[float], top: int) -> list[str]:
+    """One run's baseline and its table: the constants that move it most, each factor's change to each figure."""
+    base = run["baseline"]
+    shown = _shown(run)
+    unprotected = run.get("protected") is False
+    figures = "  ".join(f"{h} {'all' if k == 'exposed' and unprotected else fmt(base[k])}" for k, h, fmt in shown)
+    lines = [""] + wrap(f"{run['label'] or 'run'} (profile {run['profile']}): {figures}")
+    consts = run["constants"][:top]
+    if not consts:
+        return lines + ["  no constant moves this run"]
+    value = right("value", [json.dumps(c["value"]) if isinstance(c["value"], (list, int)) else f"{c['value']:g}"
+                            for c in consts], 2)
+    cols = [[""] + value]
+    for k, h, _ in shown:
+        cells = []
+        for c in consts:
+            es = [next(e for e in c["scaled"] if e["factor"] == f) for f in fs]
+            cells.append(["invalid" if "invalid" in e else _pct(e["change"][k]) for e in es])
+        cols.append(_group(h, fs, cells))
+    source = left("source", [c["source"] for c in consts])
+    cols.append([" " * len(source[0])] + source)
+    lines += fit(["", "constant"] + [c["key"] for c in consts], cols, "  ", head=2)
+    more = len(run["constants"]) - top
+    if more > 0:
+        lines.append(f"  … {more} more constants move this run (--json lists them all)")
+    return lines
+
+
 def format_sensitivity(doc: dict[str, Any], sets: list[tuple[str, str]] | None = None, top: int = 15) -> str:
-    """The table: per run, the constants that move it most, each factor's change to each metric."""
+    """The table: per run, the constants that move it most, each factor's change to each figure it is read by."""
     fs = doc["factors"]
-    lines = [f"iommulab {__version__} · sensitivity · {doc['scenario']}: each profile constant scaled alone by "
-             + ", ".join(f"×{f:g}" for f in fs)]
+    lines = wrap(f"iommulab {__version__} · sensitivity · {doc['scenario']}: each profile constant scaled alone by "
+                 + ", ".join(f"×{f:g}" for f in fs))
     lines += set_lines(sets)
     for run in doc["runs"]:
-        base = run["baseline"]
-        metrics = [m for m in METRICS + [BENCH_METRIC] if m[1] in run["metrics"]]
-        heads = [f"{h} ×{f:g}" for _, h, _ in metrics for f in fs]
-        shown = "  ".join(f"{h} {fmt.format(base[h])}" for _, h, fmt in metrics)
-        lines += ["", f"{run['label'] or 'run'} (profile {run['profile']}): {shown}"]
-        if not run["constants"]:
-            lines.append("  no constant moves this run")
-            continue
-        kw = max(len("constant"), *(len(c["key"]) for c in run["constants"][:top]))
-        lines.append(f"  {'constant':<{kw}}  {'value':>12}" + "".join(f"{h:>13}" for h in heads) + "  source")
-        for c in run["constants"][:top]:
-            cells = []
-            for _, h, _ in metrics:
-                for f in fs:
-                    e = next(e for e in c["scaled"] if e["factor"] == f)
-                    cells.append("invalid" if "invalid" in e else _pct(e["change"][h]))
-            value = json.dumps(c["value"]) if isinstance(c["value"], (list, int)) else f"{c['value']:g}"
-            lines.append(f"  {c['key']:<{kw}}  {value:>12}" + "".join(f"{x:>13}" for x in cells) + f"  {c['source']}")
-        more = len(run["constants"]) - top
-        if more > 0:
-            lines.append(f"  … {more} more constants move this run (--json lists them all)")
-    lines += ["", "change: (scaled - baseline) / baseline of the run's goodput, CPU busy and share of unmapped pages "
-              "exposed (and a map benchmark's loops per second per thread) · source: how the profile knows the constant ([sources]: sourced, fitted or estimate) · "
-              "structure keys (cores, table format, ways) are not scaled"]
+        lines += _run_lines(run, fs, top)
+    heads = {h for run in doc["runs"] for _, h, _ in _shown(run)}
+    lines += [""] + legend([t for t in LEGEND if t[0] in heads | {"change", "source"}])
     return "\n".join(lines) + "\n"

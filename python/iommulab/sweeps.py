@@ -35,7 +35,7 @@ from ._core import ScenarioError
 from .api import TICK_SECONDS, ProgressFn, check_jobs, override_pairs, run_each, run_one, scenario_source
 from .api import load as load_scenario
 from .inputs import shown, toml_text
-from .report import EXPOSURE_LEGEND, flat_cell
+from .report import EXPOSED_LEGEND, exposure_legend, fit, flat_cell, left, legend, right
 from .dataset import (META, SPEC_FILE, Numbering, Writer, aggregate_seeds, axes_of, canon, derive, derived_expr,
                       done_keys, first_line, frame, grids_of, is_dataset, load, locked, parts, printable,
                       spec_of)
@@ -506,14 +506,26 @@ def _sweep(sw: Sweep, numbering: Numbering, have: set[tuple[str, str]], writer: 
     return derive(df, sw.derived, sw.where) if rows else df
 
 
-# The summary `sweep` prints: (column, header, format).
+# The summary `sweep` prints: (column, header, format; None for an exposure).
 SUMMARY = [("throughput_gbps", "Gbps", "{:.2f}"), ("cpu_busy", "CPU busy", "{:.1%}"),
-           ("inv_per_page", "inv/page", "{:.4f}"), ("safety.exposed_share", "exposed", "{:.1%}"),
-           ("safety.window.p99_us", "exposure p99 µs", None), ("limited_by", "limited by", "{}")]
+           ("safety.exposed_share", "exposed", "{:.1%}"), ("safety.window.p99_us", "exposure p99", None),
+           ("limited_by", "limited by", "{}"), ("inv_per_page", "inv/page", "{:.4f}")]
+# An NVMe workload's rate, after goodput.
+IOPS = ("packets_per_sec", "kIOPS", "{:.0f}")
+
+
+def _summary_columns(agg, sw: Sweep) -> list[tuple[str, str, str | None]]:
+    """The summary's figures: SUMMARY, with kIOPS after goodput when the sweep's scenario is an NVMe one."""
+    cols = [c for c in SUMMARY if c[0] in agg.columns]
+    try:
+        nvme = bool(json.loads(load_scenario(sw.scenario, dict(sw.sets))[0].scenario_json())["workload"].get("nvme"))
+    except ScenarioError:
+        nvme = False
+    return cols[:1] + [IOPS] + cols[1:] if nvme and "packets_per_sec" in agg.columns else cols
 
 
 def format_summary(df, sw: Sweep) -> str:
-    """One line per point (seeds averaged): its axes and the headline figures."""
+    """One line per point (seeds averaged): its axes and the headline figures, in blocks that fit the width."""
     if df.height == 0:
         return "no runs\n"
     axes = [a for a in axes_of(df, sw.spec()) if a != "run.seed"]
@@ -521,17 +533,17 @@ def format_summary(df, sw: Sweep) -> str:
     cols = [c for c in axes if c in agg.columns]
     if "label" in agg.columns and agg["label"].n_unique() > 1 and not cols:
         cols = ["label"]
-    heads = [c.rsplit(".", 1)[-1] for c in cols] + [h for c, h, _ in SUMMARY if c in agg.columns]
-    lines = []
-    for r in agg.iter_rows(named=True):
-        cells = [str(r[c]) for c in cols]
-        cells += [flat_cell(r, c, fmt, "-") for c, _, fmt in SUMMARY if c in agg.columns]
-        lines.append(cells)
-    w = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(heads)]
-    out = ["  ".join(h.rjust(w[i]) for i, h in enumerate(heads)), "-" * (sum(w) + 2 * (len(w) - 1))]
-    out += ["  ".join(c.rjust(w[i]) for i, c in enumerate(l)) for l in lines]
-    out.append("exposed: share of unmapped pages released before their invalidation completed (all: identity "
-               "domain) · " + EXPOSURE_LEGEND)
+    rows = list(agg.iter_rows(named=True))
+    # The axes are the label every block repeats.
+    keys = [right(c.rsplit(".", 1)[-1], [str(r[c]) for r in rows], 2) for c in cols]
+    label = ["".join(k[i] for k in keys).removeprefix("  ") for i in range(len(rows) + 1)] if keys else \
+        ["point"] + [str(i) for i in range(len(rows))]
+    figures = []
+    for c, h, fmt in _summary_columns(agg, sw):
+        cells = [f"{r[c] / 1e3:.0f}" if h == "kIOPS" else flat_cell(r, c, fmt, "-") for r in rows]
+        figures.append(left(h, cells) if h == "limited by" else right(h, cells, 2))
+    out = fit(label, figures)
+    out += [""] + legend([EXPOSED_LEGEND, exposure_legend()])
     seeds = agg["seeds"].max() if "seeds" in agg.columns else 1
     if seeds and seeds > 1:
         out.append(f"(mean over {seeds} seeds per point)")

@@ -17,6 +17,7 @@ from . import _core
 from ._core import ScenarioError
 from .api import ProgressFn, load, run_variants, toml_value
 from .inputs import toml_text
+from .report import fit, left, legend, right, wrap
 
 TARGETS_FILE = "targets.toml"
 # Seeds each target's runs are repeated at (the scenario's seed and the next ones); the model value is their
@@ -63,7 +64,30 @@ class Targets:
         for t in self.targets:
             if t.id == tid:
                 return t
-        raise ScenarioError(f"target {tid!r}: no such target (known: {', '.join(t.id for t in self.targets)})")
+        raise ScenarioError(f"target {tid!r}: no such target ({self._known()})")
+
+    def select(self, words: list[str]) -> list[Target]:
+        """The targets `words` name, in the file's order within each word: a word is an id or the start of ids
+        up to a `.` or `_` (C1 selects C1.strict_lazy_ratio and C1.lazy_line_rate_share, not a C10), in any
+        case, as `run c1` names the c1 scenario."""
+        chosen: list[Target] = []
+        for w in words:
+            hit = [t for t in self.targets if _names(w, t.id)]
+            if not hit:
+                raise ScenarioError(f"target {w!r}: no such target ({self._known()})")
+            chosen += [t for t in hit if t not in chosen]
+        return chosen
+
+    def _known(self) -> str:
+        """What the ids are, in a few words (the list of ids is long): their groups."""
+        groups = sorted(dict.fromkeys(t.id.split(".", 1)[0] for t in self.targets))
+        return f"ids start with {', '.join(groups)}: validate --list"
+
+
+def _names(word: str, tid: str) -> bool:
+    """Whether `word` names the target `tid`: the id, or its start up to a `.` or `_`, in any case."""
+    w, t = word.lower(), tid.lower()
+    return t == w or bool(w) and t.startswith(w) and (w[-1] in "._" or t[len(w)] in "._")
 
 
 def _need(where: str, d: dict, key: str, kind: type | tuple[type, ...]) -> Any:
@@ -249,34 +273,51 @@ def check(t: Target, values: list[float], assumed: list[str] | None = None) -> d
 def validate(ids: list[str] | None = None, sets: dict[str, Any] | None = None,
              targets: Targets | None = None, seeds: int = DEFAULT_SEEDS, jobs: int | None = None,
              progress: ProgressFn | None = None) -> list[dict[str, Any]]:
-    """Every target (or those named), model (mean over `seeds` seeds) vs published; the runs go on up to
-    `jobs` threads (default: every CPU)."""
+    """Every target (or those `ids` name: an id or the start of ids, `Targets.select`), model (mean over
+    `seeds` seeds) vs published; the runs go on up to `jobs` threads (default: every CPU)."""
     ts = targets or load_targets()
-    chosen = [ts.get(i) for i in ids] if ids else ts.targets
+    chosen = ts.select(ids) if ids else ts.targets
     r = Runner(sets, seeds, jobs, progress)
     r.prefetch(chosen)
     return [check(t, r.values(t), r.assumed(t)) for t in chosen]
 
 
 def format_validate(rows: list[dict[str, Any]]) -> str:
-    w = max([len("target")] + [len(r["id"]) for r in rows])
-    out = [f"{'target':<{w}} {'published':>10} {'model':>10} {'seeds min-max':>21} {'error':>8} {'tol':>5}  ok",
-           "-" * (w + 64)]
+    """The table (in blocks that fit the width: the seeds' spread and a target's notes go to a block of their
+    own when they do not fit beside its verdict), then how to read it."""
+    notes = []
     for r in rows:
         marks = ["fitted: " + r["fitted"]] if r.get("fitted") else []
         if r.get("assumed"):
             marks.append("assumed: " + ", ".join(k.rsplit(".", 1)[-1] for k in r["assumed"]))
-        fit = "  (" + "; ".join(marks) + ")" if marks else ""
-        lo, hi = r["spread"]
-        out.append(f"{r['id']:<{w}} {r['published']:>10.4g} {r['model']:>10.4g} {lo:>10.4g}-{hi:<10.4g} "
-                   f"{100 * r['error']:>+7.1f}% {100 * r['tolerance']:>4.0f}%  {'ok' if r['ok'] else 'MISS'}{fit}")
+        notes.append("; ".join(marks))
+    # The verdict first (the first block), then the seeds' spread and the notes.
+    cols = [right("published", [f"{r['published']:.4g}" for r in rows], 2),
+            right("model", [f"{r['model']:.4g}" for r in rows], 2),
+            right("error", [f"{100 * r['error']:+.1f}%" for r in rows], 2),
+            right("tol", [f"{100 * r['tolerance']:.0f}%" for r in rows], 2),
+            left("ok", ["ok" if r["ok"] else "MISS" for r in rows]),
+            right("seeds min-max", [f"{r['spread'][0]:.4g}-{r['spread'][1]:.4g}" for r in rows], 2)]
+    out = fit(["target"] + [r["id"] for r in rows], cols, text=("notes", notes) if any(notes) else None)
     n_ok = sum(r["ok"] for r in rows)
     seeds = rows[0]["seeds"] if rows else DEFAULT_SEEDS
-    out.append("")
-    out.append(f"{n_ok} of {len(rows)} within tolerance · model = mean over {seeds} seeds (min-max beside it) · "
-               "error = (model - published) / published · fitted: a parameter was calibrated on this target, so "
-               "it is not an independent check · assumed: settings the target's scenario takes without a source "
-               "(its [provenance]), so the check holds under those assumptions")
+    out += [""] + wrap(f"{n_ok} of {len(rows)} within tolerance")
+    out += legend([
+        ("model", f"the mean over {seeds} seeds (seeds min-max: their spread)"),
+        ("error", "(model - published) / published, within tol(erance) or a MISS"),
+        ("fitted", "a parameter was calibrated on this target, so it is not an independent check"),
+        ("assumed", "settings the target's scenario takes without a source (its [provenance]), so the check "
+         "holds under those assumptions")])
+    return "\n".join(out) + "\n"
+
+
+def format_targets(ts: Targets) -> str:
+    """`validate --list`: every target's id, published figure, tolerance and kind, then its source."""
+    ts_ = ts.targets
+    out = fit(["target"] + [t.id for t in ts_],
+              [right("published", [f"{t.published:.4g}" for t in ts_], 2),
+               right("tol", [f"{100 * t.tolerance:.0f}%" for t in ts_], 2),
+               left("kind", [t.kind for t in ts_])])
     return "\n".join(out) + "\n"
 
 
