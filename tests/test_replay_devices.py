@@ -70,5 +70,5 @@ def test_without_labels_the_recorded_timer_still_counts_every_domains_flushes(ca
     assert rep["domains"]["count"] == 1 and rep["recorded_timer"]["firings"] > 50
     assert rep["anomalies"]["maps_over_live"] > 100
     assert abs(have - want) <= 0.10 * want, f"{cap.name}: model {have} flushes, QEMU {want}"
-    text = format_replay(rep)
+    text = " ".join(format_replay(rep).split())
     assert "Every recorded firing of their timers flushes that one queue" in text and "too few" not in text
