@@ -164,7 +164,10 @@ def test_scenarios_and_profiles_list_and_show():
     p = cli("scenarios", "default", check_rc=0)
     assert "[compare]" in p.stdout
     p = cli("profiles", "vtd-server", check_rc=0)
-    assert "[sources]" in p.stdout
+    assert "inv_desc_ns = 400    range 100 – 1000" in p.stdout and "    source: " in p.stdout
+    assert "    range: estimate: " in p.stdout
+    p = cli("profiles", "vtd-server", "--toml", check_rc=0)
+    assert "\n[sources]\n" in p.stdout and "\n[ranges]\n" in p.stdout
 
 
 def test_printed_default_scenario_runs_as_a_file(write):

@@ -18,6 +18,8 @@ from .compare import POLICIES, compare, format_compare
 from .inputs import shown, terminal, utf8
 from .invlog import inv_log
 from .replay import default_kernel, format_replay, replay
+from .profiles import format_profile
+from .ranges import DEFAULT_SAMPLES, format_ranges, ranged, with_ranges
 from .report import fit, format_table, left, wrap
 from .sensitivity import MAX_FACTOR
 from .validate import (DEFAULT_SEEDS, MAX_SEEDS, Calibration, calibrate, declared_calibrations, format_validate,
@@ -116,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--csv", metavar="FILE", help="also write the runs as CSV, one row per run (nested results as "
                    "dotted columns)")
     r.add_argument("--force", action="store_true", help="overwrite an existing --parquet or --csv file")
+    _ranges_arg(r)
     r.add_argument("--inv-log", nargs="?", const=10.0, type=float, metavar="WINDOW_MS", default=None,
                    help="print the instrumented dmar.c counters' summary lines (seed 002) every WINDOW_MS of "
                    "simulated time after warm-up (default 10, the 10 s of the original scaled to short runs)")
@@ -134,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--csv", metavar="FILE", help="also write the runs as CSV, one row per run (nested results as "
                    "dotted columns)")
     c.add_argument("--no-plot", action="store_true", help="do not write a plot")
+    _ranges_arg(c)
     c.add_argument("--force", action="store_true", help="overwrite an existing plot file")
 
     se = sub.add_parser("sensitivity", help="each profile constant scaled alone: what it changes in each run",
@@ -320,10 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--force", action="store_true", help="overwrite existing output files")
 
     f = sub.add_parser("profiles", help="list the built-in platform profiles, or print one",
-                       description="List built-in platform profiles; with a NAME, print it with the source of every number.")
+                       description="List built-in platform profiles; with a NAME, print each of its constants "
+                       "with its value, its range, its source and the range's reason.")
     f.add_argument("name", nargs="?", help="built-in profile to print")
     f.add_argument("--json", action="store_true", help="as JSON: every built-in's name, vendor and description, "
-                   "or the named one (with its [sources]) as a JSON object")
+                   "or the named one (with its [sources] and [ranges]) as a JSON object")
+    f.add_argument("--toml", action="store_true", help="the named profile's file as it is (to copy and edit)")
 
     pf = sub.add_parser("profile", help="measure the kernel's map/unmap path on this host, and fit a profile to it",
                         description="measure: record the latency of the kernel's own DMA map/unmap path functions "
@@ -387,8 +393,14 @@ def _cmd_run(a: argparse.Namespace) -> int:
     _distinct(("the scenario", _input(a.scenario)), ("--parquet", a.parquet), ("--csv", a.csv))
     _fresh(a.parquet, a.force, "--parquet")
     _fresh(a.csv, a.force, "--csv")
+    ranged_doc = None
     with _progress(a) as progress:
-        results = run_variants(variants, progress, a.jobs)
+        if a.ranges is not None:
+            ranged_doc = ranged(a.scenario, dict(a.sets), a.ranges, progress, raw_strings=True, jobs=a.jobs,
+                                bases=variants)
+            results = [with_ranges(r) for r in ranged_doc]
+        else:
+            results = run_variants(variants, progress, a.jobs)
     _write_runs(a, results)
     if a.json:
         json.dump(as_result(results).to_dict(), sys.stdout, indent=2)
@@ -396,7 +408,16 @@ def _cmd_run(a: argparse.Namespace) -> int:
     else:
         sc = json.loads(variants[0].scenario_json())
         sys.stdout.write(format_table(sc, results, list(a.sets)))
+        if ranged_doc:
+            sys.stdout.write("\n".join(format_ranges(sc, results)) + "\n")
     return 0
+
+
+def _ranges_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ranges", nargs="?", const=DEFAULT_SAMPLES, type=int, default=None, metavar="N",
+                   help="also sample the profile's ranged constants N times (default "
+                   f"{DEFAULT_SAMPLES}) and give each headline figure its median and 90%% interval, with the "
+                   "constants that drive it (docs/ranges.md)")
 
 
 class _progress:
@@ -588,7 +609,8 @@ def _cmd_compare(a: argparse.Namespace) -> int:
     _fresh(a.parquet, a.force, "--parquet")
     _fresh(a.csv, a.force, "--csv")
     with _progress(a) as progress:
-        results = compare(a.scenario, dict(a.sets), a.policies, progress, raw_strings=True, jobs=a.jobs)
+        results = compare(a.scenario, dict(a.sets), a.policies, progress, raw_strings=True, jobs=a.jobs,
+                          ranges=a.ranges)
     if plot:
         rows = [r.flat() for r in results]
         _write(plot, results_page(rows, f"iommulab compare · {name}", subtitle=sc.get("description", ""),
@@ -645,7 +667,6 @@ def _report_html(path: str, df) -> str:
         df = agg if agg.height < df.height else df
     title = f"iommulab report · {os.path.basename(os.path.normpath(path))}"
     return results_page(df.to_dicts(), title, axes, spec or None, iops=_nvme_sweep(spec))
-
 
 
 def _nvme_sweep(spec: dict[str, Any]) -> bool:
@@ -895,7 +916,8 @@ def _run_to_the_end(argv: list[str], rename: tuple[str, str] | None = None) -> i
             signal.signal(s, h)
 
 
-def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None, as_json: bool = False) -> int:
+def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None, as_json: bool = False,
+              as_toml: bool = False) -> int:
     if name is None:
         docs = [(n, tomllib.loads(text)) for n, text in items]
         if as_json:
@@ -913,6 +935,8 @@ def _cmd_list(kind: str, items: list[tuple[str, str]], name: str | None, as_json
             if as_json:
                 json.dump(tomllib.loads(text), sys.stdout, indent=2)
                 sys.stdout.write("\n")
+            elif kind == "profile" and not as_toml:
+                sys.stdout.write(format_profile(n, text))
             else:
                 sys.stdout.write(text)
             return 0
@@ -926,7 +950,6 @@ def _list_names(items: list[tuple[str, str]]) -> int:
     lines = [x for n, d in docs for x in wrap(d, " " * w, n.ljust(w))]
     sys.stdout.write(terminal("\n".join(lines) + "\n"))
     return 0
-
 
 
 def _cmd_validate(a: argparse.Namespace) -> int:
@@ -1051,7 +1074,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "profiles" and a.name is None and not a.json:
             return _list_names(_core.builtin_profiles())
         if a.cmd == "profiles":
-            return _cmd_list("profile", _core.builtin_profiles(), a.name, a.json)
+            return _cmd_list("profile", _core.builtin_profiles(), a.name, a.json, a.toml)
         if a.cmd == "profile":
             return _cmd_profile(a, parser)
         parser.print_help()

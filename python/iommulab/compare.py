@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from . import __version__, _core
 from .api import ProgressFn, RunResult, load, run_variants
+from .ranges import format_ranges, ranged, with_ranges
 from .report import (EXPOSED_LEGEND, LIMITED_BY_COLUMN, LIMITED_BY_LEGEND, WORKLOAD_LEGEND, exposed,
                      exposure_legend, header_lines, legend, note_lines, per_sec, render, run_exposure, set_lines,
                      warning_lines, with_workload, workload_kind, wrap)
@@ -19,14 +20,22 @@ POLICIES: list[str] = _core.policies()
 
 
 def compare(scenario: Any = None, sets: Mapping[str, Any] | None = None, policies: list[str] | None = None,
-            progress: ProgressFn | None = None, raw_strings: bool = False, jobs: int | None = None) -> list[RunResult]:
-    """Run the scenario once per policy (per remaining compared value), on up to `jobs` threads."""
-    variants, names = [], []
+            progress: ProgressFn | None = None, raw_strings: bool = False, jobs: int | None = None,
+            ranges: int | None = None) -> list[RunResult]:
+    """Run the scenario once per policy (per remaining compared value), on up to `jobs` threads; `ranges`: each
+    run ranged over that many samples of its profile's ranged constants (docs/ranges.md)."""
+    variants, names, per = [], [], []
     for p in policies or POLICIES:
-        vs = load(scenario, {**(sets or {}), "os.policy": p}, raw_strings=raw_strings)
+        own = {**(sets or {}), "os.policy": p}
+        vs = load(scenario, own, raw_strings=raw_strings)
         variants += vs
+        per += [own] * len(vs)
         names += [" ".join([p] + [f"{k.rsplit('.', 1)[-1]}={x}" for k, x in v.overrides]) for v in vs]
-    results = run_variants(variants, progress, jobs)
+    if ranges is not None:
+        docs = ranged(scenario, sets, ranges, progress, raw_strings, jobs, bases=variants, base_sets=per)
+        results = [with_ranges(d) for d in docs]
+    else:
+        results = run_variants(variants, progress, jobs)
     for r, name in zip(results, names):
         r._d["label"] = name
     return results
@@ -78,6 +87,7 @@ def format_compare(scenario: dict[str, Any], results: list[RunResult], plot: str
     terms = LEGEND[:1] + WORKLOAD_LEGEND.get(kind, []) + LEGEND[1:]
     lines += [""] + legend(terms)
     lines += note_lines(results) + warning_lines(results)
+    lines += format_ranges(scenario, results)
     if plot:
         lines += wrap(f"plot: {plot}")
     return "\n".join(lines) + "\n"

@@ -76,6 +76,17 @@ def _variant(row: dict[str, Any], name_keys: list[str] | None) -> str:
 SYMBOLS = ["circle", "diamond", "square", "triangle-up", "x", "star", "cross", "triangle-down"]
 
 
+def _bar(row: dict[str, Any], key: str) -> tuple[float, float]:
+    """An error bar around a run's figure `key` (up, down): a ranged run's 5th to 95th percentile
+    (docs/ranges.md), else the spread of a sweep point's seeds (its min and max), else none."""
+    x = row.get(key)
+    if x is None:
+        return 0.0, 0.0
+    hi = _or(row.get(f"ranges.{key}.p95"), _or(row.get(f"{key}.max"), x))
+    lo = _or(row.get(f"ranges.{key}.p5"), _or(row.get(f"{key}.min"), x))
+    return max(0.0, hi - x), max(0.0, x - lo)
+
+
 def tradeoff_figure(rows: list[dict[str, Any]], title: str, name_keys: list[str] | None = None,
                     rate: tuple[str, str, float, str] = GBPS):
     """Goodput (or kIOPS, `rate`) against the p99 exposure, one marker per run with a goodput, coloured by policy
@@ -91,14 +102,16 @@ def tradeoff_figure(rows: list[dict[str, Any]], title: str, name_keys: list[str]
     variants = list(dict.fromkeys(_variant(r, name_keys) for rs in by_policy.values() for r in rs))
     for pol, rs in by_policy.items():
         y = [r[key] * scale for r in rs]
-        err = [((_or(r.get(f"{key}.max"), r[key]) - r[key]) * scale, (r[key] - _or(r.get(f"{key}.min"), r[key])) * scale)
-               for r in rs]
+        err = [tuple(e * scale for e in _bar(r, key)) for r in rs]
+        xerr = [_bar(r, "safety.window.p99_us") if r.get("safety.protected") else (0.0, 0.0) for r in rs]
         fig.add_trace(go.Scatter(
             x=[_exposure(r) for r in rs], y=y, mode="markers", name=pol or "run",
             marker={"size": 12, "color": COLOURS.get(pol), "opacity": 0.75, "line": {"width": 1, "color": "#333"},
                     "symbol": [SYMBOLS[variants.index(_variant(r, name_keys)) % len(SYMBOLS)] for r in rs]},
             error_y={"type": "data", "array": [e[0] for e in err], "arrayminus": [e[1] for e in err],
                      "visible": any(e != (0, 0) for e in err)},
+            error_x={"type": "data", "array": [e[0] for e in xerr], "arrayminus": [e[1] for e in xerr],
+                     "visible": any(e != (0, 0) for e in xerr)},
             text=[f"{_name(r, name_keys or []) if name_keys else r.get('label', '')}<br>limited by "
                   f"{r.get('limited_by', '?')}<br>exposure p99 {_exposure_text(r)}" for r in rs],
             hovertemplate="%{text}<br>%{y:.2f} " + unit + "<extra>" + html.escape(pol) + "</extra>"))

@@ -50,7 +50,7 @@ def constants(platform: Mapping[str, Any], prefix: str = "") -> list[tuple[str, 
     out = []
     for k, v in platform.items():
         key = f"{prefix}{k}"
-        if k in ("sources", "profile", "description", "vendor") or k in STRUCTURE:
+        if k in ("sources", "ranges", "profile", "description", "vendor") or k in STRUCTURE:
             continue
         if isinstance(v, Mapping):
             out += constants(v, f"{key}.")

@@ -1,0 +1,119 @@
+"""Ranges: every constant of a built-in profile has one with its reason; a ranged run samples them and reports each
+headline figure's median and 90 % interval, and the constants that drive it."""
+
+import json
+import tomllib
+
+import pytest
+from conftest import SHORT, cli, one_line_error
+
+from iommulab import _core
+from iommulab.ranges import lhs_column, percentiles, ranged
+from iommulab.sensitivity import constants
+
+PROFILES = dict(_core.builtin_profiles())
+# A short strict run on vtd-server: every RX page mapped and unmapped, so the invalidation and walk costs are on
+# its path and the vhost ones (a guest's) are not.
+STRICT = {"os.policy": "strict", "workload.nic_rx.page_pool": False, "run.duration_ms": 10, "run.warmup_ms": 5}
+KINDS = ("exact:", "sourced:", "calibrated:", "estimate")
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_every_constant_of_a_builtin_profile_has_a_range_and_a_reason(name):
+    d = tomllib.loads(PROFILES[name])
+    ranges = d.get("ranges") or {}
+    keys = {k for k, _ in constants(d)}
+    assert keys - set(ranges) == set(), f"{name}: constants without a range"
+    assert set(ranges) - keys == set(), f"{name}: ranges for keys that are not its constants"
+    for k, r in ranges.items():
+        assert r["why"].startswith(KINDS) and len(r["why"]) > 20, (name, k, r["why"])
+
+
+def test_a_guest_takes_its_hosts_ranges_with_the_hosts_sections():
+    v = _core.load("builtin", "guest-x86", [("os.policy", "\"strict\"")], "guest-x86")[0]
+    plat = json.loads(v.scenario_json())["platform"]
+    host = plat["hypervisor"]["host_profile"]
+    taken = [k for k, r in plat["ranges"].items() if r["why"].startswith(f"host {host}: ")]
+    assert any(k.startswith("cpu.") for k in taken) and any(k.startswith("kvm.") for k in taken)
+    assert all(k.split(".")[0] in ("cpu", "pcie", "kvm", "memory", "iommu") for k in taken)
+
+
+def test_no_scenario_sets_or_narrows_a_range(write):
+    for name, text in _core.builtin_scenarios():
+        assert "ranges" not in (tomllib.loads(text).get("platform") or {}), name
+    f = write("s.toml", "[run]\nduration_ms = 5\n[platform]\nprofile = \"vtd-server\"\n"
+              "[platform.ranges]\n\"cpu.pte_ns\" = { low = 14, high = 16, why = \"mine\" }\n"
+              "[os]\npolicy = \"strict\"\n[workload.nic_rx]\nline_rate_gbps = 10\n")
+    err = one_line_error(cli("run", str(f)))
+    assert "ranges belong to a profile's constants" in err and str(f) in err
+    err = one_line_error(cli("run", "--set", "platform.ranges.x=1"))
+    assert "--set platform.ranges.x=1" in err and "ranges belong to a profile" in err
+
+
+def test_a_key_the_scenario_sets_is_exact():
+    [v] = _core.load("builtin", "default", [("platform.cpu.pte_ns", "20"), ("os.policy", "\"strict\""),
+                                            ("workload.nic_rx.page_pool", "false")], "default")
+    ranges = json.loads(v.scenario_json())["platform"]["ranges"]
+    assert "cpu.pte_ns" not in ranges and "cpu.lock_ns" in ranges
+
+
+def test_a_profile_range_that_does_not_hold_its_value_is_one_line_naming_the_line(write):
+    text = PROFILES["vtd-server"].replace("[ranges]\n", "[ranges]\n\"cpu.zzz\" = { low = 1, high = 2, why = \"x\" }\n")
+    p = write("p.toml", text)
+    err = one_line_error(cli("run", "--set", f"platform.profile={p}", *SHORT))
+    assert f"{p}:" in err and "cpu.zzz" in err and "not a number the profile sets" in err
+
+
+def test_the_sample_is_latin_and_each_constants_column_its_own():
+    col = lhs_column(1, "cpu.pte_ns", 16)
+    assert sorted(int(u * 16) for u in col) == list(range(16))
+    assert col == lhs_column(1, "cpu.pte_ns", 16) != lhs_column(1, "cpu.lock_ns", 16) != lhs_column(2, "cpu.pte_ns", 16)
+
+
+def test_percentiles_are_the_samples_inclusive_quantiles():
+    p = percentiles([float(x) for x in range(21)])
+    assert (p["p5"], p["p50"], p["p95"]) == (1.0, 10.0, 19.0)
+
+
+def profile_with(write, ranges):
+    """vtd-server with `ranges` (key: TOML inline table) over its own."""
+    d = tomllib.loads(PROFILES["vtd-server"])
+    lines = [f"\"{k}\" = {v}" for k, v in ranges.items()]
+    text = PROFILES["vtd-server"].replace("[ranges]\n", "[ranges]\n" + "\n".join(lines) + "\n")
+    for k in ranges:  # the new line goes over the profile's own (TOML would refuse a key twice)
+        old = d["ranges"][k]
+        text = "\n".join(l for l in text.splitlines() if not (l.startswith(f"\"{k}\" = ") and old["why"] in l))
+    return write("p.toml", text + "\n")
+
+
+def test_a_wide_range_off_the_runs_path_leaves_the_interval_as_it_was(write):
+    base = ranged(None, STRICT, n=8, jobs=2)
+    p = profile_with(write, {"kvm.vhost_packet_ns": "{ factor = [0.01, 100], why = \"estimate: planted\" }"})
+    wide = ranged(None, {**STRICT, "platform.profile": str(p)}, n=8, jobs=2)
+    assert [r["ranges"] for r in wide] == [r["ranges"] for r in base]
+    assert "kvm.vhost_packet_ns" not in wide[0]["driven_by"]
+
+
+def test_a_wide_range_on_the_runs_path_is_named_as_its_driver(write):
+    p = profile_with(write, {"memory.walk_read_ns": "{ factor = [0.2, 5], why = \"estimate: planted\" }"})
+    [r] = ranged(None, {**STRICT, "platform.profile": str(p)}, n=8, jobs=2)
+    assert r["driven_by"][0] == "memory.walk_read_ns"
+    lo, hi = r["ranges"]["throughput_gbps"]["p5"], r["ranges"]["throughput_gbps"]["p95"]
+    assert lo < r["point"]["throughput_gbps"] < hi
+
+
+def test_ranged_output_is_the_same_for_any_jobs():
+    args = ["run", "--ranges", "8", "--set", "os.policy=strict", "--set", "workload.nic_rx.page_pool=false", *SHORT]
+    one, two = cli(*args, "--jobs", "1", check_rc=0), cli(*args, "--jobs", "2", check_rc=0)
+    assert one.stdout == two.stdout and "driven by" in one.stdout
+    doc = json.loads(cli(*args, "--json", check_rc=0).stdout)
+    for r in doc.get("runs", [doc]):
+        for fig, p in r["ranges"].items():
+            assert p["p5"] <= p["p50"] <= p["p95"], (r["label"], fig)
+        assert r["range_samples"] == 8 and isinstance(r["driven_by"], list)
+
+
+@pytest.mark.parametrize("n", ["0", "7", "1001", "x"])
+def test_a_sample_size_out_of_bounds_is_one_line(n):
+    p = cli("run", "--ranges", n, *SHORT)
+    assert p.returncode == 2 and "--ranges" in p.stderr and "Traceback" not in p.stderr
