@@ -322,8 +322,16 @@ pub struct IommuCounters {
     pub syncs: u64,
     /// Submissions to the hardware queue (qi_submit_sync calls, command-list issues).
     pub submissions: u64,
-    /// Time CPUs spent waiting for invalidation completion.
+    /// Time CPUs spent waiting for invalidation completion: from the request to its completion, less
+    /// `cmdq_insert_ns`.
     pub inv_wait_ns: u64,
+    /// Of an invalidation the CPU waits for, the time until the hardware can see its commands: a shared
+    /// command queue's insertion (SMMUv3's arm_smmu_cmdq_issue_cmdlist() before its CMD_SYNC poll: the llq
+    /// cmpxchg loop, the shared lock, valid_map, the owner's wait, gather and doorbell; before 5.4
+    /// cmdq.lock and the command writes). Zero where the model does not split it out (VT-d, AMD-Vi,
+    /// RISC-V, virtio-iommu: their whole wait is in `inv_wait_ns`). The two sum to the time from the request
+    /// to its completion.
+    pub cmdq_insert_ns: u64,
     pub translations: u64,
     /// Device ATS-cache hits and misses (zero without ATS).
     pub atc_hits: u64,

@@ -26,8 +26,13 @@ pub const MIN_TIMER_PERIODS: f64 = 2.0;
 pub struct CpuBreakdown {
     /// The DMA API's own work: IOVA allocation, page-table updates, invalidation submission, flush queues.
     pub dma_api: f64,
+    /// Of an invalidation the CPU waits for, inserting its commands into a shared command queue until the
+    /// IOMMU can see them (SMMUv3: the llq cmpxchg loop and its failed attempts, the shared lock, valid_map,
+    /// the wait for ownership, the owner's gather and doorbell). Zero on IOMMUs whose insertion the model
+    /// keeps in `inv_wait` (`IommuCounters::cmdq_insert_ns`).
+    pub cmdq_insert: f64,
     /// Invalidating: from the request to its completion (VT-d wait descriptors, CMD_SYNCs, a vIOMMU's
-    /// replies), spins on the IOMMU driver's locks and queue on the way included.
+    /// replies), spins on the IOMMU driver's locks and queue on the way included, less `cmdq_insert`.
     pub inv_wait: f64,
     /// Spinning on the DMA layer's own locks (the IOVA allocator's, the flush queue's) and stalling on its
     /// shared cache lines.
@@ -39,27 +44,34 @@ pub struct CpuBreakdown {
 
 impl CpuBreakdown {
     /// From ns over the window: `capacity` (CPUs × window), `busy`, and within it the DMA API's time,
-    /// which holds the invalidation waits and the lock spins.
-    pub fn new(capacity: u64, busy: u64, dma: u64, inv_wait: u64, spin: u64) -> Self {
+    /// which holds the invalidation waits (`insert` of them in a command queue's insertion, `inv_wait` the
+    /// rest) and the lock spins.
+    pub fn new(capacity: u64, busy: u64, dma: u64, insert: u64, inv_wait: u64, spin: u64) -> Self {
         let cap = capacity.max(1) as f64;
         let busy = busy.min(capacity);
         let dma = dma.min(busy);
-        let inv_wait = inv_wait.min(dma);
-        let spin = spin.min(dma - inv_wait);
+        // The whole invalidation time is clipped as one, and the insertion within it.
+        let invalidating = (insert + inv_wait).min(dma);
+        let insert = insert.min(invalidating);
+        let spin = spin.min(dma - invalidating);
         CpuBreakdown {
-            dma_api: (dma - inv_wait - spin) as f64 / cap,
-            inv_wait: inv_wait as f64 / cap,
+            dma_api: (dma - invalidating - spin) as f64 / cap,
+            cmdq_insert: insert as f64 / cap,
+            inv_wait: (invalidating - insert) as f64 / cap,
             lock_spin: spin as f64 / cap,
             stack: (busy - dma) as f64 / cap,
             idle: (capacity - busy) as f64 / cap,
         }
     }
 
-    /// The busy category that took most time: "dma_api", "inv_wait", "lock_spin" or "stack".
+    /// The busy category that took most time: "dma_api", "cmdq_insert", "inv_wait", "lock_spin" or
+    /// "stack". On a tie the first of this list is named (the insertion before the wait, in the order a
+    /// CPU spends them).
     pub fn largest(&self) -> &'static str {
         [
             ("stack", self.stack),
             ("dma_api", self.dma_api),
+            ("cmdq_insert", self.cmdq_insert),
             ("inv_wait", self.inv_wait),
             ("lock_spin", self.lock_spin),
         ]
@@ -94,9 +106,15 @@ pub struct Utilisation {
 
 /// The resource that bound the run. Shared serial resources are read before the CPUs because a CPU that
 /// waits on them is busy on their account: the device side (line, link), a guest's IOMMU emulator and its
-/// software device's thread, QEMU's BQL they share, the IOMMU's command consumer, the busiest lock, the
-/// translation slots; then the busiest CPU (named by where its time went: `cpu.dma_api`, `cpu.inv_wait`, `cpu.lock_spin`, `cpu.stack`); else the
-/// workload's own bound.
+/// software device's thread, QEMU's BQL they share, the IOMMU's command consumer, the CPUs racing into its
+/// command queue, the busiest lock, the translation slots; then the busiest CPU (named by where its time
+/// went: `cpu.dma_api`, `cpu.inv_wait`, `cpu.lock_spin`, `cpu.stack`); else the workload's own bound.
+///
+/// `cpu.cmdq_insert` is a saturated CPU whose time goes mostly into a shared command queue's insertion. It is
+/// read after `iommu.queue`: with the consumer saturated, a faster insertion would only queue more for it.
+/// It is read before the locks: the insertion serialises the CPUs on the queue's own lines (SMMUv3's llq,
+/// shared lock and valid_map, each one of `lock`'s rows), which all saturate together when the CPUs race
+/// for the queue, and the race is what binds, not whichever of its lines is reported busiest.
 pub fn limited_by(u: &Utilisation, cpu: &CpuBreakdown, open: OpenLimit) -> String {
     if u.line >= RATE_REACHED {
         return "line".into();
@@ -104,6 +122,11 @@ pub fn limited_by(u: &Utilisation, cpu: &CpuBreakdown, open: OpenLimit) -> Strin
     if u.link >= RATE_REACHED {
         return "link".into();
     }
+    let inserting = if cpu.largest() == "cmdq_insert" {
+        u.cpu
+    } else {
+        0.0
+    };
     // A guest's emulated IOMMU serves its command queue in the emulator: name the emulator, or QEMU's device
     // thread; when neither alone fills the BQL they share, the BQL (which is also the emulated IOMMU's
     // queue).
@@ -112,6 +135,7 @@ pub fn limited_by(u: &Utilisation, cpu: &CpuBreakdown, open: OpenLimit) -> Strin
         ("device_thread", u.device_thread),
         ("bql", u.bql),
         ("iommu.queue", u.iommu_queue),
+        ("cpu.cmdq_insert", inserting),
         ("lock", u.lock),
         ("iommu.translation", u.translation_slots),
     ];
@@ -171,18 +195,79 @@ mod tests {
 
     #[test]
     fn breakdown_sums_to_one_and_clips_inconsistent_inputs() {
-        let b = CpuBreakdown::new(1000, 800, 500, 200, 100);
+        let b = CpuBreakdown::new(1000, 800, 500, 0, 200, 100);
         assert_eq!(b.dma_api, 0.2);
-        assert_eq!(b.inv_wait, 0.2);
+        assert_eq!((b.cmdq_insert, b.inv_wait), (0.0, 0.2));
         assert_eq!(b.lock_spin, 0.1);
         assert_eq!(b.stack, 0.3);
         assert_eq!(b.idle, 0.2);
         assert_eq!(b.largest(), "stack");
         // Waits beyond the DMA time it holds (another CPU's), busy beyond capacity: clipped.
-        let b = CpuBreakdown::new(1000, 2000, 100, 300, 50);
-        let sum = b.dma_api + b.inv_wait + b.lock_spin + b.stack + b.idle;
+        let b = CpuBreakdown::new(1000, 2000, 100, 0, 300, 50);
+        let sum = b.dma_api + b.cmdq_insert + b.inv_wait + b.lock_spin + b.stack + b.idle;
         assert!((sum - 1.0).abs() < 1e-12, "{b:?}");
         assert_eq!(b.inv_wait, 0.1);
+    }
+
+    #[test]
+    fn the_insertion_is_split_from_the_wait_and_everything_else_is_as_without_it() {
+        // 150 ns of 200 invalidating in the queue's insertion: inv_wait keeps the rest; the other shares
+        // are those of the 200 ns booked as one wait.
+        let one = CpuBreakdown::new(1000, 800, 500, 0, 200, 100);
+        let split = CpuBreakdown::new(1000, 800, 500, 150, 50, 100);
+        assert_eq!((split.cmdq_insert, split.inv_wait), (0.15, 0.05));
+        assert_eq!(
+            (split.dma_api, split.lock_spin, split.stack, split.idle),
+            (one.dma_api, one.lock_spin, one.stack, one.idle)
+        );
+        // Clipped as one at the DMA API's time, the insertion first.
+        let b = CpuBreakdown::new(1000, 1000, 100, 80, 300, 50);
+        assert_eq!(
+            (b.cmdq_insert, b.inv_wait, b.dma_api, b.lock_spin),
+            (0.08, 0.02, 0.0, 0.0)
+        );
+        let b = CpuBreakdown::new(1000, 1000, 100, 300, 300, 0);
+        assert_eq!((b.cmdq_insert, b.inv_wait), (0.1, 0.0));
+    }
+
+    #[test]
+    fn cpus_racing_into_the_queue_are_named_apart_from_the_queue_and_the_wait() {
+        // Many CPUs on one shared queue: 60 % of their time inserting, 30 % polling for CMD_SYNCs.
+        let racing = CpuBreakdown::new(100, 100, 95, 60, 30, 0);
+        let mut u = Utilisation {
+            cpu: 1.0,
+            iommu_queue: 0.5,
+            ..Default::default()
+        };
+        assert_eq!(
+            limited_by(&u, &racing, OpenLimit::Senders),
+            "cpu.cmdq_insert"
+        );
+        // The consumer saturated instead: the queue, whatever the CPUs do while it is.
+        u.iommu_queue = 0.95;
+        assert_eq!(limited_by(&u, &racing, OpenLimit::Senders), "iommu.queue");
+        // The CPUs mostly polling for their CMD_SYNCs: the wait.
+        u.iommu_queue = 0.5;
+        let polling = CpuBreakdown::new(100, 100, 95, 30, 60, 0);
+        assert_eq!(limited_by(&u, &polling, OpenLimit::Senders), "cpu.inv_wait");
+        // The race saturates the queue's lines with it: the race is named, not its busiest line; a line
+        // saturated while the CPUs mostly poll is named as the lock it is.
+        u.lock = 1.0;
+        u.lock_name = "smmu cmdq llq".into();
+        assert_eq!(
+            limited_by(&u, &racing, OpenLimit::Senders),
+            "cpu.cmdq_insert"
+        );
+        assert_eq!(
+            limited_by(&u, &polling, OpenLimit::Senders),
+            "lock:smmu cmdq llq"
+        );
+        // CPUs inserting most of the time they are busy, but rarely busy: not the bound.
+        (u.lock, u.cpu) = (0.5, 0.5);
+        assert_eq!(
+            limited_by(&u, &racing, OpenLimit::QueueDepth),
+            "queue_depth"
+        );
     }
 
     #[test]
@@ -199,7 +284,7 @@ mod tests {
 
     #[test]
     fn serial_resources_are_read_before_the_cpus() {
-        let cpu = CpuBreakdown::new(100, 100, 90, 80, 0);
+        let cpu = CpuBreakdown::new(100, 100, 90, 0, 80, 0);
         let mut u = Utilisation {
             cpu: 1.0,
             iommu_queue: 0.95,
@@ -225,11 +310,11 @@ mod tests {
             "device_thread",
             "bql",
             "iommu.queue",
+            "cpu.cmdq_insert",
             "lock:iova_rbtree_lock",
             "iommu.translation",
             "cpu.inv_wait",
         ];
-        let cpu = CpuBreakdown::new(100, 100, 90, 80, 0);
         for (i, want) in order.iter().enumerate() {
             let on = |name: &str, busy: f64| {
                 let at = order.iter().position(|o| *o == name).expect("in the order");
@@ -239,6 +324,9 @@ mod tests {
                     0.0
                 }
             };
+            // The CPUs racing into the queue: 60 % of their time inserting, against 20 % waiting.
+            let insert = on("cpu.cmdq_insert", 60.0) as u64;
+            let cpu = CpuBreakdown::new(100, 100, 90, insert, 80 - insert, 0);
             let u = Utilisation {
                 line: on("line", RATE_REACHED),
                 link: on("link", RATE_REACHED),
@@ -266,6 +354,7 @@ mod tests {
             translation_slots: SATURATED - 1e-9,
             cpu: SATURATED - 1e-9,
         };
+        let cpu = CpuBreakdown::new(100, 100, 90, 60, 20, 0);
         assert_eq!(limited_by(&below, &cpu, OpenLimit::Senders), "senders");
     }
 }

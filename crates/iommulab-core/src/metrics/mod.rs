@@ -31,7 +31,7 @@ pub struct Snapshot {
     /// Every shared lock and line of the DMA path, by name (the same name summed over domains).
     pub locks: Vec<(&'static str, LockStats)>,
     /// How many of `locks`, at its end, are the IOMMU driver's (taken on the invalidation path, so their spin
-    /// is inside `iommu.inv_wait_ns`).
+    /// is inside `iommu.inv_wait_ns` and `iommu.cmdq_insert_ns`).
     pub iommu_locks: usize,
     /// The workload's CPUs, in `cpu_busy_ns` order.
     pub cpus: Vec<usize>,
@@ -385,12 +385,19 @@ pub struct RunResult {
     pub line_rate_gbps: f64,
     pub packets_per_sec: f64,
     pub cpu_busy: f64,
+    /// Share of that busy time spent invalidating, from the request to its completion (a command queue's
+    /// insertion included).
     pub cpu_inv_wait_share: f64,
+    /// Of it, the share of the busy time spent inserting into a shared command queue until the IOMMU can see
+    /// the commands (SMMUv3's arm_smmu_cmdq_issue_cmdlist() before its CMD_SYNC poll; 0 elsewhere).
+    pub cpu_cmdq_insert_share: f64,
     pub invalidations: Invalidations,
     /// Synchronisations CPUs waited for: VT-d wait descriptors, SMMUv3 CMD_SYNCs.
     pub syncs: u64,
     /// Mean time a CPU waited from submitting invalidations to seeing them complete, per sync (µs).
     pub sync_wait_mean_us: f64,
+    /// Of it, the mean time in a shared command queue's insertion, per sync (µs; 0 where not split out).
+    pub cmdq_insert_mean_us: f64,
     pub iova_pages_mapped: u64,
     pub iova_pages_unmapped: u64,
     pub inv_per_page: f64,
@@ -455,8 +462,8 @@ pub struct RunResult {
     /// Each resource's busy share over the window.
     pub utilisation: Utilisation,
     /// The resource that bound the run (limits::limited_by): line, link, iommu.queue, emulator,
-    /// device_thread, lock:NAME, iommu.translation, cpu.dma_api|inv_wait|lock_spin|stack, or the workload's
-    /// own bound (senders, offered_load, queue_depth).
+    /// device_thread, lock:NAME, iommu.translation, cpu.dma_api|cmdq_insert|inv_wait|lock_spin|stack, or the
+    /// workload's own bound (senders, offered_load, queue_depth).
     pub limited_by: String,
     /// Why this run's figures may not be read as they are (a window too short, …); empty if none.
     pub warnings: Vec<String>,
@@ -569,6 +576,8 @@ impl RunResult {
                 .map(|y| y.since(&a.wl.map_bench.unwrap_or_default()));
         let io = |f: fn(&IommuCounters) -> u64| f(&b.iommu) - f(&a.iommu);
         let wl = |f: fn(&WorkloadStats) -> u64| f(&b.wl) - f(&a.wl);
+        // From each invalidation's request to its completion: the queue's insertion and the wait after it.
+        let invalidating = io(|c| c.cmdq_insert_ns + c.inv_wait_ns);
         let total = b.iommu.invalidations() - a.iommu.invalidations();
         let by_kind = info
             .inv_kinds
@@ -633,11 +642,13 @@ impl RunResult {
                 b.dma.cpu_ns - a.dma.cpu_ns,
                 // The invalidation wait counts from the request, spins on the IOMMU driver's locks included;
                 // the lock spin left is on the DMA layer's own (the IOVA allocator's, the flush queue's).
+                io(|c| c.cmdq_insert_ns),
                 io(|c| c.inv_wait_ns),
                 spins.iter().sum::<u64>() - iommu_spin,
             );
             CpuBreakdown {
                 dma_api: r6(cb.dma_api),
+                cmdq_insert: r6(cb.cmdq_insert),
                 inv_wait: r6(cb.inv_wait),
                 lock_spin: r6(cb.lock_spin),
                 stack: r6(cb.stack),
@@ -713,10 +724,12 @@ impl RunResult {
             line_rate_gbps: r6(info.line_rate_gbps),
             packets_per_sec: r6(wl(|w| w.packets_delivered) as f64 / secs),
             cpu_busy: r6((busy as f64 / (ncpu * dt) as f64).min(1.0)),
-            cpu_inv_wait_share: r6(ratio(io(|c| c.inv_wait_ns), busy)),
+            cpu_inv_wait_share: r6(ratio(invalidating, busy)),
+            cpu_cmdq_insert_share: r6(ratio(io(|c| c.cmdq_insert_ns), busy)),
             invalidations: Invalidations { total, by_kind },
             syncs: io(|c| c.syncs),
-            sync_wait_mean_us: r6(ratio(io(|c| c.inv_wait_ns), io(|c| c.syncs)) / 1e3),
+            sync_wait_mean_us: r6(ratio(invalidating, io(|c| c.syncs)) / 1e3),
+            cmdq_insert_mean_us: r6(ratio(io(|c| c.cmdq_insert_ns), io(|c| c.syncs)) / 1e3),
             iova_pages_mapped: b.dma.pages_mapped - a.dma.pages_mapped,
             iova_pages_unmapped: unmapped,
             inv_per_page: r6(ratio(total, unmapped)),
