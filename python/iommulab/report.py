@@ -386,11 +386,14 @@ def render(columns: list, results: list, lw: int) -> list[str]:
 
 def cpu_time_lines(results: list, lw: int) -> list[str]:
     """Where each run's CPU time went (shares of the workload CPUs' time), and what bound it."""
-    cols = [("DMA API", "dma_api"), ("inv wait", "inv_wait"), ("lock spin", "lock_spin"), ("stack", "stack"),
-            ("idle", "idle")]
+    cols = [("DMA API", "dma_api"), ("cmdq insert", "cmdq_insert"), ("inv wait", "inv_wait"),
+            ("lock spin", "lock_spin"), ("stack", "stack"), ("idle", "idle")]
     columns = [(h, max(len(h) + 2, 9), (lambda k: lambda r: f"{r.cpu_breakdown[k] * 100:.1f}%")(k))
                for h, k in cols]
-    return ["", "where the CPU time went (share of the workload CPUs' time):"] + render(columns, results, lw)
+    title = ("where the CPU time went (share of the workload CPUs' time; cmdq insert: putting invalidation "
+             "commands into a shared command queue until the IOMMU can see them, inv wait: the wait for their "
+             "completion after that):")
+    return [""] + wrap(title) + render(columns, results, lw)
 
 
 def warning_lines(results: list) -> list[str]:
