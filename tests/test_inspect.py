@@ -531,7 +531,8 @@ def test_root_reads_a_tar_gz_tree_as_the_directory_it_holds(tgz, tmp_path):
 
 
 def test_advise_reads_a_tar_gz_tree():
-    doc = json.loads(cli("advise", "--root", str(DATA / "inspect" / "vtd-lazy.tar.gz"), "--json", check_rc=0).stdout)
+    doc = json.loads(cli("advise", "--root", str(DATA / "inspect" / "vtd-lazy.tar.gz"), "--json", "--no-ranges",
+                         check_rc=0).stdout)
     assert doc["host"]["guest"] is True and doc["recommendation"]["option"]
 
 

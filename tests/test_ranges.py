@@ -2,6 +2,7 @@
 headline figure's median and 90 % interval, and the constants that drive it."""
 
 import json
+import pathlib
 import tomllib
 
 import pytest
@@ -117,3 +118,76 @@ def test_ranged_output_is_the_same_for_any_jobs():
 def test_a_sample_size_out_of_bounds_is_one_line(n):
     p = cli("run", "--ranges", n, *SHORT)
     assert p.returncode == 2 and "--ranges" in p.stderr and "Traceback" not in p.stderr
+
+
+TREES = pathlib.Path(__file__).parent / "data/inspect"
+METAL = str(TREES / "edited/vtd-metal-strict.tar.gz")
+
+
+def advise_json(*args):
+    return json.loads(cli("advise", "--root", METAL, "--json", *args, check_rc=0).stdout)
+
+
+def test_advise_says_a_verdict_that_holds_on_every_sampled_machine_is_robust():
+    doc = advise_json("--ranges", "8")
+    r = doc["recommendation"]
+    assert r["robust"] is True and r["agreement"] >= 0.9 and r["samples"] == 8 and "decided_by" not in r
+    for o in doc["options"]:
+        for fig, p in o["ranges"].items():
+            assert p["p5"] <= p["p50"] <= p["p95"], (o["option"], fig)
+        assert {"throughput_gbps", "cpu_busy"} <= set(o["ranges"])
+    text = cli("advise", "--root", METAL, "--ranges", "8", check_rc=0).stdout
+    assert f"robust: the rule chooses {r['option']} on 8 of 8 sampled machines" in text
+    assert "over 8 sampled machines" in text and "  strict: Gbps " in text
+    assert advise_json("--no-ranges")["recommendation"]["robust"] is None
+
+
+def test_advise_names_the_constant_that_decides_a_verdict_that_does_not_hold_and_where_it_flips():
+    # Two CPUs and a 9 ms bound: lazy's exposure p99 sits across the bound over the ranges.
+    near = ["--set", "platform.cpu.cores=2", "--max-exposure", "9ms"]
+    doc = advise_json("--ranges", "24", *near)
+    r = doc["recommendation"]
+    assert r["robust"] is False and r["agreement"] < 0.9
+    d = r["decided_by"]
+    assert d["range"][0] <= d["value"] <= d["range"][1] and d["how_to_measure"]
+    assert d["flips_to"] in ("passthrough", "lazy", "strict") and d["flips_to"] != r["option"]
+    assert d["range"][0] <= d["flips_at"] <= d["range"][1]
+    # The value it names flips the verdict: past it (the constant pinned), one point gives the other option.
+    past = d["flips_at"] * (1.05 if d["direction"] == "above" else 0.95)
+    past = round(past) if isinstance(d["value"], int) else past
+    pinned = advise_json("--no-ranges", *near, "--set", f"platform.{d['constant']}={past}")
+    assert pinned["recommendation"]["option"] == d["flips_to"]
+    text = cli("advise", "--root", METAL, "--ranges", "24", *near, check_rc=0).stdout
+    assert "not robust: the rule chooses" in text and f"decided by {d['constant']}" in text
+    assert "measure it: " in text
+
+
+def test_profile_fit_replaces_each_fitted_constants_range_by_the_measurements(tmp_path):
+    m = tmp_path / "m.json"
+    cli("profile", "measure", "--trace", str(pathlib.Path(__file__).parent / "data/measure/strict-vtd.txt"),
+        "-o", str(m), check_rc=0)
+    out = tmp_path / "fit.toml"
+    cli("profile", "fit", str(m), "--base", "vtd-server", "-o", str(out), check_rc=0)
+    fitted, base = tomllib.loads(out.read_text()), tomllib.loads(PROFILES["vtd-server"])
+    keys = [k for k, s in fitted["sources"].items() if s.startswith("measured on ")]
+    assert "iommu.vtd.inv_wait_ns" in keys and "cpu.pte_ns" in keys
+    for k in keys:
+        r, v = fitted["ranges"][k], dict(constants(fitted))[k]
+        assert r["why"].startswith("measured: ") and r["low"] <= v <= r["high"], k
+    # The measurement narrows what the profile did not know (here: the invalidation's cost).
+    rel = lambda r, v: (r["high"] - r["low"]) / v
+    k = "iommu.vtd.inv_wait_ns"
+    assert rel(fitted["ranges"][k], fitted["iommu"]["vtd"]["inv_wait_ns"]) < rel(base["ranges"][k], 200) / 10
+    # And a ranged run on it samples within the measured range.
+    assert cli("run", "--set", f"platform.profile={out}", "--ranges", "8", "--set", "os.policy=strict",
+               "--set", "workload.nic_rx.page_pool=false", *SHORT, check_rc=0).stdout.count("ranges: point") == 1
+
+
+def test_calibrate_writes_what_it_leaves_free_as_the_range(tmp_path):
+    out = tmp_path / "k.toml"
+    cli("calibrate", "--param", "iommu.smmuv3.cmd_ns", "--profile", "kunpeng920", "--range", "20:300",
+        "--out", str(out), check_rc=0)
+    prof = tomllib.loads(out.read_text())
+    r, v = prof["ranges"]["iommu.smmuv3.cmd_ns"], prof["iommu"]["smmuv3"]["cmd_ns"]
+    assert r["why"].startswith("calibrated: ") and "M2.one_thread_1m_unmap_us" in r["why"]
+    assert 20 <= r["low"] <= v <= r["high"] <= 300

@@ -14,10 +14,13 @@ import math
 import os
 import re
 import tomllib
-from typing import Any
+from typing import Any, Callable
 
 from . import _core, hostinfo, vendors
 from .api import RunResult, ScenarioError, load, run_variants, toml_value
+from .ranges import DEFAULT_SAMPLES, bounds, fmt, ranged
+from .robustness import ROBUST_SHARE, deciding, flip_value, how_to_measure, sampled_options
+from .sensitivity import constants
 from .inputs import shown
 from .report import command_lines, duration, exposure, fit, left, right, wrap
 from .validate import Runner, check, load_targets, profile_value, read_profile
@@ -329,9 +332,12 @@ def _measure(base: str, r: RunResult) -> str:
 
 
 def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure: str | None = None,
-           sets: dict[str, str] | None = None) -> dict[str, Any]:
-    """The verdict for the host at `root`: host, assumed, options (SEEDS runs each) and the recommendation.
-    `sets`: scenario keys with TOML values as the command line gives them."""
+           sets: dict[str, str] | None = None, ranges: int | None = DEFAULT_SAMPLES, jobs: int | None = None
+           ) -> dict[str, Any]:
+    """The verdict for the host at `root`: host, assumed, options (SEEDS runs each) and the recommendation;
+    `ranges`: each option also ranged over that many samples of the profile's ranged constants, and the verdict
+    said robust or not (None: one point). `sets`: scenario keys with TOML values as the command line gives
+    them."""
     given = _exposure_us(max_exposure) if max_exposure is not None else None
     sets = dict(sets or {})
     for k in sets:
@@ -349,8 +355,8 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
                     "time a lazy flush queue)")
     hz = sc["os"]["hz"]
     bound = _core.fq_timer_bound_us(hz) if given is None else given
-    options, variants = _option_runs(res, kernel, base, keys, sc["run"]["seed"])
-    results = run_variants(variants)
+    options, variants, option_sets = _option_runs(res, kernel, base, keys, sc["run"]["seed"])
+    results = run_variants(variants, None, jobs)
     kind = _measure(base, results[0])
     key, _, value, higher = MEASURES[kind]
     for j, opt in enumerate(options):
@@ -358,6 +364,8 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
     now = current(res, kernel)
     _against(options, now, key)
     verdict = choose(options, bound, key, higher)
+    sure = (_how_sure(base, options, variants[::SEEDS], option_sets, verdict, bound, key, value, higher, ranges,
+                      jobs) if ranges is not None else {"robust": None})
     rule = _rule_text(verdict, bound, given, hz, higher)
     rec = verdict["option"]
     flags = [f for o in options if exposed(o) <= bound and (f := _near_bound(o, bound, given))]
@@ -375,7 +383,7 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
         "options": options,
         "recommendation": {"option": rec["option"] if rec else None, "cmdline": rec["cmdline"] if rec else None,
                            "rule": rule, "why": why, "flags": flags, "swapped": swapped,
-                           "validation": checks},
+                           "validation": checks, **sure},
         "caveats": _caveats(res, hw, options, sc),
     }
 
@@ -385,7 +393,7 @@ def _option_runs(res: dict[str, Any], kernel: str, base: str, keys: dict[str, st
     """Each option as the kernel's rules resolve it on this host (the policy a PCI device gets, a note and the
     explain command when that is not the option asked for, untrusted devices' policy), and its runs at SEEDS
     seeds from `seed`, option by option."""
-    options, variants = [], []
+    options, variants, option_sets = [], [], []
     for name, words in OPTIONS:
         cmd = _cmdline(res.get("cmdline") or "", words)
         rules = _rules(res, kernel, cmd)
@@ -398,10 +406,11 @@ def _option_runs(res: dict[str, Any], kernel: str, base: str, keys: dict[str, st
         if untrusted and untrusted.get("policy") != opt["policy"]:
             opt["untrusted"] = untrusted["policy"]
         options.append(opt)
+        own = {**keys, "os.policy": toml_value(opt["policy"]), "os.cmdline": toml_value(cmd)}
+        option_sets.append({**own, "run.seed": str(seed)})
         for i in range(SEEDS):
-            variants += load(base, {**keys, "os.policy": toml_value(opt["policy"]), "os.cmdline": toml_value(cmd),
-                                    "run.seed": str(seed + i)}, raw_strings=True)
-    return options, variants
+            variants += load(base, {**own, "run.seed": str(seed + i)}, raw_strings=True)
+    return options, variants, option_sets
 
 
 def _fill(opt: dict[str, Any], runs: list[RunResult], key: str, kind: str, value: Any) -> None:
@@ -420,6 +429,53 @@ def _fill(opt: dict[str, Any], runs: list[RunResult], key: str, kind: str, value
             "limited_by": r.limited_by, "reach": _reach(r),
             "warnings": sorted({w for x in runs for w in x.warnings}),
             "seeds": {key: vals, "cpu_busy": cpu, "exposure_p99_us": win if r.safety["protected"] else None}}
+
+
+def _sampled(key: str, value: Any) -> Callable[[dict[str, Any], RunResult], dict[str, Any]]:
+    """An option as one run gives it (a sampled machine's), its seeds' spread (the rule's noise) kept."""
+    def fill(o: dict[str, Any], r: RunResult) -> dict[str, Any]:
+        win = (r.safety.get("window") or {}).get("p99_us") or 0.0
+        return {**o, key: value(r), "cpu_busy": r.cpu_busy, "limited_by": r.limited_by,
+                "exposure_p99_us": win if r.safety["protected"] else None}
+    return fill
+
+
+# Each option's figures ranged, as advise names them: (the ranged run's figure, advise's).
+RANGED = {"throughput_gbps": "throughput_gbps", "packets_per_sec": "iops", "latency.p99_us": "latency_p99_us",
+          "cpu_busy": "cpu_busy", "safety.window.p99_us": "exposure_p99_us"}
+
+
+def _how_sure(base: str, options: list[dict[str, Any]], firsts: list, option_sets: list[dict[str, str]],
+              verdict: dict[str, Any], bound: float, key: str, value: Any, higher: bool, n: int,
+              jobs: int | None) -> dict[str, Any]:
+    """Each option ranged over `n` sampled machines, the rule applied to each, and whether the verdict holds on
+    ROBUST_SHARE of them; where not, the constant that decides it, where it flips and how to measure it."""
+    summaries = ranged(base, None, n, None, True, jobs, bases=firsts, base_sets=option_sets, screen=False)
+    for o, s in zip(options, summaries):
+        o["ranges"] = {RANGED[f]: p for f, p in s["ranges"].items() if f in RANGED}
+    fill = _sampled(key, value)
+    name = lambda v: v["option"]["option"] if v["option"] else None
+    point = name(verdict)
+    votes = [name(choose(sampled_options(options, summaries, i, fill), bound, key, higher)) for i in range(n)]
+    out: dict[str, Any] = {"robust": votes.count(point) >= ROBUST_SHARE * n, "samples": n,
+                           "agreement": votes.count(point) / n,
+                           "sampled_verdicts": {str(v): votes.count(v) for v in sorted(set(votes), key=str)}}
+    if out["robust"]:
+        return out
+    dec = deciding(summaries[0], n, [v != point for v in votes])
+    if dec is None:
+        return out
+    k, high = dec
+    plat = json.loads(firsts[0].scenario_json())["platform"]
+    consts, rng = dict(constants(plat)), plat["ranges"]
+    a, b = bounds(consts[k], rng[k])
+    verdict_of = lambda rs: name(choose([fill(o, r) for o, r in zip(options, rs)], bound, key, higher))
+    flip = flip_value(summaries, k, high, verdict_of, point, consts, rng, jobs)
+    out["decided_by"] = {"constant": k, "value": consts[k], "range": [consts[k] * a, consts[k] * b],
+                         "why": rng[k]["why"], "direction": "above" if high else "below",
+                         "flips_at": flip[0] if flip else None, "flips_to": flip[1] if flip else None,
+                         "how_to_measure": how_to_measure(k)}
+    return out
 
 
 def _spread(v: list[float]) -> float:
@@ -654,7 +710,7 @@ def _table(doc: dict[str, Any]) -> list[str]:
 
 def format_advise(doc: dict[str, Any]) -> str:
     now = doc["host"]["current"]
-    lines = _host_lines(doc) + [""] + _table(doc)
+    lines = _host_lines(doc) + [""] + _table(doc) + _ranged_lines(doc)
     key = doc["measure"]
     unit = {"iops": "IOPS", "latency_p99_us": "latency p99", "throughput_gbps": "throughput"}[key]
     changes = [o for o in doc["options"] if "against_now" in o]
@@ -668,6 +724,7 @@ def format_advise(doc: dict[str, Any]) -> str:
     r = doc["recommendation"]
     lines += [""] + wrap(f"recommendation: {r['option']} ({r['cmdline']}): {r['why']}" if r["option"] else
                          f"recommendation: none: {r['why']}")
+    lines += _sure_lines(doc)
     for f in r["flags"]:
         lines += wrap(f"  flagged: {f}", "    ")
     for t in r["validation"]:
@@ -682,6 +739,46 @@ def format_advise(doc: dict[str, Any]) -> str:
         for c in doc["caveats"] + [f"warning: {x}" for x in warn]:
             lines += _caveat_lines(c)
     return "\n".join(lines) + "\n"
+
+
+def _ranged_lines(doc: dict[str, Any]) -> list[str]:
+    """Each option's figures over the sampled machines: median [5th – 95th percentile]."""
+    r = doc["recommendation"]
+    if not r.get("samples"):
+        return []
+    names = {"throughput_gbps": ("throughput_gbps", "Gbps"), "iops": ("packets_per_sec", "kIOPS"),
+             "latency_p99_us": ("latency.p99_us", "latency p99"), "cpu_busy": ("cpu_busy", "CPU busy"),
+             "exposure_p99_us": ("safety.window.p99_us", "exposure p99")}
+    lines = ["", *wrap(f"over {r['samples']} sampled machines (the profile's ranged constants drawn at once; "
+                       "median [5th – 95th percentile]; docs/ranges.md):")]
+    for o in doc["options"]:
+        parts = [f"{names[k][1]} {fmt(*names[k], p['p50'])} [{fmt(*names[k], p['p5'])} – {fmt(*names[k], p['p95'])}]"
+                 for k, p in (o.get("ranges") or {}).items() if k in names]
+        lines += wrap(" · ".join(parts), "    ", f"  {o['option']}: ")
+    return lines
+
+
+def _sure_lines(doc: dict[str, Any]) -> list[str]:
+    """Whether the verdict holds over the sampled machines, and where not what decides it."""
+    r = doc["recommendation"]
+    if r.get("robust") is None:
+        return []
+    held = f"{round(r['agreement'] * r['samples'])} of {r['samples']} sampled machines"
+    others = ", ".join(f"{v if v != 'None' else 'none'} on {c}" for v, c in r["sampled_verdicts"].items()
+                       if v != str(r["option"]))
+    if r["robust"]:
+        return wrap(f"  robust: the rule chooses {r['option']} on {held}" + (f" ({others})" if others else ""),
+                    "    ")
+    lines = wrap(f"  not robust: the rule chooses {r['option']} on {held} only; {others}", "    ")
+    d = r.get("decided_by")
+    if not d:
+        return lines + wrap("  no single ranged constant tells those machines apart", "    ")
+    rng = " – ".join(f"{x:g}" for x in d["range"])
+    at = (f"{d['direction']} {d['flips_at']:g} it is {d['flips_to'] or 'none'}" if d["flips_at"] is not None else
+          f"alone it does not flip the verdict within its range: it does so with others, {d['direction']} the "
+          "profile's value")
+    lines += wrap(f"  decided by {d['constant']} (the profile's {d['value']:g}, range {rng}): {at}", "    ")
+    return lines + wrap(f"  measure it: {d['how_to_measure']}", "    ")
 
 
 def _caveat_lines(caveat: str) -> list[str]:

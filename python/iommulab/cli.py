@@ -231,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override a scenario key (the CPUs, the line rate, …); repeatable")
     ad.add_argument("--json", action="store_true",
                     help="print {host, assumed, options: [...], recommendation, caveats} as JSON")
+    ad.add_argument("--ranges", type=int, default=DEFAULT_SAMPLES, metavar="N",
+                    help=f"sample the profile's ranged constants N times (default {DEFAULT_SAMPLES}) and say whether "
+                    "the verdict holds over them, and where not what decides it (docs/ranges.md)")
+    ad.add_argument("--no-ranges", dest="ranges", action="store_const", const=None,
+                    help="one point: the profile's values only")
+    ad.add_argument("--jobs", type=int, default=None, metavar="N", help="runs at once (default: every CPU)")
 
     cp = sub.add_parser("capture", help="record the kernel's iommu:map/unmap tracepoints into a trace replay reads",
                         description="Record iommu:map / iommu:unmap (and iommu:io_page_fault) through tracefs, with "
@@ -781,7 +787,7 @@ def _emit(as_json: bool, doc: Any, text: Callable[[Any], str]) -> int:
 def _cmd_advise(a: argparse.Namespace) -> int:
     from .advise import advise, format_advise
 
-    return _emit(a.json, advise(a.root, a.workload, a.max_exposure, dict(a.sets)), format_advise)
+    return _emit(a.json, advise(a.root, a.workload, a.max_exposure, dict(a.sets), a.ranges, a.jobs), format_advise)
 
 
 def _capture_script() -> str:

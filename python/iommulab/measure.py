@@ -16,7 +16,8 @@ from typing import IO, Any
 from ._core import ScenarioError
 from . import vendors
 from .inputs import open_trace, shown
-from .validate import profile_value, read_profile, set_profile_value
+from .robustness import MEASURED_BY
+from .validate import profile_value, read_profile, set_profile_range, set_profile_value
 
 MEASURE_FORMAT = 1
 # Per function, at most this many latencies are kept for its percentiles (every other one is dropped when full,
@@ -540,9 +541,27 @@ def fitted_profile(base_name: str, f: Fit) -> str:
     for key in sorted(f.values):
         v = f.values[key]
         integer = isinstance(profile_value(f.base, key), int)
-        text = set_profile_value(text, base_name, key, int(round(v)) if integer else round(v, 4),
-                                 f"{where} ({f.how[key]})")
+        v = int(round(v)) if integer else round(v, 4)
+        text = set_profile_value(text, base_name, key, v, f"{where} ({f.how[key]})")
+        half, fns = measured_spread(f, key, v)
+        text = set_profile_range(text, key, max(0.0, v - half), v + half,
+                                 f"measured: {fns}'s mean ± 1.96 standard errors over its calls (at least "
+                                 f"{TRACE_NS:g} ns, the trace's resolution)")
     return text
+
+
+# The trace's timestamps are whole nanoseconds: no measured latency is known closer than this.
+TRACE_NS = 1.0
+
+
+def measured_spread(f: "Fit", key: str, value: float) -> tuple[float, str]:
+    """Half the width of a fitted constant's range, and the functions it was measured from: 1.96 standard
+    errors of their mean (their standard deviation over the square root of their calls), relative to the
+    mean, applied to the value; at least TRACE_NS."""
+    fns = [w for w in re.split(r"[ ,]+", MEASURED_BY.get(key, "")) if w in f.fns] or sorted(f.fns)[:1]
+    rel = max((f.fns[fn].get("stddev_ns", 0.0) / math.sqrt(f.fns[fn]["calls"]) / f.fns[fn]["mean_ns"]
+               for fn in fns if f.fns[fn].get("mean_ns")), default=0.0)
+    return max(TRACE_NS, 1.96 * rel * abs(value)), " and ".join(fns) or "the measured functions"
 
 
 def policy_of(m: dict[str, Any]) -> str | None:

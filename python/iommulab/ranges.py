@@ -138,18 +138,22 @@ def check_samples(n: Any) -> int:
 
 def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int = DEFAULT_SAMPLES,
            progress: ProgressFn | None = None, raw_strings: bool = False, jobs: int | None = None,
-           bases: list | None = None, base_sets: list[Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+           bases: list | None = None, base_sets: list[Mapping[str, Any]] | None = None,
+           screen: bool = True) -> list[dict[str, Any]]:
     """Each run of the scenario, ranged: per run its point figures, their p5/p50/p95 over `n` samples of the
     profile's ranged constants, and the constants that drive the spread. Deterministic in (scenario, seed, n),
     whatever `jobs`. `bases`: the scenario's variants, already loaded with `sets` (or, `base_sets`, each with
-    its own)."""
+    its own). `screen` False: no screen (no constant named as driving a figure)."""
     n = check_samples(n)
     sets = dict(sets or {})
     bases = bases if bases is not None else load(scenario, sets, raw_strings=raw_strings)
     base_sets = base_sets if base_sets is not None else [sets] * len(bases)
     runs = [_prepare(b, {**dict(override_pairs(bs, raw_strings)), **dict(b.overrides)}) for b, bs in
             zip(bases, base_sets)]
-    phases = _Phases(progress, sum(n + 1 + 2 * len(r["keys"]) for r in runs))
+    if not screen:
+        for run in runs:
+            run["groups"] = []
+    phases = _Phases(progress, sum(n + 1 + 2 * len(r["keys"]) * screen for r in runs))
     # 1. The point, the sample (every ranged constant drawn at once), and the screen's own point and groups
     # of constants at their low ends and at their high ends together.
     todo = []
@@ -157,7 +161,8 @@ def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int =
         cols = {k: lhs_column(run["scenario"]["run"]["seed"], k, n) for k in run["keys"]}
         todo.append(run["variant"])
         todo += [_variant(scenario, run, {k: run["at"](k, cols[k][i]) for k in run["keys"]}) for i in range(n)]
-        todo.append(_variant(scenario, run, {}, screen=True))
+        if screen:
+            todo.append(_variant(scenario, run, {}, screen=True))
         for g in run["groups"]:
             todo += [_variant(scenario, run, {k: run["at"](k, end) for k in g}, screen=True) for end in (0, 1)]
     res = iter(phases.run(todo, jobs))
@@ -166,7 +171,7 @@ def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int =
         run.update(base=base, figures=figures(run["scenario"], base))
         run["point"] = {k: value(base, k) for k, _ in run["figures"]}
         run["sampled"] = [next(res).to_dict() for _ in range(n)]
-        run["screen"] = next(res).to_dict()
+        run["screen"] = next(res).to_dict() if screen else base
         moved = [g for g in run["groups"] if [next(res).to_dict() for _ in range(2)] != [run["screen"]] * 2]
         run["candidates"] = [k for g in moved for k in g]
     # 2. Each constant of a group that moved anything, alone at both ends of its range.
@@ -176,7 +181,10 @@ def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int =
     res = iter(phases.run(todo, jobs))
     for run in runs:
         run["swings"] = {k: (next(res).to_dict(), next(res).to_dict()) for k in run["candidates"]}
-    return [_summary(run, n) for run in runs]
+    out = [_summary(run, n) for run in runs]
+    for o, run in zip(out, runs):
+        o["with"] = lambda values, run=run: _variant(scenario, run, values)
+    return out
 
 
 def _prepare(b, pinned: Mapping[str, Any]) -> dict[str, Any]:
@@ -249,7 +257,8 @@ def _summary(run: dict[str, Any], n: int) -> dict[str, Any]:
     return {"label": run["label"], "samples": n, "sampled_constants": len(run["keys"]),
             "on_path": len(run["candidates"]), "exact_constants": run["exact"], "names": dict(figs),
             "point": run["point"], "ranges": rng, "driven_by": by[:NAMED], "drivers": drivers,
-            "screen_ms": screen_ms(run["scenario"]["run"]["duration_ms"]), "result": run["base"]}
+            "screen_ms": screen_ms(run["scenario"]["run"]["duration_ms"]), "result": run["base"],
+            "keys": run["keys"], "sampled": run["sampled"], "at": run["at"], "seed": run["scenario"]["run"]["seed"]}
 
 
 def _ms(ms: float) -> str:

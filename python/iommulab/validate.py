@@ -387,15 +387,39 @@ def _set_key(text: str, where: str, param: str, value: str) -> str:
 
 
 def _set_source(text: str, param: str, note: str) -> str:
-    line = f"{json.dumps(param)} = {json.dumps(note)}\n"
+    return _set_entry(text, "sources", param, json.dumps(note))
+
+
+def set_profile_range(text: str, param: str, low: float, high: float, why: str) -> str:
+    """Profile TOML `text` with `param`'s [ranges] entry set to low..high for `why` (docs/ranges.md)."""
+    return _set_entry(text, "ranges", param, f"{{ low = {toml_value(round(float(low), 4))}, high = "
+                      f"{toml_value(round(float(high), 4))}, why = {json.dumps(why, ensure_ascii=False)} }}")
+
+
+def _set_entry(text: str, section: str, param: str, rhs: str) -> str:
+    """`"param" = rhs` in TOML text's top-level table `[section]` (replacing the entry there, or added at the
+    table's end; the table added at the file's end when there is none), every other line kept as it was."""
+    line = f"{json.dumps(param)} = {rhs}\n"
     lines = text.splitlines(keepends=True)
+    cur, end = None, None
     for i, l in enumerate(lines):
-        if l.startswith(json.dumps(param) + " ="):
-            lines[i] = line
-            return "".join(lines)
-    if not any(l.strip() == "[sources]" for l in lines):
-        lines.append("\n[sources]\n")
-    lines.append(line)
+        s = l.strip()
+        if s.startswith("["):
+            cur = s.split("#")[0].strip()
+            continue
+        if cur == f"[{section}]":
+            if l.startswith(json.dumps(param) + " ="):
+                lines[i] = line
+                return "".join(lines)
+            if s and not s.startswith("#"):
+                end = i + 1
+    if end is None:
+        if not any(l.strip() == f"[{section}]" for l in lines):
+            lines.append(f"\n[{section}]\n")
+            end = len(lines)
+        else:
+            end = next(i for i, l in enumerate(lines) if l.strip() == f"[{section}]") + 1
+    lines.insert(end, line)
     return "".join(lines)
 
 
@@ -419,16 +443,16 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24,
         """The value as the profile will hold it: probes are evaluated at exactly what would be written."""
         return int(round(x)) if integer else round(x, 6)
 
-    probes = [0]
+    probes: list[tuple[float, float]] = []
 
     def model_at(v: float) -> float:
         sets = {"platform.profile": c.profile, f"platform.{c.param}": v}
         r = Runner(sets, seeds, jobs)
         r.prefetch([t])
         if progress:
-            progress(probes[0], steps + 2, f"{c.param} = {v:g}", 1.0)
-        probes[0] += 1
-        return r.value(t)
+            progress(len(probes), steps + 2, f"{c.param} = {v:g}", 1.0)
+        probes.append((v, r.value(t)))
+        return probes[-1][1]
 
     lo, hi = snap(c.range[0]), snap(c.range[1])
     if integer and max(abs(lo), abs(hi)) >= 1 << 63:
@@ -459,5 +483,9 @@ def calibrate(c: Calibration, targets: Targets | None = None, steps: int = 24,
     note = (f"calibrated on {t.id} with scenario {t.scenario} (published {t.published:g}: {t.source}); "
             f"model {model:.4g} at this value")
     new = set_profile_value(text, name, c.param, value, note)
+    # What the calibration leaves free: the probes whose model is within the target's tolerance.
+    free = [v for v, m in probes if abs(m - t.published) <= t.tolerance * abs(t.published)] + [value]
+    new = set_profile_range(new, c.param, min(free), max(free),
+                            f"calibrated: the values probed whose model is within {t.id}'s ±{100 * t.tolerance:g} %")
     return {"param": c.param, "profile": c.profile, "value": value, "target": t.id, "published": t.published,
             "model": float(f"{model:.7g}"), "error": round((model - t.published) / t.published, 6), "profile_text": new}
