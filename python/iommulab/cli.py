@@ -281,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--plot", metavar="FILE.html", help="also write an HTML report: model against published with "
                    "the tolerance bands, and the table (not overwritten without --force)")
     v.add_argument("--force", action="store_true", help="overwrite the --plot file if it exists")
+    v.add_argument("--ranges", nargs="?", const=DEFAULT_SAMPLES, type=int, default=None, metavar="N",
+                   help=f"also each target over N (default {DEFAULT_SAMPLES}) samples of its profile's ranged "
+                   "constants: whether the published figure lies in the model's 90%% interval, and how wide it is")
     v.add_argument("--fail-on-miss", action="store_true", help="exit 1 when any target is outside its tolerance "
                    "(for CI); the table or JSON is printed first")
     _runner_args(v)
@@ -975,7 +978,7 @@ def _cmd_validate(a: argparse.Namespace) -> int:
     _fresh(a.plot, a.force, "--plot")
     with _progress(a) as progress:
         rows = validate(a.ids or None, {k: _toml_or_str(v) for k, v in a.sets}, seeds=a.seeds, jobs=a.jobs,
-                        progress=progress)
+                        progress=progress, ranges=a.ranges)
     if a.plot:
         from .plots import validate_page
 

@@ -127,7 +127,8 @@ def tradeoff_figure(rows: list[dict[str, Any]], title: str, name_keys: list[str]
 
 
 # Where the workload CPUs' time went (cpu_breakdown), in stacking order, with a colour each.
-CPU_PARTS = [("dma_api", "DMA API", "#1f77b4"), ("inv_wait", "invalidation wait", "#d62728"),
+CPU_PARTS = [("dma_api", "DMA API", "#1f77b4"), ("cmdq_insert", "command queue insertion", "#9467bd"),
+             ("inv_wait", "invalidation wait", "#d62728"),
              ("lock_spin", "lock spin", "#ff7f0e"), ("stack", "stack (outside the DMA API)", "#7f7f7f"),
              ("idle", "idle", "#e5e5e5")]
 

@@ -1,12 +1,11 @@
 """Ranged runs: each headline figure with the interval its profile's unknown constants allow.
 
 A profile's ``[ranges]`` say how far each constant may be from the value it holds (docs/ranges.md). A ranged run
-screens them first, as ``sensitivity`` does: the constants, in groups, are moved to the ends of their ranges, and
-each constant of a group that changed anything is moved alone to both ends; one that moves a headline figure by
-more than MIN_SWING matters to the run. Those are then sampled jointly in a Latin hypercube (each constant's
-column drawn from a generator seeded by the run's seed and the constant's name alone), each sample is run, and
-each figure is reported as the 5th, 50th and 95th percentiles of the sample, with the constants whose range
-moves it most."""
+samples every ranged constant of the run's profile at once in a Latin hypercube (each constant's column drawn
+from a generator seeded by the run's seed and the constant's name alone), runs each sample, and reports each
+figure as the 5th, 50th and 95th percentiles of the sample. A screen, as ``sensitivity`` does it, names what
+drives each figure: the constants, in groups, moved to the ends of their ranges, then each constant of a group
+that changed anything moved alone to both ends."""
 
 from __future__ import annotations
 
@@ -22,8 +21,8 @@ from .report import duration, wrap
 from .sensitivity import constants
 
 # The sample, by default: enough for a 90 % interval's ends to sit between the sample's first and second
-# (last and second-to-last) values, small enough for a ranged default scenario in seconds. A bound of the
-# front end (docs/ranges.md "How many samples").
+# (last and second-to-last) values, small enough for a ranged advise in seconds. A bound of the front end
+# (docs/ranges.md "What the interval does not capture").
 DEFAULT_SAMPLES = 24
 MIN_SAMPLES = 8
 MAX_SAMPLES = 1000
@@ -40,10 +39,6 @@ SCREEN_SHARE = 5
 SCREEN_MIN_MS = 10.0
 # Constants named as driving each figure, at most.
 NAMED = 2
-
-
-def _numbers(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def bounds(value: Any, r: Mapping[str, Any]) -> tuple[float, float]:

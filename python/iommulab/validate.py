@@ -178,6 +178,8 @@ class Runner:
         if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
             raise ScenarioError(f"seeds: expected a whole number from 1 to {MAX_SEEDS}, got {seeds!r}")
         self.sets = dict(sets or {})
+        # Keys set for one run of a target only (a ranged sample's constants, of that run's profile).
+        self.sets_for: dict[str, dict[str, Any]] = {}
         self.seeds = seeds
         self.jobs = jobs
         self.progress = progress
@@ -195,7 +197,7 @@ class Runner:
 
     def _keys(self, t: Target, run: str, i: int) -> tuple[str, dict[str, Any]]:
         """(cache key, scenario keys) of `run` of target `t` at the i-th seed."""
-        keys = {**t.runs[run], **self.sets}
+        keys = {**self.sets_for.get(run, {}), **t.runs[run], **self.sets}
         if i:
             bk = json.dumps([t.scenario, sorted(keys.items())], default=str)
             if bk not in self.base_seed:
@@ -272,14 +274,65 @@ def check(t: Target, values: list[float], assumed: list[str] | None = None) -> d
 
 def validate(ids: list[str] | None = None, sets: dict[str, Any] | None = None,
              targets: Targets | None = None, seeds: int = DEFAULT_SEEDS, jobs: int | None = None,
-             progress: ProgressFn | None = None) -> list[dict[str, Any]]:
+             progress: ProgressFn | None = None, ranges: int | None = None) -> list[dict[str, Any]]:
     """Every target (or those `ids` name: an id or the start of ids, `Targets.select`), model (mean over
-    `seeds` seeds) vs published; the runs go on up to `jobs` threads (default: every CPU)."""
+    `seeds` seeds) vs published; the runs go on up to `jobs` threads (default: every CPU). `ranges`: each
+    target also over that many samples of its profile's ranged constants (`intervals`)."""
     ts = targets or load_targets()
     chosen = ts.select(ids) if ids else ts.targets
     r = Runner(sets, seeds, jobs, progress)
     r.prefetch(chosen)
-    return [check(t, r.values(t), r.assumed(t)) for t in chosen]
+    rows = [check(t, r.values(t), r.assumed(t)) for t in chosen]
+    if ranges is not None:
+        for row, iv in zip(rows, intervals(chosen, sets or {}, ranges, jobs)):
+            row.update(iv)
+    return rows
+
+
+# An interval whose half-width is more than this share of its median says little: it is reported as
+# uninformative, whether or not the published figure lies in it (docs/validation.md).
+INFORMATIVE = 0.5
+
+
+def intervals(chosen: list[Target], sets: dict[str, Any], n: int, jobs: int | None = None) -> list[dict[str, Any]]:
+    """Per target, its value over `n` samples of its runs' profile's ranged constants (docs/ranges.md: each
+    constant's draws seeded by its name, so a target's runs share each sample's machine), at the scenario's own
+    seed: the 90 % interval, whether the published figure lies in it, and its width relative to its median."""
+    from .ranges import check_samples, _prepare, lhs_column
+
+    n = check_samples(n)
+    runners, todo = [], {}
+    for t in chosen:
+        for i in range(n):
+            r = Runner(sets, 1, jobs)
+            for run in t.runs:
+                prep = _prepare(r._variant(t, run, {**t.runs[run], **sets}), {})
+                seed = prep["scenario"]["run"]["seed"]
+                sample = {f"platform.{k}": prep["at"](k, lhs_column(seed, k, n)[i]) for k in prep["keys"]}
+                r.sets_for[run] = sample
+            runners.append((t, r))
+            for run in t.runs:
+                ck, keys = r._keys(t, run, 0)
+                todo[(len(runners) - 1, ck)] = r._variant(t, run, keys)
+    for (j, ck), res in zip(todo, run_variants(list(todo.values()), None, jobs)):
+        runners[j][1].cache[ck] = res.to_dict()
+    out = []
+    for k, t in enumerate(chosen):
+        vals = [r.value(t) for _, r in runners[k * n:(k + 1) * n]]
+        p = _pct(vals)
+        # Relative to the median; none where the median is 0 and the interval is not (no scale to read it on).
+        width = ((p["p95"] - p["p5"]) / abs(p["p50"]) if p["p50"] else 0.0 if p["p95"] == p["p5"] else None)
+        out.append({"interval": [float(f"{p['p5']:.7g}"), float(f"{p['p95']:.7g}")], "median": float(f"{p['p50']:.7g}"),
+                    "in_interval": bool(p["p5"] <= t.published <= p["p95"]),
+                    "interval_width": None if width is None else round(width, 4),
+                    "informative": width is not None and width / 2 <= INFORMATIVE, "range_samples": n})
+    return out
+
+
+def _pct(vals: list[float]) -> dict[str, float]:
+    from .ranges import percentiles
+
+    return percentiles(vals)
 
 
 def format_validate(rows: list[dict[str, Any]]) -> str:
@@ -298,14 +351,30 @@ def format_validate(rows: list[dict[str, Any]]) -> str:
             right("tol", [f"{100 * r['tolerance']:.0f}%" for r in rows], 2),
             left("ok", ["ok" if r["ok"] else "MISS" for r in rows]),
             right("seeds min-max", [f"{r['spread'][0]:.4g}-{r['spread'][1]:.4g}" for r in rows], 2)]
+    ranged = bool(rows) and all("interval" in r for r in rows)
+    if ranged:
+        cols[5:5] = [right("90% interval", [f"{r['interval'][0]:.4g}-{r['interval'][1]:.4g}" for r in rows], 2),
+                     left("in", ["in" if r["in_interval"] else "out" for r in rows]),
+                     right("width", [("median 0" if r["interval_width"] is None else
+                                      f"±{50 * r['interval_width']:.0f}%") + ("" if r["informative"] else " wide")
+                                     for r in rows], 2)]
     out = fit(["target"] + [r["id"] for r in rows], cols, text=("notes", notes) if any(notes) else None)
     n_ok = sum(r["ok"] for r in rows)
     seeds = rows[0]["seeds"] if rows else DEFAULT_SEEDS
     out += [""] + wrap(f"{n_ok} of {len(rows)} within tolerance")
+    if ranged:
+        inside = [r for r in rows if r["in_interval"]]
+        sharp = [r for r in inside if r["informative"]]
+        out += wrap(f"the published figure inside the model's 90 % interval for {len(inside)} of {len(rows)} "
+                    f"({len(sharp)} of those intervals informative, within ±{100 * INFORMATIVE:.0f} % of their "
+                    f"median; {rows[0]['range_samples']} samples of each profile's ranged constants)")
     out += legend([
         ("model", f"the mean over {seeds} seeds (seeds min-max: their spread)"),
         ("error", "(model - published) / published, within tol(erance) or a MISS"),
         ("fitted", "a parameter was calibrated on this target, so it is not an independent check"),
+        *([("90% interval", "the 5th to 95th percentile of the model over the profile's ranged constants "
+            "(docs/ranges.md); in: the published figure inside it; width: its half-width around its median, "
+            f"wide past ±{100 * INFORMATIVE:.0f} % (uninformative: no check, whatever in says)")] if ranged else []),
         ("assumed", "settings the target's scenario takes without a source (its [provenance]), so the check "
          "holds under those assumptions")])
     return "\n".join(out) + "\n"

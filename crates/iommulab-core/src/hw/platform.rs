@@ -53,7 +53,8 @@ pub struct Platform {
     /// Where each number comes from: `"section.key" = "source"`.
     #[serde(default)]
     pub sources: BTreeMap<String, String>,
-    /// How far each constant may be from its value, and why (`hw::ranges`): what a ranged run samples.
+    /// How far each constant may be from its value, and why (`hw::ranges`): what a ranged run samples. A
+    /// profile's own: a scenario cannot set it, and a key a scenario sets loses its range (docs/ranges.md).
     #[serde(default)]
     pub ranges: BTreeMap<String, super::ranges::ConstRange>,
 }
