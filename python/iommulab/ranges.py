@@ -167,8 +167,11 @@ def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int =
         run["point"] = {k: value(base, k) for k, _ in run["figures"]}
         run["sampled"] = [next(res).to_dict() for _ in range(n)]
         run["screen"] = next(res).to_dict() if screen else base
-        moved = [g for g in run["groups"] if [next(res).to_dict() for _ in range(2)] != [run["screen"]] * 2]
-        run["candidates"] = [k for g in moved for k in g]
+        ends = [(g, [next(res).to_dict() for _ in range(2)]) for g in run["groups"]]
+        # On the path: a group whose moves changed anything in the result. Screened one by one: a group whose
+        # moves changed a headline figure by more than MIN_SWING (one alone can only name a driver then).
+        run["on_path"] = [k for g, e in ends if e != [run["screen"]] * 2 for k in g]
+        run["candidates"] = [k for g, e in ends if any(_moves(run, d) for d in e) for k in g]
     # 2. Each constant of a group that moved anything, alone at both ends of its range.
     phases.expect(2 * sum(len(r["candidates"]) for r in runs))
     todo = [_variant(scenario, run, {k: run["at"](k, end)}, screen=True) for run in runs for k in run["candidates"]
@@ -180,6 +183,14 @@ def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int =
     for o, run in zip(out, runs):
         o["with"] = lambda values, run=run: _variant(scenario, run, values)
     return out
+
+
+def _moves(run: dict[str, Any], d: Mapping[str, Any]) -> bool:
+    """Whether a screening run moved a headline figure by more than MIN_SWING from the screen's own point."""
+    def rel(f: str) -> float:
+        at = value(run["screen"], f)
+        return abs(value(d, f) - at) / abs(at) if at else float(value(d, f) != at)
+    return any(rel(f) > MIN_SWING for f, _ in run["figures"])
 
 
 def _prepare(b, pinned: Mapping[str, Any]) -> dict[str, Any]:
@@ -250,7 +261,7 @@ def _summary(run: dict[str, Any], n: int) -> dict[str, Any]:
         drivers[f] = named[:NAMED]
     by = list(dict.fromkeys(x["constant"] for f, _ in figs for x in drivers[f]))
     return {"label": run["label"], "samples": n, "sampled_constants": len(run["keys"]),
-            "on_path": len(run["candidates"]), "exact_constants": run["exact"], "names": dict(figs),
+            "on_path": len(run["on_path"]), "exact_constants": run["exact"], "names": dict(figs),
             "point": run["point"], "ranges": rng, "driven_by": by[:NAMED], "drivers": drivers,
             "screen_ms": screen_ms(run["scenario"]["run"]["duration_ms"]), "result": run["base"],
             "keys": run["keys"], "sampled": run["sampled"], "at": run["at"], "seed": run["scenario"]["run"]["seed"]}
