@@ -207,3 +207,12 @@ def test_validate_reports_each_targets_interval_its_coverage_and_its_width():
     assert not c1["informative"]
     text = cli(*args, "--no-progress", check_rc=0).stdout
     assert "the published figure inside the model's 90 % interval for" in text and " wide" in text
+
+
+def test_the_python_api_runs_ranged():
+    import iommulab
+
+    r = iommulab.run("nvme", ranges=8, jobs=2, **{"os.policy": "strict", "run.duration_ms": 5, "run.warmup_ms": 2})
+    p = r.ranges["packets_per_sec"]
+    assert p["p5"] <= p["p50"] <= p["p95"] and r.range_samples == 8 and isinstance(r.driven_by, list)
+    assert r.to_dict()["ranges"] == r.ranges

@@ -248,11 +248,16 @@ def run_variants(variants: list[_core.Variant], progress: ProgressFn | None = No
 
 
 def run(scenario: str | os.PathLike | Mapping[str, Any] | None = None, *, progress: ProgressFn | None = None,
-        jobs: int | None = None, **overrides: Any) -> RunResult | ResultSet:
+        jobs: int | None = None, ranges: int | None = None, **overrides: Any) -> RunResult | ResultSet:
     """Run a scenario and return its result: a :class:`RunResult` for one run, a :class:`ResultSet` when the
     scenario compares several (``[compare]``). Overrides are scenario keys, dotted (``**{"os.policy": "strict"}``)
     or with ``__`` (``os__policy="strict"``); setting a compared key pins it. Runs go on `jobs` threads
-    (default: every CPU)."""
+    (default: every CPU). `ranges`: each run also over that many samples of its profile's ranged constants, its
+    result gaining ``ranges``, ``driven_by`` and ``drivers`` (docs/ranges.md)."""
+    if ranges is not None:
+        from .ranges import ranged, with_ranges
+
+        return as_result([with_ranges(d) for d in ranged(scenario, overrides, ranges, progress, jobs=jobs)])
     return as_result(run_variants(load(scenario, overrides), progress, jobs))
 
 
