@@ -9,6 +9,7 @@ import pytest
 from conftest import SHORT, cli, one_line_error
 
 from iommulab import _core
+from iommulab.api import load
 from iommulab.ranges import lhs_column, percentiles, ranged
 from iommulab.sensitivity import constants
 
@@ -216,3 +217,15 @@ def test_the_python_api_runs_ranged():
     p = r.ranges["packets_per_sec"]
     assert p["p5"] <= p["p50"] <= p["p95"] and r.range_samples == 8 and isinstance(r.driven_by, list)
     assert r.to_dict()["ranges"] == r.ranges
+
+
+def test_a_scenario_whose_runs_name_other_profiles_ranges_each_run_on_its_own():
+    # guest-dpdk's [compare] names a setting (its vIOMMU) whose runs take other profiles: a sample's keys are
+    # one run's profile's, set on that run alone (and sensitivity's scaled runs likewise).
+    short = {"run.duration_ms": 1, "run.warmup_ms": 0.5}
+    runs = ranged("guest-dpdk", short, n=8, jobs=2, screen=False)
+    labels = [v.label for v in load("guest-dpdk", short)]
+    assert [r["label"] for r in runs] == labels and len(set(labels)) > 1
+    for r in runs:
+        p = r["ranges"]["packets_per_sec"]
+        assert p["p5"] <= p["p50"] <= p["p95"]

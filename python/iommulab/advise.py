@@ -355,7 +355,7 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
                     "time a lazy flush queue)")
     hz = sc["os"]["hz"]
     bound = _core.fq_timer_bound_us(hz) if given is None else given
-    options, variants, option_sets = _option_runs(res, kernel, base, keys, sc["run"]["seed"])
+    options, variants = _option_runs(res, kernel, base, keys, sc["run"]["seed"])
     results = run_variants(variants, None, jobs)
     kind = _measure(base, results[0])
     key, _, value, higher = MEASURES[kind]
@@ -364,7 +364,7 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
     now = current(res, kernel)
     _against(options, now, key)
     verdict = choose(options, bound, key, higher)
-    sure = (_how_sure(base, options, variants[::SEEDS], option_sets, verdict, bound, key, value, higher, ranges,
+    sure = (_how_sure(base, options, variants[::SEEDS], verdict, bound, key, value, higher, ranges,
                       jobs) if ranges is not None else {"robust": None})
     rule = _rule_text(verdict, bound, given, hz, higher)
     rec = verdict["option"]
@@ -393,7 +393,7 @@ def _option_runs(res: dict[str, Any], kernel: str, base: str, keys: dict[str, st
     """Each option as the kernel's rules resolve it on this host (the policy a PCI device gets, a note and the
     explain command when that is not the option asked for, untrusted devices' policy), and its runs at SEEDS
     seeds from `seed`, option by option."""
-    options, variants, option_sets = [], [], []
+    options, variants = [], []
     for name, words in OPTIONS:
         cmd = _cmdline(res.get("cmdline") or "", words)
         rules = _rules(res, kernel, cmd)
@@ -407,10 +407,9 @@ def _option_runs(res: dict[str, Any], kernel: str, base: str, keys: dict[str, st
             opt["untrusted"] = untrusted["policy"]
         options.append(opt)
         own = {**keys, "os.policy": toml_value(opt["policy"]), "os.cmdline": toml_value(cmd)}
-        option_sets.append({**own, "run.seed": str(seed)})
         for i in range(SEEDS):
             variants += load(base, {**own, "run.seed": str(seed + i)}, raw_strings=True)
-    return options, variants, option_sets
+    return options, variants
 
 
 def _fill(opt: dict[str, Any], runs: list[RunResult], key: str, kind: str, value: Any) -> None:
@@ -445,12 +444,12 @@ RANGED = {"throughput_gbps": "throughput_gbps", "packets_per_sec": "iops", "late
           "cpu_busy": "cpu_busy", "safety.window.p99_us": "exposure_p99_us"}
 
 
-def _how_sure(base: str, options: list[dict[str, Any]], firsts: list, option_sets: list[dict[str, str]],
+def _how_sure(base: str, options: list[dict[str, Any]], firsts: list,
               verdict: dict[str, Any], bound: float, key: str, value: Any, higher: bool, n: int,
               jobs: int | None) -> dict[str, Any]:
     """Each option ranged over `n` sampled machines, the rule applied to each, and whether the verdict holds on
     ROBUST_SHARE of them; where not, the constant that decides it, where it flips and how to measure it."""
-    summaries = ranged(base, None, n, None, True, jobs, bases=firsts, base_sets=option_sets, screen=False)
+    summaries = ranged(base, None, n, None, True, jobs, bases=firsts, screen=False)
     for o, s in zip(options, summaries):
         o["ranges"] = {RANGED[f]: p for f, p in s["ranges"].items() if f in RANGED}
     fill = _sampled(key, value)

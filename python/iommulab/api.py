@@ -80,6 +80,21 @@ def load(scenario: str | os.PathLike | Mapping[str, Any] | None = None, override
     return _core.load(kind, source, override_pairs(overrides, raw_strings), name)
 
 
+def resolved(v: _core.Variant) -> dict[str, Any]:
+    """A variant's scenario as a dict that loads back into that variant alone (its profile named, every key as
+    merged, no [compare]): the base of a variant with more keys set, whatever axes or profiles its scenario's
+    other variants have. Its profile's provenance ([sources], [ranges]) is left to the profile."""
+    def clean(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: clean(y) for k, y in x.items() if y is not None}
+        return [clean(y) for y in x] if isinstance(x, list) else x
+    d = clean(json.loads(v.scenario_json()))
+    for k in ("sources", "ranges"):
+        d["platform"].pop(k, None)
+    d.pop("provenance", None)
+    return d
+
+
 class RunResult:
     """The result of one run. Every key of :meth:`to_dict` is also an attribute."""
 

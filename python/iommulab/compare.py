@@ -24,15 +24,13 @@ def compare(scenario: Any = None, sets: Mapping[str, Any] | None = None, policie
             ranges: int | None = None) -> list[RunResult]:
     """Run the scenario once per policy (per remaining compared value), on up to `jobs` threads; `ranges`: each
     run ranged over that many samples of its profile's ranged constants (docs/ranges.md)."""
-    variants, names, per = [], [], []
+    variants, names = [], []
     for p in policies or POLICIES:
-        own = {**(sets or {}), "os.policy": p}
-        vs = load(scenario, own, raw_strings=raw_strings)
+        vs = load(scenario, {**(sets or {}), "os.policy": p}, raw_strings=raw_strings)
         variants += vs
-        per += [own] * len(vs)
         names += [" ".join([p] + [f"{k.rsplit('.', 1)[-1]}={x}" for k, x in v.overrides]) for v in vs]
     if ranges is not None:
-        docs = ranged(scenario, sets, ranges, progress, raw_strings, jobs, bases=variants, base_sets=per)
+        docs = ranged(scenario, sets, ranges, progress, raw_strings, jobs, bases=variants)
         results = [with_ranges(d) for d in docs]
     else:
         results = run_variants(variants, progress, jobs)

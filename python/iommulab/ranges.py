@@ -16,7 +16,7 @@ import statistics
 from typing import Any, Mapping
 
 from ._core import ScenarioError
-from .api import ProgressFn, load, override_pairs, run_variants, toml_value
+from .api import ProgressFn, load, resolved, run_variants, toml_value
 from .report import duration, wrap
 from .sensitivity import constants
 
@@ -133,18 +133,15 @@ def check_samples(n: Any) -> int:
 
 def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int = DEFAULT_SAMPLES,
            progress: ProgressFn | None = None, raw_strings: bool = False, jobs: int | None = None,
-           bases: list | None = None, base_sets: list[Mapping[str, Any]] | None = None,
-           screen: bool = True) -> list[dict[str, Any]]:
+           bases: list | None = None, screen: bool = True) -> list[dict[str, Any]]:
     """Each run of the scenario, ranged: per run its point figures, their p5/p50/p95 over `n` samples of the
     profile's ranged constants, and the constants that drive the spread. Deterministic in (scenario, seed, n),
-    whatever `jobs`. `bases`: the scenario's variants, already loaded with `sets` (or, `base_sets`, each with
-    its own). `screen` False: no screen (no constant named as driving a figure)."""
+    whatever `jobs`. `bases`: the runs, already loaded (each sample is its run's scenario with the sample's keys
+    set: `api.resolved`). `screen` False: no screen (no constant named as driving a figure)."""
     n = check_samples(n)
     sets = dict(sets or {})
     bases = bases if bases is not None else load(scenario, sets, raw_strings=raw_strings)
-    base_sets = base_sets if base_sets is not None else [sets] * len(bases)
-    runs = [_prepare(b, {**dict(override_pairs(bs, raw_strings)), **dict(b.overrides)}) for b, bs in
-            zip(bases, base_sets)]
+    runs = [_prepare(b) for b in bases]
     if not screen:
         for run in runs:
             run["groups"] = []
@@ -193,9 +190,9 @@ def _moves(run: dict[str, Any], d: Mapping[str, Any]) -> bool:
     return any(rel(f) > MIN_SWING for f, _ in run["figures"])
 
 
-def _prepare(b, pinned: Mapping[str, Any]) -> dict[str, Any]:
-    """A run to range: its scenario, the keys the user pinned, its ranged constants (by name) in groups of
-    GROUP, and `at(key, u)`: the constant at quantile u of its range."""
+def _prepare(b) -> dict[str, Any]:
+    """A run to range: its scenario (and as a dict its samples load from: `api.resolved`), its ranged constants
+    (by name) in groups of GROUP, and `at(key, u)`: the constant at quantile u of its range."""
     sc = json.loads(b.scenario_json())
     plat = sc["platform"]
     ranges = plat.get("ranges") or {}
@@ -204,7 +201,7 @@ def _prepare(b, pinned: Mapping[str, Any]) -> dict[str, Any]:
 
     def at(k: str, u: float) -> Any:
         return scaled_to(plat, k, consts[k], _at(u, *bounds(consts[k], ranges[k])))
-    return {"label": b.label, "variant": b, "scenario": sc, "pinned": pinned, "keys": keys, "at": at,
+    return {"label": b.label, "variant": b, "scenario": sc, "resolved": resolved(b), "keys": keys, "at": at,
             "groups": [keys[i:i + GROUP] for i in range(0, len(keys), GROUP)],
             "exact": sorted(k for k in consts if k not in ranges)}
 
@@ -237,8 +234,8 @@ def _variant(scenario: Any, run: dict[str, Any], values: Mapping[str, Any], scre
     """The run's variant with `values` (dotted platform keys) set (`screen`: on the screen's shorter window)."""
     window = {"run.duration_ms": toml_value(screen_ms(run["scenario"]["run"]["duration_ms"]))} if screen else {}
     try:
-        [v] = load(scenario, {**run["pinned"], **window,
-                              **{f"platform.{k}": toml_value(x) for k, x in values.items()}}, raw_strings=True)
+        [v] = load(run["resolved"], {**window, **{f"platform.{k}": toml_value(x) for k, x in values.items()}},
+                   raw_strings=True)
     except ScenarioError as e:
         raise ScenarioError(f"run `{run['label']}`: a sample within the profile's ranges is not a valid "
                             f"scenario ({e}); narrow the range that allows it") from None

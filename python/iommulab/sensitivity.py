@@ -12,7 +12,7 @@ import math
 from typing import Any, Mapping
 
 from . import __version__
-from .api import ProgressFn, load, override_pairs, run_variants, toml_value
+from .api import ProgressFn, load, resolved, run_variants, toml_value
 from ._core import ScenarioError
 from .report import EXPOSED_LEGEND, fit, left, legend, right, set_lines, wrap
 
@@ -105,8 +105,9 @@ def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, fac
     todo, slots = [], []
     runs = []
     for b in bases:
-        # Every key as TOML text: the user's (as `raw_strings` says they are given) and the variant's own.
-        pinned = {**dict(override_pairs(sets, raw_strings)), **dict(b.overrides)}
+        # Each scaled run is this run's own scenario with one key set (whatever axes or profiles the scenario's
+        # other runs have).
+        base = resolved(b)
         sc = json.loads(b.scenario_json())
         sources = sc["platform"].get("sources") or {}
         run = {"label": b.label, "profile": sc["platform"]["profile"], "constants": []}
@@ -119,7 +120,7 @@ def sensitivity(scenario: Any = None, sets: Mapping[str, Any] | None = None, fac
             for f in factors:
                 try:
                     v = scaled(value, f)
-                    [var] = load(scenario, {**pinned, f"platform.{key}": toml_value(v)}, raw_strings=True)
+                    [var] = load(base, {f"platform.{key}": toml_value(v)}, raw_strings=True)
                 except ScenarioError as e:
                     c["scaled"].append({"factor": f, "value": v, "invalid": str(e)})
                     continue

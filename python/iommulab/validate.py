@@ -306,7 +306,7 @@ def intervals(chosen: list[Target], sets: dict[str, Any], n: int, jobs: int | No
         for i in range(n):
             r = Runner(sets, 1, jobs)
             for run in t.runs:
-                prep = _prepare(r._variant(t, run, {**t.runs[run], **sets}), {})
+                prep = _prepare(r._variant(t, run, {**t.runs[run], **sets}))
                 seed = prep["scenario"]["run"]["seed"]
                 sample = {f"platform.{k}": prep["at"](k, lhs_column(seed, k, n)[i]) for k in prep["keys"]}
                 r.sets_for[run] = sample
