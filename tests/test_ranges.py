@@ -121,6 +121,11 @@ def test_a_sample_size_out_of_bounds_is_one_line(n):
     assert p.returncode == 2 and "--ranges" in p.stderr and "Traceback" not in p.stderr
 
 
+def test_ranges_with_the_invalidation_log_is_refused_in_one_line():
+    assert "drop --ranges or --inv-log" in one_line_error(cli("run", "--ranges", "--inv-log", *SHORT))
+    assert "--ranges" in one_line_error(cli("advise", "--root", METAL, "--ranges", "3"))
+
+
 TREES = pathlib.Path(__file__).parent / "data/inspect"
 METAL = str(TREES / "edited/vtd-metal-strict.tar.gz")
 

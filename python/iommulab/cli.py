@@ -388,6 +388,8 @@ def _cmd_run(a: argparse.Namespace) -> int:
     if a.inv_log is not None:
         if a.json:
             raise ScenarioError("--inv-log prints dmar.c-style text lines, not JSON: drop --json or --inv-log")
+        if a.ranges is not None:
+            raise ScenarioError("--inv-log prints one run's counters, not a ranged run's: drop --ranges or --inv-log")
         if not (a.inv_log >= INV_LOG_MIN_MS and math.isfinite(a.inv_log)):
             raise ScenarioError(f"--inv-log {a.inv_log:g}: expected a window of at least {INV_LOG_MIN_MS:g} ms")
         for v in variants:
