@@ -234,3 +234,21 @@ def test_a_scenario_whose_runs_name_other_profiles_ranges_each_run_on_its_own():
     for r in runs:
         p = r["ranges"]["packets_per_sec"]
         assert p["p5"] <= p["p50"] <= p["p95"]
+
+
+def test_a_ranged_sweep_writes_each_runs_interval_and_resumes(tmp_path):
+    import iommulab
+
+    f = tmp_path / "s.toml"
+    f.write_text('scenario = "nvme"\nranges = 8\n[set]\n"run.duration_ms" = 2\n"run.warmup_ms" = 1\n'
+                 '[axes]\n"os.policy" = ["strict", "lazy"]\n')
+    df = iommulab.sweep(f, out=tmp_path / "o", jobs=2)
+    assert df.height == 2
+    for row in df.to_dicts():
+        assert row["ranges.packets_per_sec.p5"] <= row["ranges.packets_per_sec.p50"] <= row["ranges.packets_per_sec.p95"]
+        assert row["range_samples"] == 8 and isinstance(json.loads(row["driven_by"]), list)  # lists as JSON text
+    p = cli("sweep", str(f), "--out", str(tmp_path / "o"), "--no-progress", check_rc=0)
+    assert "2 were already there" in p.stderr
+    assert "drop ranges or --ray" in one_line_error(cli("sweep", str(f), "--ray", "--no-progress"))
+    f.write_text(f.read_text().replace("ranges = 8", "ranges = 3"))
+    assert "ranges: expected a number of samples" in one_line_error(cli("sweep", str(f), "--no-progress"))

@@ -13,6 +13,9 @@ A sweep file names a base scenario and axes::
     [derived]                                  # optional: columns computed from others (SQL expressions)
     gbps_per_cpu = "throughput_gbps / cpu_busy"
 
+With ``ranges = N`` each run is ranged (docs/ranges.md): its row gains ``ranges.FIGURE.p5/p50/p95`` and
+``driven_by`` (the run and its samples then go one run at a time, the samples on every core).
+
 Each run is one row of the dataset (dataset.py): the axes as columns (named by their keys), every scalar result
 flattened (``safety.window.p99_us``), the run's seed, ``scenario_hash`` (of the fully resolved scenario) and
 ``iommulab_version``. Runs are loaded one at a time as workers free up, so memory does not grow with the
@@ -32,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from . import __version__, _core
 from ._core import ScenarioError
+from .ranges import MAX_SAMPLES, MIN_SAMPLES, check_samples, ranged, with_ranges
 from .api import TICK_SECONDS, ProgressFn, check_jobs, override_pairs, run_each, run_one, scenario_source
 from .api import load as load_scenario
 from .inputs import shown, toml_text
@@ -57,11 +61,14 @@ class Sweep:
     derived: dict[str, str] = field(default_factory=dict)
     description: str = ""
     where: str = "sweep"
+    # Each run ranged over this many samples of its profile's ranged constants (None: one point).
+    ranges: int | None = None
 
     def spec(self) -> dict[str, Any]:
         """What the dataset records about the sweep (sweep.json)."""
         return {"scenario": self.scenario, "description": self.description, "seeds": self.seeds, "set": self.sets,
-                "axes": self.axes, "derived": self.derived, "iommulab_version": __version__}
+                "axes": self.axes, "derived": self.derived, "iommulab_version": __version__,
+                **({"ranges": self.ranges} if self.ranges is not None else {})}
 
     def points(self) -> int:
         return math.prod(len(v) for v in self.axes.values())
@@ -133,10 +140,17 @@ def _at_most(w: str, steps: float) -> None:
 
 def parse(doc: Mapping[str, Any], where: str = "sweep", base_dir: str | None = None) -> Sweep:
     """A sweep from its TOML document (a dict); `base_dir` resolves a relative scenario path."""
-    unknown = set(doc) - {"scenario", "description", "seeds", "set", "axes", "derived"}
+    unknown = set(doc) - {"scenario", "description", "seeds", "set", "axes", "derived", "ranges"}
     if unknown:
         raise ScenarioError(f"{where}: unknown key {sorted(map(str, unknown))[0]!r} (expected scenario, "
-                            "description, seeds, set, axes, derived)")
+                            "description, seeds, set, axes, derived, ranges)")
+    ranges = doc.get("ranges")
+    if ranges is not None:
+        try:
+            check_samples(ranges)
+        except ScenarioError:
+            raise ScenarioError(f"{where}: ranges: expected a number of samples from {MIN_SAMPLES} to "
+                                f"{MAX_SAMPLES}, got {_short(ranges)}") from None
     if "scenario" not in doc:
         raise ScenarioError(f'{where}: missing key "scenario" (a built-in name or a scenario file)')
     sc = _scenario(where, doc["scenario"], base_dir)
@@ -163,7 +177,7 @@ def parse(doc: Mapping[str, Any], where: str = "sweep", base_dir: str | None = N
             raise ScenarioError(f"{where}: derived.{printable(k)}: expected an SQL expression string, got {_short(e)}")
         derived_expr(where, k, e)
     return Sweep(scenario=sc, axes=axes, sets=dict(sets), seeds=seeds, derived=dict(derived),
-                 description=str(doc.get("description", "")), where=where)
+                 description=str(doc.get("description", "")), where=where, ranges=ranges)
 
 
 def _scenario(where: str, sc: Any, base_dir: str | None) -> Any:
@@ -436,6 +450,9 @@ def sweep(sw: Sweep | str | os.PathLike | Mapping[str, Any], out: str | os.PathL
     if jobs is not None:
         check_jobs(jobs)
     if ray:
+        if sw.ranges is not None:
+            raise ScenarioError(f"{sw.where}: ranges: a ranged sweep runs here (each run's samples on every core), "
+                                "not on Ray: drop ranges or --ray")
         _ray_module()
     variants = check(sw)
     total = sw.points() * sw.seeds * variants
@@ -490,6 +507,13 @@ def _sweep(sw: Sweep, numbering: Numbering, have: set[tuple[str, str]], writer: 
     try:
         if ray:
             _ray(sw, todo(), None if ray is True else str(ray), jobs, done, tick)
+        elif sw.ranges is not None:
+            for r in todo():
+                [summary] = ranged(None, None, sw.ranges, jobs=jobs, bases=[r.handle])
+                done(r, _ranged_row(with_ranges(summary).to_dict()))
+                if progress:
+                    progress(r.pos, total, r.label, 1.0)
+                tick()
         else:
             run_each(handles(), lambda k, res: done(queued.pop(k), res.to_dict()), step, jobs, total=total,
                      tick=tick)
@@ -504,6 +528,12 @@ def _sweep(sw: Sweep, numbering: Numbering, have: set[tuple[str, str]], writer: 
 
     df = frame(sorted(rows, key=lambda r: r["run"])) if rows else pl.DataFrame()
     return derive(df, sw.derived, sw.where) if rows else df
+
+
+def _ranged_row(result: dict[str, Any]) -> dict[str, Any]:
+    """A ranged run's result as a dataset row takes it: its ranges and the constants driving them (the per-figure
+    detail, `drivers`, stays with `run --ranges --json`)."""
+    return {k: v for k, v in result.items() if k != "drivers"}
 
 
 # The summary `sweep` prints: (column, header, format; None for an exposure).
