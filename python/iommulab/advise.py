@@ -439,9 +439,10 @@ def _sampled(key: str, value: Any) -> Callable[[dict[str, Any], RunResult], dict
     return fill
 
 
-# Each option's figures ranged, as advise names them: (the ranged run's figure, advise's).
-RANGED = {"throughput_gbps": "throughput_gbps", "packets_per_sec": "iops", "latency.p99_us": "latency_p99_us",
-          "cpu_busy": "cpu_busy", "safety.window.p99_us": "exposure_p99_us"}
+# Each option's figures ranged: the ranged run's figure -> (advise's key for it, its name in the text).
+RANGED = {"throughput_gbps": ("throughput_gbps", "Gbps"), "packets_per_sec": ("iops", "kIOPS"),
+          "latency.p99_us": ("latency_p99_us", "latency p99"), "cpu_busy": ("cpu_busy", "CPU busy"),
+          "safety.window.p99_us": ("exposure_p99_us", "exposure p99")}
 
 
 def _how_sure(base: str, options: list[dict[str, Any]], firsts: list,
@@ -451,7 +452,7 @@ def _how_sure(base: str, options: list[dict[str, Any]], firsts: list,
     ROBUST_SHARE of them; where not, the constant that decides it, where it flips and how to measure it."""
     summaries = ranged(base, None, n, None, True, jobs, bases=firsts, screen=False)
     for o, s in zip(options, summaries):
-        o["ranges"] = {RANGED[f]: p for f, p in s["ranges"].items() if f in RANGED}
+        o["ranges"] = {RANGED[f][0]: p for f, p in s["ranges"].items() if f in RANGED}
     fill = _sampled(key, value)
     name = lambda v: v["option"]["option"] if v["option"] else None
     point = name(verdict)
@@ -745,9 +746,7 @@ def _ranged_lines(doc: dict[str, Any]) -> list[str]:
     r = doc["recommendation"]
     if not r.get("samples"):
         return []
-    names = {"throughput_gbps": ("throughput_gbps", "Gbps"), "iops": ("packets_per_sec", "kIOPS"),
-             "latency_p99_us": ("latency.p99_us", "latency p99"), "cpu_busy": ("cpu_busy", "CPU busy"),
-             "exposure_p99_us": ("safety.window.p99_us", "exposure p99")}
+    names = {key: (fig, name) for fig, (key, name) in RANGED.items()}
     lines = ["", *wrap(f"over {r['samples']} sampled machines (the profile's ranged constants drawn at once; "
                        "median [5th – 95th percentile]; docs/ranges.md):")]
     for o in doc["options"]:

@@ -85,10 +85,14 @@ def _toml_or_str(text: str):
         return text
 
 
-def _runner_args(p: argparse.ArgumentParser) -> None:
-    """What every command that runs simulations takes: --jobs, --no-progress and --quiet."""
+def _jobs_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("-j", "--jobs", type=_jobs, default=None, metavar="N",
                    help="run up to N simulations at once (default: every CPU); results do not depend on it")
+
+
+def _runner_args(p: argparse.ArgumentParser) -> None:
+    """What every command that runs simulations takes: --jobs, --no-progress and --quiet."""
+    _jobs_arg(p)
     p.add_argument("--no-progress", action="store_true", help="never draw the progress bar")
     p.add_argument("--quiet", action="store_true",
                    help="print nothing on stderr but errors (no progress bar, no sweep notes)")
@@ -236,7 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "the verdict holds over them, and where not what decides it (docs/ranges.md)")
     ad.add_argument("--no-ranges", dest="ranges", action="store_const", const=None,
                     help="one point: the profile's values only")
-    ad.add_argument("--jobs", type=int, default=None, metavar="N", help="runs at once (default: every CPU)")
+    _jobs_arg(ad)
 
     cp = sub.add_parser("capture", help="record the kernel's iommu:map/unmap tracepoints into a trace replay reads",
                         description="Record iommu:map / iommu:unmap (and iommu:io_page_fault) through tracefs, with "
@@ -281,9 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--plot", metavar="FILE.html", help="also write an HTML report: model against published with "
                    "the tolerance bands, and the table (not overwritten without --force)")
     v.add_argument("--force", action="store_true", help="overwrite the --plot file if it exists")
-    v.add_argument("--ranges", nargs="?", const=DEFAULT_SAMPLES, type=int, default=None, metavar="N",
-                   help=f"also each target over N (default {DEFAULT_SAMPLES}) samples of its profile's ranged "
-                   "constants: whether the published figure lies in the model's 90%% interval, and how wide it is")
+    _ranges_arg(v, "also each target over N (default %(const)s) samples of its profile's ranged constants: whether "
+                "the published figure lies in the model's 90%% interval, and how wide it is")
     v.add_argument("--fail-on-miss", action="store_true", help="exit 1 when any target is outside its tolerance "
                    "(for CI); the table or JSON is printed first")
     _runner_args(v)
@@ -424,11 +427,13 @@ def _cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _ranges_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranges", nargs="?", const=DEFAULT_SAMPLES, type=int, default=None, metavar="N",
-                   help="also sample the profile's ranged constants N times (default "
-                   f"{DEFAULT_SAMPLES}) and give each headline figure its median and 90%% interval, with the "
-                   "constants that drive it (docs/ranges.md)")
+RANGES_HELP = ("also sample the profile's ranged constants N times (default %(const)s) and give each headline figure "
+               "its median and 90%% interval, with the constants that drive it (docs/ranges.md)")
+
+
+def _ranges_arg(p: argparse.ArgumentParser, help: str = RANGES_HELP) -> None:
+    """--ranges [N]: off by default, N = DEFAULT_SAMPLES when given alone."""
+    p.add_argument("--ranges", nargs="?", const=DEFAULT_SAMPLES, type=int, default=None, metavar="N", help=help)
 
 
 class _progress:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 from ._core import ScenarioError
 from .api import ProgressFn, load, resolved, run_variants, toml_value
 from .report import duration, wrap
-from .sensitivity import constants
+from .sensitivity import constants, scaled
 
 # The sample, by default: enough for a 90 % interval's ends to sit between the sample's first and second
 # (last and second-to-last) values, small enough for a ranged advise in seconds. A bound of the front end
@@ -71,12 +71,8 @@ def _set_sized(platform: Mapping[str, Any], key: str, v: Any) -> Any:
 
 
 def scaled_to(platform: Mapping[str, Any], key: str, value: Any, f: float) -> Any:
-    """`value` times factor `f`, integers rounded (and a cache's entries to whole sets)."""
-    def one(x):
-        y = x * f
-        return round(y) if isinstance(x, int) else y
-    v = [one(x) for x in value] if isinstance(value, list) else one(value)
-    return _set_sized(platform, key, v)
+    """`value` times factor `f` as sensitivity scales it (integers rounded), a cache's entries to whole sets."""
+    return _set_sized(platform, key, scaled(value, f))
 
 
 def lhs_column(seed: int, key: str, n: int) -> list[float]:
@@ -141,7 +137,7 @@ def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int =
     n = check_samples(n)
     sets = dict(sets or {})
     bases = bases if bases is not None else load(scenario, sets, raw_strings=raw_strings)
-    runs = [_prepare(b) for b in bases]
+    runs = [prepare(b) for b in bases]
     if not screen:
         for run in runs:
             run["groups"] = []
@@ -152,11 +148,11 @@ def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int =
     for run in runs:
         cols = {k: lhs_column(run["scenario"]["run"]["seed"], k, n) for k in run["keys"]}
         todo.append(run["variant"])
-        todo += [_variant(scenario, run, {k: run["at"](k, cols[k][i]) for k in run["keys"]}) for i in range(n)]
+        todo += [_variant(run, {k: run["at"](k, cols[k][i]) for k in run["keys"]}) for i in range(n)]
         if screen:
-            todo.append(_variant(scenario, run, {}, screen=True))
+            todo.append(_variant(run, {}, screen=True))
         for g in run["groups"]:
-            todo += [_variant(scenario, run, {k: run["at"](k, end) for k in g}, screen=True) for end in (0, 1)]
+            todo += [_variant(run, {k: run["at"](k, end) for k in g}, screen=True) for end in (0, 1)]
     res = iter(phases.run(todo, jobs))
     for run in runs:
         base = next(res).to_dict()
@@ -169,28 +165,31 @@ def ranged(scenario: Any = None, sets: Mapping[str, Any] | None = None, n: int =
         # moves changed a headline figure by more than MIN_SWING (one alone can only name a driver then).
         run["on_path"] = [k for g, e in ends if e != [run["screen"]] * 2 for k in g]
         run["candidates"] = [k for g, e in ends if any(_moves(run, d) for d in e) for k in g]
-    # 2. Each constant of a group that moved anything, alone at both ends of its range.
+    # 2. Each constant of a group that moved a headline figure, alone at both ends of its range.
     phases.expect(2 * sum(len(r["candidates"]) for r in runs))
-    todo = [_variant(scenario, run, {k: run["at"](k, end)}, screen=True) for run in runs for k in run["candidates"]
+    todo = [_variant(run, {k: run["at"](k, end)}, screen=True) for run in runs for k in run["candidates"]
             for end in (0, 1)]
     res = iter(phases.run(todo, jobs))
     for run in runs:
         run["swings"] = {k: (next(res).to_dict(), next(res).to_dict()) for k in run["candidates"]}
     out = [_summary(run, n) for run in runs]
     for o, run in zip(out, runs):
-        o["with"] = lambda values, run=run: _variant(scenario, run, values)
+        o["with"] = lambda values, run=run: _variant(run, values)
     return out
+
+
+def _change(run: dict[str, Any], d: Mapping[str, Any], f: str) -> float:
+    """A screening run's figure `f` relative to the screen's own point (infinite from a point of 0)."""
+    at = value(run["screen"], f)
+    return (value(d, f) - at) / abs(at) if at else (0.0 if value(d, f) == at else math.inf)
 
 
 def _moves(run: dict[str, Any], d: Mapping[str, Any]) -> bool:
     """Whether a screening run moved a headline figure by more than MIN_SWING from the screen's own point."""
-    def rel(f: str) -> float:
-        at = value(run["screen"], f)
-        return abs(value(d, f) - at) / abs(at) if at else float(value(d, f) != at)
-    return any(rel(f) > MIN_SWING for f, _ in run["figures"])
+    return any(abs(_change(run, d, f)) > MIN_SWING for f, _ in run["figures"])
 
 
-def _prepare(b) -> dict[str, Any]:
+def prepare(b) -> dict[str, Any]:
     """A run to range: its scenario (and as a dict its samples load from: `api.resolved`), its ranged constants
     (by name) in groups of GROUP, and `at(key, u)`: the constant at quantile u of its range."""
     sc = json.loads(b.scenario_json())
@@ -230,7 +229,7 @@ def screen_ms(duration_ms: float) -> float:
     return min(duration_ms, max(SCREEN_MIN_MS, duration_ms / SCREEN_SHARE))
 
 
-def _variant(scenario: Any, run: dict[str, Any], values: Mapping[str, Any], screen: bool = False):
+def _variant(run: dict[str, Any], values: Mapping[str, Any], screen: bool = False):
     """The run's variant with `values` (dotted platform keys) set (`screen`: on the screen's shorter window)."""
     window = {"run.duration_ms": toml_value(screen_ms(run["scenario"]["run"]["duration_ms"]))} if screen else {}
     try:
@@ -250,9 +249,8 @@ def _summary(run: dict[str, Any], n: int) -> dict[str, Any]:
     rng = {f: percentiles([value(d, f) for d in run["sampled"]]) for f, _ in figs}
     drivers: dict[str, list] = {}
     for f, _ in figs:
-        at = value(run["screen"], f)
-        rel = lambda d: (value(d, f) - at) / abs(at) if at else (0.0 if value(d, f) == at else math.inf)
-        named = [{"constant": k, "at_low": rel(lo), "at_high": rel(hi)} for k, (lo, hi) in run["swings"].items()]
+        named = [{"constant": k, "at_low": _change(run, lo, f), "at_high": _change(run, hi, f)}
+                 for k, (lo, hi) in run["swings"].items()]
         named = [x for x in named if max(abs(x["at_low"]), abs(x["at_high"])) > MIN_SWING]
         named.sort(key=lambda x: (-abs(x["at_high"] - x["at_low"]), x["constant"]))
         drivers[f] = named[:NAMED]
@@ -262,10 +260,6 @@ def _summary(run: dict[str, Any], n: int) -> dict[str, Any]:
             "point": run["point"], "ranges": rng, "driven_by": by[:NAMED], "drivers": drivers,
             "screen_ms": screen_ms(run["scenario"]["run"]["duration_ms"]), "result": run["base"],
             "keys": run["keys"], "sampled": run["sampled"], "at": run["at"], "seed": run["scenario"]["run"]["seed"]}
-
-
-def _ms(ms: float) -> str:
-    return f"{ms:g} ms"
 
 
 def _pct(x: float) -> str:
@@ -310,7 +304,7 @@ def format_ranges(scenario: Mapping[str, Any], results: list) -> list[str]:
     n = results[0].range_samples
     lines = [""] + wrap(f"ranges: point, then median [5th – 95th percentile] over {n} samples of the profile's "
                         "ranged constants; driven by: the constants that move the figure most, alone at their "
-                        f"range's ends (on a {_ms(results[0].range_screen_ms)} window; docs/ranges.md)", "  ")
+                        f"range's ends (on a {results[0].range_screen_ms:g} ms window; docs/ranges.md)", "  ")
     for r in results:
         d = r.to_dict()
         lines.append(f"{r.label}  ({r.ranged_constants} ranged constants, {r.ranged_on_path} on its path)")

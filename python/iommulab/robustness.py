@@ -71,7 +71,7 @@ def deciding(summary: dict[str, Any], n: int, flipped: list[bool]) -> tuple[str,
     return (best[1], best[0] > 0.5) if best and best[0] != 0.5 else None
 
 
-def point_quantile(summary: dict[str, Any], key: str, value: float, r: dict[str, Any]) -> float:
+def point_quantile(value: float, r: dict[str, Any]) -> float:
     """Where a constant's profile value sits in its range, as the sampler's quantile (log scale)."""
     a, b = bounds(value, r)
     return math.log(1 / a) / math.log(b / a) if a > 0 and b > a else 0.5
@@ -84,7 +84,7 @@ def flip_value(summaries: list[dict[str, Any]], key: str, high: bool, verdict_of
     `point`, found by bisection between its profile value and the end of its range it flips towards, and what
     the verdict is there; None when the end alone does not flip it."""
     s0 = summaries[0]
-    lo = point_quantile(s0, key, consts[key], ranges[key])
+    lo = point_quantile(consts[key], ranges[key])
     hi = 1.0 if high else 0.0
 
     def verdict(u: float) -> str | None:

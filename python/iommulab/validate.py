@@ -17,6 +17,7 @@ from . import _core
 from ._core import ScenarioError
 from .api import ProgressFn, load, run_variants, toml_value
 from .inputs import toml_text
+from .ranges import check_samples, lhs_column, percentiles, prepare
 from .report import fit, left, legend, right, wrap
 
 TARGETS_FILE = "targets.toml"
@@ -298,18 +299,19 @@ def intervals(chosen: list[Target], sets: dict[str, Any], n: int, jobs: int | No
     """Per target, its value over `n` samples of its runs' profile's ranged constants (docs/ranges.md: each
     constant's draws seeded by its name, so a target's runs share each sample's machine), at the scenario's own
     seed: the 90 % interval, whether the published figure lies in it, and its width relative to its median."""
-    from .ranges import check_samples, _prepare, lhs_column
-
     n = check_samples(n)
     runners, todo = [], {}
     for t in chosen:
+        # Each run's ranged constants and their columns of draws, once: sample i of every run is row i.
+        draws = {}
+        for run in t.runs:
+            prep = prepare(Runner(sets, 1)._variant(t, run, {**t.runs[run], **sets}))
+            seed = prep["scenario"]["run"]["seed"]
+            draws[run] = (prep, {k: lhs_column(seed, k, n) for k in prep["keys"]})
         for i in range(n):
             r = Runner(sets, 1, jobs)
-            for run in t.runs:
-                prep = _prepare(r._variant(t, run, {**t.runs[run], **sets}))
-                seed = prep["scenario"]["run"]["seed"]
-                sample = {f"platform.{k}": prep["at"](k, lhs_column(seed, k, n)[i]) for k in prep["keys"]}
-                r.sets_for[run] = sample
+            r.sets_for = {run: {f"platform.{k}": prep["at"](k, cols[k][i]) for k in prep["keys"]}
+                          for run, (prep, cols) in draws.items()}
             runners.append((t, r))
             for run in t.runs:
                 ck, keys = r._keys(t, run, 0)
@@ -319,7 +321,7 @@ def intervals(chosen: list[Target], sets: dict[str, Any], n: int, jobs: int | No
     out = []
     for k, t in enumerate(chosen):
         vals = [r.value(t) for _, r in runners[k * n:(k + 1) * n]]
-        p = _pct(vals)
+        p = percentiles(vals)
         # Relative to the median; none where the median is 0 and the interval is not (no scale to read it on).
         width = ((p["p95"] - p["p5"]) / abs(p["p50"]) if p["p50"] else 0.0 if p["p95"] == p["p5"] else None)
         out.append({"interval": [float(f"{p['p5']:.7g}"), float(f"{p['p95']:.7g}")], "median": float(f"{p['p50']:.7g}"),
@@ -327,12 +329,6 @@ def intervals(chosen: list[Target], sets: dict[str, Any], n: int, jobs: int | No
                     "interval_width": None if width is None else round(width, 4),
                     "informative": width is not None and width / 2 <= INFORMATIVE, "range_samples": n})
     return out
-
-
-def _pct(vals: list[float]) -> dict[str, float]:
-    from .ranges import percentiles
-
-    return percentiles(vals)
 
 
 def format_validate(rows: list[dict[str, Any]]) -> str:

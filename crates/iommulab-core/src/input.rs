@@ -159,19 +159,35 @@ pub fn set_path(
     Ok(())
 }
 
-/// Whether `path` names a value (not a table) in `table`.
-pub fn has_path(table: &toml::Table, path: &[String]) -> bool {
-    let Some((last, parents)) = path.split_last() else {
-        return false;
-    };
+/// What `path` names in `table` (a value or a table), if anything.
+pub fn get_path<'a>(table: &'a toml::Table, path: &[String]) -> Option<&'a toml::Value> {
+    let (last, parents) = path.split_last()?;
     let mut cur = table;
     for seg in parents {
-        match cur.get(seg).and_then(|v| v.as_table()) {
-            Some(t) => cur = t,
-            None => return false,
-        }
+        cur = cur.get(seg)?.as_table()?;
     }
-    cur.get(last).is_some_and(|v| !v.is_table())
+    cur.get(last)
+}
+
+/// Whether `path` names a value (not a table) in `table`.
+pub fn has_path(table: &toml::Table, path: &[String]) -> bool {
+    get_path(table, path).is_some_and(|v| !v.is_table())
+}
+
+/// `table[key]` as a table: None when it is absent, an error at `key` saying what was `expected` when it is
+/// something else.
+pub fn optional_table<'a>(
+    table: &'a toml::Table,
+    key: &str,
+    expected: &str,
+) -> Result<Option<&'a toml::Table>, (Vec<String>, String)> {
+    match table.get(key) {
+        None => Ok(None),
+        Some(v) => v
+            .as_table()
+            .map(Some)
+            .ok_or_else(|| (vec![key.to_string()], expected.to_string())),
+    }
 }
 
 /// Remove `path` from `table` if present (empty parents are left in place).

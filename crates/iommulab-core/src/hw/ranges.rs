@@ -5,6 +5,7 @@
 //! Ranges belong to a profile's constants: a scenario neither sets nor narrows one, and a key a scenario
 //! (or `--set`, or a `[compare]` axis) sets is the user's value, known, and loses its range.
 
+use crate::input;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -39,31 +40,13 @@ fn numbers(v: &toml::Value) -> Option<Vec<f64>> {
     }
 }
 
-/// The value at dotted `key` in a profile table.
-fn lookup<'a>(profile: &'a toml::Table, key: &str) -> Option<&'a toml::Value> {
-    let mut parts = key.split('.').peekable();
-    let mut cur = profile;
-    while let Some(seg) = parts.next() {
-        let v = cur.get(seg)?;
-        if parts.peek().is_none() {
-            return Some(v);
-        }
-        cur = v.as_table()?;
-    }
-    None
-}
-
 /// Check a profile's `[ranges]` against its own values: each names a number (or a list of numbers) the
 /// profile sets, has one form, and holds the value. Err: the key path under the profile and what was expected.
 pub fn check(profile: &toml::Table) -> Result<(), (Vec<String>, String)> {
-    let Some(ranges) = profile.get("ranges") else {
+    let expected =
+        "expected a table of `\"section.key\" = { low, high, why }` or `{ factor = [a, b], why }`";
+    let Some(ranges) = input::optional_table(profile, "ranges", expected)? else {
         return Ok(());
-    };
-    let Some(ranges) = ranges.as_table() else {
-        return Err((
-            vec!["ranges".into()],
-            "expected a table of `\"section.key\" = { low, high, why }` or `{ factor = [a, b], why }`".into(),
-        ));
     };
     for (key, v) in ranges {
         let at = vec!["ranges".to_string(), key.clone()];
@@ -71,8 +54,10 @@ pub fn check(profile: &toml::Table) -> Result<(), (Vec<String>, String)> {
             .clone()
             .try_into()
             .map_err(|e: toml::de::Error| (at.clone(), format!("{}", e.message())))?;
-        let Some(vals) = lookup(profile, key)
-            .filter(|_| key != "ranges")
+        let Some(vals) = input::split_key(key)
+            .ok()
+            .filter(|path| path[0] != "ranges")
+            .and_then(|path| input::get_path(profile, &path))
             .and_then(numbers)
         else {
             return Err((at, format!("`{key}` is not a number the profile sets")));

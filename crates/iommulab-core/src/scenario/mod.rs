@@ -169,14 +169,9 @@ pub const PROVENANCE_KINDS: &[&str] = &["source", "assumed", "fitted"];
 
 /// Every `[provenance]` key names a setting the scenario holds, and every value starts with its kind.
 fn check_provenance(table: &toml::Table) -> Result<(), (Vec<String>, String)> {
-    let Some(prov) = table.get("provenance") else {
+    let expected = "expected a table of `\"dotted.key\" = \"source|assumed|fitted: why\"`";
+    let Some(prov) = input::optional_table(table, "provenance", expected)? else {
         return Ok(());
-    };
-    let Some(prov) = prov.as_table() else {
-        return Err((
-            vec!["provenance".into()],
-            "expected a table of `\"dotted.key\" = \"source|assumed|fitted: why\"`".into(),
-        ));
     };
     for (k, v) in prov {
         let at = vec!["provenance".to_string(), k.clone()];
