@@ -170,8 +170,8 @@ def exposure_legend(which: str = "p99", what: str = "99th percentile") -> tuple[
 EXPOSED_LEGEND = ("exposed", "share of unmapped pages given back to their owner before an invalidation covering "
                   f"them completed ({ALL})")
 LIMITED_BY_LEGEND = ("limited by", "the resource that bound the run (line, link, emulator, device_thread, bql, "
-                     "iommu.queue, lock:NAME, iommu.translation, cpu.WHERE; else the workload's own: senders, "
-                     "offered_load, queue_depth; docs/model.md \"What binds a run\")")
+                     "iommu.queue, lock:NAME, iommu.translation, cpu.WHERE, swiotlb.full; else the workload's own: "
+                     "senders, offered_load, queue_depth; docs/model.md \"What binds a run\")")
 BY_TYPE_LEGEND = ("inv/s by type", "the IOMMU's own invalidation commands per second")
 
 
@@ -369,6 +369,31 @@ def _vm_exits(results: list, lw: int) -> list[str]:
     return ["", "guest exits to the hypervisor:"] + out if out else []
 
 
+def _swiotlb(results: list, lw: int) -> list[str]:
+    """Each bouncing run's swiotlb: bounces and bytes copied, the pool and its high-water mark, the maps that
+    found it full and what the driver did with them."""
+    out = []
+    for r in results:
+        sw = getattr(r, "swiotlb", None)
+        if not sw:
+            continue
+        secs = max(r.sim_seconds, 1e-12)
+        pool_mib = sw["pool_slots"] * 2 / 1024
+        hw = sw["high_water_slots"]
+        drops = getattr(r, "drops", None) or {}
+        failed = (f"buffer full {sw['full_events']} times"
+                  + (f" ({sw['too_large']} larger than a segment)" if sw["too_large"] else "")
+                  + (f", {drops.get('dma_map', 0)} packets dropped" if drops.get("dma_map") else "")
+                  + (f", {drops.get('requeued', 0)} I/Os requeued" if drops.get("requeued") else ""))
+        grown = (f" · grew: {sw['transient_pools']} transient pools, {sw['pools_added']} pools added"
+                 if sw["transient_pools"] or sw["pools_added"] else "")
+        out += labelled(r.label, lw, (
+            f"{sw['bounces'] / secs / 1e3:.1f}k bounces/s, {sw['bounced_gbps']:.1f} Gbit/s copied · pool "
+            f"{pool_mib:g} MiB, high water {hw} slots ({hw / max(1, sw['pool_slots']) * 100:.1f}%) · "
+            f"{failed}{grown}"))
+    return ["", "bounce buffers (swiotlb; a slot is 2 KiB, the high water since the start):"] + out if out else []
+
+
 def render(columns: list, results: list, lw: int) -> list[str]:
     """The table of `columns` (header, width, formatter), one row per run, in blocks that fit the width (`fit`):
     columns of width w right-aligned in at least w; those of width 0 (text such as ``limited by``) left-aligned
@@ -448,6 +473,7 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
     lines += cpu_time_lines(results, lw)
     lines += _contention(results, lw)
     lines += _vm_exits(results, lw)
+    lines += _swiotlb(results, lw)
     warnings = warning_lines(results)
     if warnings:
         lines += [""] + warnings

@@ -258,6 +258,50 @@ impl Host {
         r
     }
 
+    /// dma_map_page() of `bytes` at byte `offset` of page `phys_pfn`, direction `dir`, for a device of
+    /// domain `d`: (DMA pfn, pages, release time). Where dma-direct bounces (swiotlb), a copy in its pool.
+    pub fn dma_map_dir_in(
+        &mut self,
+        d: usize,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        offset: u64,
+        bytes: u64,
+        dir: crate::scenario::MapDir,
+    ) -> Option<(u64, u64, Time)> {
+        let r = self.lend(d).map_dir(now, cpu, phys_pfn, offset, bytes, dir);
+        self.take_timer_request();
+        r
+    }
+
+    /// [`Host::dma_map_dir_in`] for the first domain's device.
+    pub fn dma_map_dir(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        offset: u64,
+        bytes: u64,
+        dir: crate::scenario::MapDir,
+    ) -> Option<(u64, u64, Time)> {
+        self.dma_map_dir_in(0, now, cpu, phys_pfn, offset, bytes, dir)
+    }
+
+    /// dma_alloc_coherent()'s mapping of `pages` at `phys_pfn` (a ring, a descriptor table): (DMA pfn,
+    /// release time). Never bounced; a confidential guest converts the pages to shared.
+    pub fn dma_alloc_coherent(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        pages: u64,
+    ) -> Option<(u64, Time)> {
+        let r = self.lend(0).alloc_coherent(now, cpu, phys_pfn, pages);
+        self.take_timer_request();
+        r
+    }
+
     /// dma_unmap_page() for a device of domain `d`.
     pub fn dma_unmap_in(
         &mut self,

@@ -15,6 +15,7 @@ pub mod locality;
 pub mod passthrough;
 pub mod safety;
 pub mod strict;
+pub mod swiotlb;
 pub mod xsmmu;
 
 use crate::hw::{DomainId, Iommu, IotlbGather, Translation};
@@ -388,6 +389,12 @@ pub struct DmaLayer {
     pub policy: Box<dyn DmaPolicy>,
     /// A malicious device replaying the IOVAs it saw (off unless the scenario asks).
     pub attack: Option<attack::Replay>,
+    /// The device's streaming mappings bounce through swiotlb (dma-direct with `is_swiotlb_force_bounce`:
+    /// a confidential guest, `swiotlb=force`); None: they map as the policy says.
+    pub swiotlb: Option<swiotlb::Swiotlb>,
+    /// Converting a coherent buffer's pages from private to shared (set_memory_decrypted), per 4 KiB page
+    /// (a confidential guest only).
+    pub decrypt_page_ns: u64,
 }
 
 /// What every unmap of a layer does around `policy`'s: the malicious device learns the ranges, and pages the
@@ -442,9 +449,99 @@ impl DmaLayer {
             core,
             policy,
             attack: None,
+            swiotlb: None,
+            decrypt_page_ns: 0,
         }
     }
+    /// Whether a streaming mapping bounces: dma-direct (an identity domain or no IOMMU) with swiotlb forced.
+    fn bounces(&self) -> bool {
+        self.swiotlb.is_some() && !self.policy.translated()
+    }
+    /// dma_map_page() of `bytes` at byte `offset` of page `phys_pfn` for direction `dir`: (DMA pfn, pages,
+    /// release time). Through the policy, or bounced through swiotlb (swiotlb_map) where dma-direct
+    /// bounces; None when it failed (no IOVA space; "swiotlb buffer is full").
+    pub fn map_dir(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        offset: u64,
+        bytes: u64,
+        dir: crate::scenario::MapDir,
+    ) -> Option<(u64, u64, Time)> {
+        if !self.bounces() {
+            return self.map_buf(now, cpu, phys_pfn, offset, bytes);
+        }
+        self.bounce(now, cpu, offset, bytes, dir)
+    }
+    /// swiotlb_map(): a copy of the buffer in the pool's slots.
+    fn bounce(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        offset: u64,
+        bytes: u64,
+        dir: crate::scenario::MapDir,
+    ) -> Option<(u64, u64, Time)> {
+        let sw = self.swiotlb.as_mut().expect("bounces");
+        let t0 = now + self.core.costs.dma_direct_op_ns;
+        match sw.map(t0, cpu, offset, bytes, dir) {
+            Ok((dma, slots, t)) => {
+                let st = &mut self.core.stats;
+                st.maps += 1;
+                st.pages_mapped += crate::hw::pages_spanned(offset, bytes);
+                st.cpu_ns += t - now;
+                // The copy in overwrites what earlier mappings left in these slots.
+                self.core.safety.invalidated(Some((dma, dma + slots - 1)), t);
+                Some((dma, crate::hw::pages_spanned(offset, bytes), t))
+            }
+            Err((_, t)) => {
+                self.core.stats.map_failures += 1;
+                self.core.stats.cpu_ns += t - now;
+                None
+            }
+        }
+    }
+    /// dma_alloc_coherent()'s mapping of `pages` at `phys_pfn` (rings, descriptors): not bounced; in a
+    /// confidential guest dma-direct converts them to shared first (dma_set_decrypted), and the device
+    /// reaches them at their physical address. Elsewhere mapped as the policy says.
+    pub fn alloc_coherent(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        pages: u64,
+    ) -> Option<(u64, Time)> {
+        if !self.bounces() {
+            return self.map_policy(now, cpu, phys_pfn, pages);
+        }
+        let t = now + self.core.costs.dma_direct_op_ns + pages * self.decrypt_page_ns;
+        self.core.stats.maps += 1;
+        self.core.stats.pages_mapped += pages;
+        self.core.stats.cpu_ns += t - now;
+        Some((phys_pfn, t))
+    }
+    /// swiotlb_tbl_unmap_single() of a bounced mapping: the copy back for a device-written buffer, the slots
+    /// freed. Their data stays in shared memory, reachable, until a later mapping overwrites it. None if
+    /// `dma` is no bounce slot (a coherent buffer's address).
+    fn unbounce(&mut self, now: Time, cpu: usize, dma: u64) -> Option<Time> {
+        let sw = self.swiotlb.as_mut()?;
+        let (t, slots) = sw.unmap(now + self.core.costs.dma_direct_op_ns, cpu, dma)?;
+        self.core.stats.unmaps += 1;
+        self.core.safety.unmapped(dma, slots, t);
+        self.core.safety.released(dma, t);
+        Some(t)
+    }
+    /// dma_map_page() of whole pages, both directions (a bounced one copies them in and back).
     pub fn map(&mut self, now: Time, cpu: usize, phys_pfn: u64, pages: u64) -> Option<(u64, Time)> {
+        if self.bounces() {
+            let bytes = pages * crate::hw::PAGE_SIZE;
+            let r = self.bounce(now, cpu, 0, bytes, crate::scenario::MapDir::Bidirectional);
+            return r.map(|(dma, _, t)| (dma, t));
+        }
+        self.map_policy(now, cpu, phys_pfn, pages)
+    }
+    fn map_policy(&mut self, now: Time, cpu: usize, phys_pfn: u64, pages: u64) -> Option<(u64, Time)> {
         let r = self.policy.map(&mut self.core, now, cpu, phys_pfn, pages);
         if let Some((iova, t)) = r {
             self.core.stats.cpu_ns += t - now;
@@ -464,8 +561,11 @@ impl DmaLayer {
         offset: u64,
         bytes: u64,
     ) -> Option<(u64, u64, Time)> {
+        if self.bounces() {
+            return self.bounce(now, cpu, offset, bytes, crate::scenario::MapDir::Bidirectional);
+        }
         let pages = crate::hw::pages_spanned(offset, bytes);
-        let (iova, t) = self.map(now, cpu, phys_pfn, pages)?;
+        let (iova, t) = self.map_policy(now, cpu, phys_pfn, pages)?;
         if self.policy.translated() {
             self.core.shared_buffer(iova, pages, bytes, t);
         }
@@ -487,6 +587,14 @@ impl DmaLayer {
     }
     /// The segments `(iova, pages)` of one completed descriptor (one segment: a plain dma_unmap).
     pub fn unmap_desc(&mut self, now: Time, cpu: usize, segs: &[(u64, u64)]) -> Time {
+        if self.bounces() {
+            let t = segs.iter().fold(now, |t, &(dma, pages)| match self.unbounce(t, cpu, dma) {
+                Some(t) => t,
+                None => self.policy.unmap(&mut self.core, t, cpu, dma, pages),
+            });
+            self.core.stats.cpu_ns += t - now;
+            return t;
+        }
         unmap_by(
             self.policy.as_mut(),
             &mut self.core,
@@ -583,6 +691,8 @@ pub(crate) mod tests {
             memset_ns_per_byte: 0.0,
             pgtable_walk_ns: 0,
             pgtable_map_ns: 0,
+            swiotlb_op_ns: 0,
+            swiotlb_slot_ns: 0,
         }
     }
 

@@ -191,6 +191,16 @@ impl SafetyLog {
             .sum()
     }
 
+    /// Per page released at or before `now` and not yet covered: how long it has been exposed so far (a
+    /// lower bound of its window).
+    pub fn open_windows(&self, now: Time) -> Histogram {
+        let mut h = Histogram::default();
+        for e in self.open.values().filter(|e| e.exposed_at(now)) {
+            h.record_n(now - e.released_at.expect("exposed: released"), e.pages);
+        }
+        h
+    }
+
     /// Whether the page at `pfn` belongs to a range released at or before `now` and not yet covered by a
     /// completed invalidation (reaching it reaches memory its owner may have given to someone else).
     pub fn released_unflushed(&self, pfn: u64, now: Time) -> bool {

@@ -205,6 +205,15 @@ pub struct KvmProfile {
     /// vtd_iotlb_page_invalidate and domain invalidation: g_hash_table_foreach_remove with its callback).
     #[serde(default = "default_iotlb_scan_ns")]
     pub qemu_iotlb_scan_ns: u64,
+    /// A confidential guest converting one 4 KiB page of a coherent buffer from private to shared
+    /// (set_memory_decrypted: the page-state change through the hypervisor or firmware, the page-table
+    /// update and TLB flush).
+    #[serde(default = "default_coco_share_page_ns")]
+    pub coco_share_page_ns: u64,
+    /// A confidential guest's bounce copy between private and shared memory, relative to a plain copy
+    /// (`cpu.copy_ns_per_byte`): what memory encryption adds to it.
+    #[serde(default = "default_coco_copy_factor")]
+    pub coco_copy_factor: f64,
 }
 
 /// The QEMU of the testbed (Debian 12's 7.2), whose traces the emulator's counts are held to.
@@ -213,6 +222,27 @@ pub const DEFAULT_QEMU: &str = "7.2";
 /// The estimate the built-in host profiles give (their [sources]).
 fn default_iotlb_scan_ns() -> u64 {
     10
+}
+fn default_coco_share_page_ns() -> u64 {
+    vtd_server::COCO_SHARE_PAGE_NS
+}
+fn default_coco_copy_factor() -> f64 {
+    vtd_server::COCO_COPY_FACTOR
+}
+fn default_swiotlb_op_ns() -> u64 {
+    vtd_server::SWIOTLB_OP_NS
+}
+fn default_swiotlb_slot_ns() -> u64 {
+    vtd_server::SWIOTLB_SLOT_NS
+}
+
+/// The built-in vtd-server's values of keys a host profile written before them may leave out (its
+/// [sources] say where each comes from).
+mod vtd_server {
+    pub const COCO_SHARE_PAGE_NS: u64 = 4000;
+    pub const COCO_COPY_FACTOR: f64 = 1.0;
+    pub const SWIOTLB_OP_NS: u64 = 100;
+    pub const SWIOTLB_SLOT_NS: u64 = 2;
 }
 
 /// vtd-server's (a host profile written before these keys takes them): see its [sources].
@@ -352,6 +382,13 @@ pub struct CpuProfile {
     pub nvme_complete_ns: u64,
     /// memset() of a buffer, per byte (the DMA map benchmark fills its buffer before each map).
     pub memset_ns_per_byte: f64,
+    /// swiotlb_map() and swiotlb_tbl_map_single() without the slot search and the copy (the checks, the
+    /// area lock, the bookkeeping); as much again for the release (kernel/dma/swiotlb.c).
+    #[serde(default = "default_swiotlb_op_ns")]
+    pub swiotlb_op_ns: u64,
+    /// One swiotlb slot looked at by the search or written by the allocation or the release.
+    #[serde(default = "default_swiotlb_slot_ns")]
+    pub swiotlb_slot_ns: u64,
 }
 impl CpuProfile {
     /// What moving a line between two of these cores costs.

@@ -152,6 +152,12 @@ pub fn limited_by(u: &Utilisation, cpu: &CpuBreakdown, open: OpenLimit) -> Strin
     open.as_str().into()
 }
 
+/// Whether a bounce pool that was full bound the run: neither line nor link reached, and at least one map
+/// in a hundred found no slots (`full` of `tries`): the driver dropped or requeued what it could not map.
+pub fn pool_full(u: &Utilisation, full: u64, tries: u64) -> bool {
+    u.line < RATE_REACHED && u.link < RATE_REACHED && full > 0 && full * 100 >= tries
+}
+
 /// Warnings about a window of `dt` ns too short to read: fewer than MIN_EVENTS_PER_CPU of the workload's
 /// events (packets, I/Os, requests, map loops) per CPU, or a policy timer of `timer_period_ns` that fired
 /// fewer than MIN_TIMER_PERIODS times.

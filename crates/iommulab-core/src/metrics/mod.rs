@@ -10,6 +10,7 @@ use crate::dma::safety::SafetyStats;
 use crate::dma::DmaStats;
 use crate::hw::emul::{EmulatorWork, ExitCause, ExitStats};
 use crate::hw::{InvClass, InvKind, IommuCounters};
+use crate::sim::hist::Histogram;
 use crate::sim::LockStats;
 use crate::workload::OpenLimit;
 pub use crate::workload::RxPageCache;
@@ -38,6 +39,9 @@ pub struct Snapshot {
     pub safety: SafetyStats,
     /// Pages released and not yet covered by a completed invalidation, at `time`.
     pub exposed_open: u64,
+    /// Where data outlives its mapping until something overwrites it (swiotlb's slots): those pages' time
+    /// exposed so far, at `time`.
+    pub open_windows: Option<Histogram>,
     /// The malicious device's counts, when one runs.
     pub attack: Option<AttackStats>,
     /// Walk-cache reuse of the IOVAs handed out, and of the device's data-page accesses.
@@ -45,6 +49,8 @@ pub struct Snapshot {
     pub dma_reuse: ReuseCounts,
     /// An emulated IOMMU's exits to the hypervisor (a guest platform only).
     pub exits: Option<ExitStats>,
+    /// swiotlb's counts, where the device's DMA bounces.
+    pub swiotlb: Option<crate::dma::swiotlb::SwiotlbStats>,
 }
 
 /// What an emulated IOMMU cost a guest: its exits to the hypervisor.
@@ -168,6 +174,10 @@ impl Serialize for Invalidations {
 pub struct Drops {
     pub ring: u64,
     pub device: u64,
+    /// Dropped by the driver because their DMA mapping failed (no IOVA space, the bounce pool full).
+    pub dma_map: u64,
+    /// Block I/Os requeued because their mapping failed (not lost: blk-mq retries them).
+    pub requeued: u64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -192,6 +202,32 @@ pub struct Attack {
     pub reached_unmapped: u64,
     pub reached_unmapped_bytes: u64,
     pub reached_released: u64,
+}
+
+/// Bounce buffering through swiotlb (dma::swiotlb), in the window; the pool's sizes and high-water mark
+/// over the whole run, as debugfs keeps them.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Swiotlb {
+    /// swiotlb_map() calls (the `swiotlb_bounced` tracepoint), and the bytes copied in and back.
+    pub bounces: u64,
+    pub bounced_bytes: u64,
+    /// Copies made, and their rate of bytes (Gbit/s).
+    pub copies: u64,
+    pub bounced_gbps: f64,
+    /// Maps that found no room ("swiotlb buffer is full"), those larger than a segment among them.
+    pub full_events: u64,
+    pub too_large: u64,
+    /// The most slots in use at once since the start (io_tlb_used_hiwater), and the pool's slots
+    /// (io_tlb_nslabs, with any pools dynamic growth added), each 2 KiB.
+    pub high_water_slots: u64,
+    pub pool_slots: u64,
+    /// Slots in use when the run ended (io_tlb_used).
+    pub used_slots: u64,
+    /// CONFIG_SWIOTLB_DYNAMIC: transient pools made in the window and pools the background worker added.
+    pub transient_pools: u64,
+    pub pools_added: u64,
+    /// Slots the searches looked at, per map.
+    pub slots_searched_per_map: f64,
 }
 
 /// How long freed pages stayed reachable by the device (dma::safety).
@@ -451,6 +487,9 @@ pub struct RunResult {
     /// Malicious-device replay counts (only with `attack.replay_per_sec`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attack: Option<Attack>,
+    /// Bounce buffering (only where the device's DMA bounces through swiotlb).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swiotlb: Option<Swiotlb>,
     /// A guest's exits to the hypervisor (only on a platform with `[hypervisor]`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vm_exits: Option<VmExits>,
@@ -560,6 +599,7 @@ impl RunResult {
         self.unmap_latency_us.get_or_insert_with(Default::default);
         self.map_benchmark.get_or_insert_with(Default::default);
         self.attack.get_or_insert_with(Default::default);
+        self.swiotlb.get_or_insert_with(Default::default);
         self.vm_exits.get_or_insert_with(Default::default);
         self.emulator.get_or_insert_with(Default::default);
         self.rx_cache_reuse_slack
@@ -702,7 +742,13 @@ impl RunResult {
                 bql: vm_exits.as_ref().map_or(0.0, |v| v.bql_busy),
             }
         };
-        let limited_by = limits::limited_by(&utilisation, &cpu_breakdown, info.open_limit);
+        let mut limited_by = limits::limited_by(&utilisation, &cpu_breakdown, info.open_limit);
+        if let (Some(x), Some(y)) = (&a.swiotlb, &b.swiotlb) {
+            let (full, tries) = (y.full_events - x.full_events, y.bounces - x.bounces);
+            if limits::pool_full(&utilisation, full, tries) {
+                limited_by = "swiotlb.full".into();
+            }
+        }
         let warnings = limits::warnings(
             wl(|w| w.packets_delivered),
             b.cpus.len() as u64,
@@ -761,6 +807,8 @@ impl RunResult {
             drops: Drops {
                 ring: wl(|w| w.drops_ring),
                 device: wl(|w| w.drops_device),
+                dma_map: wl(|w| w.drops_map),
+                requeued: wl(|w| w.requeued),
             },
             window_limited_share: r6(ratio(
                 wl(|w| w.window_closed),
@@ -790,15 +838,24 @@ impl RunResult {
                 info.walk_cache_entries,
             ),
             safety: {
-                let settled = b.safety.pages_settled - a.safety.pages_settled;
-                let exposed = b.safety.pages_exposed - a.safety.pages_exposed;
+                let mut settled = b.safety.pages_settled - a.safety.pages_settled;
+                let mut exposed = b.safety.pages_exposed - a.safety.pages_exposed;
+                let mut window = b.safety.window.since(&a.safety.window);
+                // Bounce slots keep their data until reused, which a large pool may not do within the
+                // window: what is still readable counts too, exposed until the end (a lower bound).
+                if let Some(open) = &b.open_windows {
+                    settled += b.exposed_open;
+                    exposed += b.exposed_open;
+                    window.add(open);
+                }
                 Safety {
-                    protected: info.translated,
+                    // A bounced device reaches only the shared pool, never the buffers themselves.
+                    protected: info.translated || b.swiotlb.is_some(),
                     pages_settled: settled,
                     pages_exposed: exposed,
                     exposed_share: r6(ratio(exposed, settled)),
                     pages_exposed_at_end: b.exposed_open,
-                    window: b.safety.window.since(&a.safety.window).latency(r6),
+                    window: window.latency(r6),
                     sub_page: {
                         let h = b.safety.subpage_bytes.since(&a.safety.subpage_bytes);
                         let byte_ns = b.safety.subpage_byte_ns - a.safety.subpage_byte_ns;
@@ -833,6 +890,25 @@ impl RunResult {
                     map_ns_mean: r6(ratio(m.sum_map_ns, m.loops)),
                     unmap_ns_mean: r6(ratio(m.sum_unmap_ns, m.loops)),
                 }),
+            swiotlb: b.swiotlb.as_ref().map(|y| {
+                let x = a.swiotlb.clone().unwrap_or_default();
+                let bytes = y.bounced_bytes - x.bounced_bytes;
+                let maps = (y.bounces - x.bounces) - (y.full_events - x.full_events);
+                Swiotlb {
+                    bounces: y.bounces - x.bounces,
+                    bounced_bytes: bytes,
+                    copies: y.copies - x.copies,
+                    bounced_gbps: r6(bytes as f64 * 8.0 / secs / 1e9),
+                    full_events: y.full_events - x.full_events,
+                    too_large: y.too_large - x.too_large,
+                    high_water_slots: y.high_water_slots,
+                    pool_slots: y.pool_slots,
+                    used_slots: y.used_slots,
+                    transient_pools: y.transient_pools - x.transient_pools,
+                    pools_added: y.pools_added - x.pools_added,
+                    slots_searched_per_map: r6(ratio(y.slots_searched - x.slots_searched, maps)),
+                }
+            }),
             attack: b.attack.as_ref().map(|y| {
                 let x = a.attack.clone().unwrap_or_default();
                 let unmapped = y.reached_unmapped - x.reached_unmapped;

@@ -55,6 +55,14 @@ impl MapDir {
             MapDir::FromDevice => "FROM_DEVICE",
         }
     }
+    /// The device reads the buffer (enum dma_data_direction: DMA_TO_DEVICE or DMA_BIDIRECTIONAL).
+    pub fn to_device(self) -> bool {
+        self != MapDir::FromDevice
+    }
+    /// The device writes the buffer (DMA_FROM_DEVICE or DMA_BIDIRECTIONAL).
+    pub fn from_device(self) -> bool {
+        self != MapDir::ToDevice
+    }
 }
 
 fn one() -> u32 {

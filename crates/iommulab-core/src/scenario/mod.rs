@@ -58,6 +58,7 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
         include_str!("../../data/scenarios/guest-dpdk.toml"),
     ),
     ("nested", include_str!("../../data/scenarios/nested.toml")),
+    ("coco-net", include_str!("../../data/scenarios/coco-net.toml")),
     ("tx", include_str!("../../data/scenarios/tx.toml")),
     ("rr", include_str!("../../data/scenarios/rr.toml")),
 ];
@@ -637,6 +638,105 @@ impl Scenario {
         if let Some(mb) = &w.dma_map_benchmark {
             mb.validate(cpu.cores, cpu.socket_cores, self.run.warmup_ms)?;
         }
+        self.validate_swiotlb(guest, kernel)
+    }
+
+    /// `os.coco` and `[os.swiotlb]`: a confidential guest is a guest of its architecture and kernels, with no
+    /// vIOMMU; the pool's options are the kernel's.
+    fn validate_swiotlb(&self, guest: bool, kernel: (u32, u32)) -> Result<(), (Vec<String>, String)> {
+        let coco = self.os.coco;
+        if let Some(arch) = coco.arch() {
+            let name = coco.as_str();
+            check(
+                guest,
+                "os.coco",
+                format!(
+                    "expected a guest platform (a profile with [hypervisor], e.g. virtio-guest): a {name} \
+                     guest runs under a hypervisor; profile {} is bare metal",
+                    self.platform.profile
+                ),
+            )?;
+            check(
+                self.os.arch == arch,
+                "os.coco",
+                format!("expected os.arch = \"{}\" for a {name} guest", arch.as_str()),
+            )?;
+            let f = coco.first_kernel();
+            check(
+                kernel >= f,
+                "os.coco",
+                format!(
+                    "expected kernel {}.{} or later for a {name} guest (os.kernel is {}.{})",
+                    f.0, f.1, kernel.0, kernel.1
+                ),
+            )?;
+            check(
+                self.os.policy == PolicyName::Passthrough,
+                "os.coco",
+                format!(
+                    "expected os.policy = \"passthrough\" (a guest without a vIOMMU): through an IOMMU \
+                     the device would be handed private pages it cannot read, and dma-iommu bounces \
+                     only untrusted devices (dev_use_swiotlb); os.policy is \"{}\"",
+                    self.os.policy.as_str()
+                ),
+            )?;
+        }
+        let sw = &self.os.swiotlb;
+        let w = &self.workload;
+        check(
+            !sw.force || matches!(self.os.policy, PolicyName::Passthrough | PolicyName::Auto),
+            "os.swiotlb.force",
+            format!(
+                "expected os.policy = \"passthrough\": swiotlb=force bounces dma-direct's mappings, and \
+                 dma-iommu bounces only untrusted devices (dev_use_swiotlb); os.policy is \"{}\"",
+                self.os.policy.as_str()
+            ),
+        )?;
+        if coco != Coco::None || sw.force {
+            check(
+                w.l2fwd.is_none(),
+                "workload.l2fwd",
+                "expected a kernel driver's workload where DMA bounces: DPDK's l2fwd maps its mempool \
+                 through VFIO, not the DMA API swiotlb serves",
+            )?;
+            if let Some(n) = &w.nvme {
+                check(
+                    n.same_bridge || n.drives == 1,
+                    "workload.nvme.same_bridge",
+                    "expected one IOMMU group where DMA bounces: the model gives each domain's device a \
+                     swiotlb pool, where the kernel's drives share its one pool",
+                )?;
+                check(
+                    n.bs_kb <= 252,
+                    "workload.nvme.bs_kb",
+                    format!(
+                        "expected at most 252 KiB where DMA bounces: nvme limits its I/O to \
+                         dma_max_mapping_size() (swiotlb_max_mapping_size, a 256 KiB segment less the \
+                         4 KiB min_align_mask), so the block layer splits larger ones, which the model \
+                         does not; bs_kb is {}",
+                        n.bs_kb
+                    ),
+                )?;
+            }
+        }
+        check(
+            sw.slabs.is_none_or(|n| (1..=1 << 22).contains(&n)),
+            "os.swiotlb.slabs",
+            "expected 1 to 4194304 slots of 2 KiB (8 GiB)",
+        )?;
+        check(
+            sw.areas <= 1024,
+            "os.swiotlb.areas",
+            "expected 0 (one per CPU) to 1024 areas",
+        )?;
+        check(
+            !sw.dynamic || kernel >= (6, 6),
+            "os.swiotlb.dynamic",
+            format!(
+                "expected kernel 6.6 or later: CONFIG_SWIOTLB_DYNAMIC came in 6.6 (os.kernel is {}.{})",
+                kernel.0, kernel.1
+            ),
+        )?;
         Ok(())
     }
 }
@@ -723,6 +823,8 @@ pub(crate) mod tests {
             vfio_unmap_page_ns: 100,
             nested_inv_ns: 3000,
             qemu_iotlb_scan_ns: 10,
+            coco_share_page_ns: 4000,
+            coco_copy_factor: 1.0,
         }
     }
 

@@ -75,6 +75,113 @@ pub struct Os {
     /// preempt it (`sim::sched`). Default: the kernel's 1 ms scaled by 1 + log2(min(cores, 8)).
     #[serde(default)]
     pub sched_wakeup_granularity_us: Option<u32>,
+    /// A confidential guest's technology: its private memory is closed to devices, so every streaming DMA
+    /// mapping bounces through swiotlb (force_dma_unencrypted) and coherent buffers are converted to shared.
+    #[serde(default)]
+    pub coco: Coco,
+    /// swiotlb's pool and options (`swiotlb=` on the command line, the kernel's config).
+    #[serde(default)]
+    pub swiotlb: SwiotlbOpts,
+}
+
+/// `os.coco`: the confidential-computing technology a guest runs under.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Coco {
+    /// An ordinary guest or host.
+    #[default]
+    None,
+    /// AMD SEV-SNP (x86): private pages encrypted with the guest's key, shared ones with the C-bit clear.
+    SevSnp,
+    /// Intel TDX (x86): private memory of a trust domain; shared pages through MapGPA.
+    Tdx,
+    /// Arm CCA realm (arm64): protected IPA space; shared through the RSI.
+    Cca,
+    /// pKVM protected VM (arm64): memory donated to the guest; shared through pKVM's hypercalls.
+    Pkvm,
+}
+
+impl Coco {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Coco::None => "none",
+            Coco::SevSnp => "sev-snp",
+            Coco::Tdx => "tdx",
+            Coco::Cca => "cca",
+            Coco::Pkvm => "pkvm",
+        }
+    }
+    /// The architecture its guests run on.
+    pub fn arch(self) -> Option<Arch> {
+        match self {
+            Coco::None => None,
+            Coco::SevSnp | Coco::Tdx => Some(Arch::X86_64),
+            Coco::Cca | Coco::Pkvm => Some(Arch::Arm64),
+        }
+    }
+    /// The first kernel whose guests run under it (docs/swiotlb.md).
+    pub fn first_kernel(self) -> (u32, u32) {
+        match self {
+            Coco::None => KERNEL_OLDEST,
+            // "x86/sev: Add SEV-SNP guest support" and "x86/tdx: ..." guest series, both 5.19.
+            Coco::SevSnp | Coco::Tdx => (5, 19),
+            // "arm64: Enforce bounce buffers for realm DMA" (fbf979a01375, 6.13).
+            Coco::Cca => (6, 13),
+            // "drivers/virt: pkvm: Add initial support for running as a protected guest" (arm64, 6.12).
+            Coco::Pkvm => (6, 12),
+        }
+    }
+    /// The architecture enlarges swiotlb's pool for it: x86's mem_encrypt_setup_arch (SEV and TDX guests),
+    /// 6 % of memory within [64 MiB, 1 GiB].
+    pub fn sizes_swiotlb(self) -> bool {
+        matches!(self, Coco::SevSnp | Coco::Tdx)
+    }
+    /// Its devices bounce through a restricted-dma-pool of their own (a device-tree reserved-memory node,
+    /// rmem_swiotlb_device_init: one area) rather than the default pool: a pKVM protected guest, whose
+    /// force_dma_unencrypted() is false.
+    pub fn restricted_pool(self) -> bool {
+        self == Coco::Pkvm
+    }
+}
+
+/// `[os.swiotlb]`: the bounce-buffer pool (kernel/dma/swiotlb.c) and who bounces.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SwiotlbOpts {
+    /// `swiotlb=<slabs>`: the pool's 2 KiB slots (rounded up to a segment of 128). Left out: 64 MiB
+    /// (32768), or in an x86 confidential guest 6 % of its memory within [64 MiB, 1 GiB].
+    #[serde(default)]
+    pub slabs: Option<u64>,
+    /// `swiotlb=<slabs>,<areas>`: areas, each with its own lock (6.0+). 0: one per CPU.
+    #[serde(default)]
+    pub areas: u32,
+    /// `swiotlb=force`: every dma-direct mapping bounces.
+    #[serde(default)]
+    pub force: bool,
+    /// CONFIG_SWIOTLB_DYNAMIC (6.6+): grow the pool instead of failing when it is full. Off in Debian's
+    /// configs.
+    #[serde(default)]
+    pub dynamic: bool,
+    /// CONFIG_DEBUG_FS (on in Debian's configs): every map and unmap updates the pool's used-slots
+    /// counters, one line all CPUs write.
+    #[serde(default = "default_true")]
+    pub debugfs: bool,
+}
+
+impl Default for SwiotlbOpts {
+    fn default() -> Self {
+        SwiotlbOpts {
+            slabs: None,
+            areas: 0,
+            force: false,
+            dynamic: false,
+            debugfs: true,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
 }
 fn default_kernel() -> String {
     "6.12".into()

@@ -25,7 +25,8 @@ impl DescRing {
     ) -> Option<(Self, Time)> {
         let pages = (entries * entry_bytes).div_ceil(PAGE).max(1);
         let phys = host.pages.alloc_contiguous(pages)?;
-        let (dma, t) = host.dma_map(t, cpu, phys, pages)?;
+        // A ring the device and driver share: dma_alloc_coherent, never bounced.
+        let (dma, t) = host.dma_alloc_coherent(t, cpu, phys, pages)?;
         Some((
             DescRing {
                 dma,

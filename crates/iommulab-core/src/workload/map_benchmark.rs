@@ -124,7 +124,9 @@ impl MapBenchmarkWorkload {
             return;
         }
         let start = now + self.fill_ns;
-        let Some((dma, t)) = host.dma_map(start, cpu, phys, self.pages()) else {
+        let bytes = self.pages() * PAGE_SIZE;
+        let mapped = host.dma_map_dir(start, cpu, phys, 0, bytes, self.cfg.dma_dir);
+        let Some((dma, _, t)) = mapped else {
             self.sums.map_failures += 1;
             host.cpus[cpu].account(now, start);
             return;

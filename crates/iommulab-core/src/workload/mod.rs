@@ -123,6 +123,11 @@ pub struct WorkloadStats {
     pub loss_recoveries: u64,
     /// Dropped because the device's buffer overflowed waiting for DMA (translation or link bound).
     pub drops_device: u64,
+    /// Packets the driver dropped because their DMA mapping failed (no IOVA space; "swiotlb buffer is
+    /// full"): virtio-net's start_xmit counts tx_dropped, mlx5's a dropped send.
+    pub drops_map: u64,
+    /// Block I/Os whose mapping failed and that blk-mq requeued (BLK_STS_RESOURCE).
+    pub requeued: u64,
     /// 4 KiB pages written by the device.
     pub dma_pages: u64,
     /// Pages that entered the page pool (allocated and DMA-mapped) and left it (DMA-unmapped and freed).

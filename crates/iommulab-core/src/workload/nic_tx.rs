@@ -150,7 +150,7 @@ impl NicTxWorkload {
         let t = now + copy_ns + cpu_cfg.tx_packet_ns;
         let (ok, t) = self.map_skb(host, f, cpu, t);
         if !ok {
-            self.stats.drops_device += 1;
+            self.stats.drops_map += 1;
             host.cpus[cpu].account(now, t);
             self.flows[f].scheduled = true;
             host.schedule(t + MAP_RETRY_NS, event(EV_SEND, f));

@@ -11,6 +11,7 @@
 
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
+use crate::scenario::MapDir;
 use crate::hw::PAGE_SIZE as PAGE;
 use crate::scenario::{Nvme, NvmeRw};
 use crate::sim::{Ctx, Path, Time};
@@ -73,8 +74,18 @@ impl NvmeWorkload {
     fn submit(&mut self, host: &mut Host, s: usize, t: Time) -> Time {
         let (cpu, phys) = (self.slots[s].cpu, self.slots[s].phys);
         let t = t + host.platform.cpu.nvme_submit_ns;
-        let Some((dma, t)) = host.dma_map_in(self.dom(s), t, cpu, phys, self.pages) else {
-            // IOVA space exhausted: fio retries after the I/Os in flight complete.
+        // nvme_map_data → dma_map_sg: the drive writes a read's pages and reads a write's.
+        let dir = if self.reads() {
+            MapDir::FromDevice
+        } else {
+            MapDir::ToDevice
+        };
+        let bytes = self.pages * PAGE;
+        let mapped = host.dma_map_dir_in(self.dom(s), t, cpu, phys, 0, bytes, dir);
+        let Some((dma, _, t)) = mapped else {
+            // IOVA space exhausted or the bounce pool full: nvme_queue_rq returns BLK_STS_RESOURCE and
+            // blk-mq requeues the request after the I/Os in flight complete.
+            self.stats.requeued += 1;
             host.schedule(t + self.latency_ns.max(1), event(EV_SUBMIT, s));
             return t;
         };

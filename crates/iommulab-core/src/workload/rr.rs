@@ -222,7 +222,7 @@ impl RrWorkload {
         let (ok, t) = self.map_response(host, q, bytes, t);
         host.cpus[cpu].account(now, t);
         if !ok {
-            self.stats.drops_device += 1;
+            self.stats.drops_map += 1;
             host.schedule(t + MAP_RETRY_NS, event(EV_SERVE, q));
             return;
         }

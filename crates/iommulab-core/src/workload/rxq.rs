@@ -6,6 +6,7 @@ use super::desc_ring::DescRing;
 use super::sq::{CQE_BYTES, DS_BYTES};
 use super::Device;
 use crate::host::Host;
+use crate::scenario::MapDir;
 use crate::sim::{Path, Time};
 use std::collections::VecDeque;
 
@@ -25,7 +26,7 @@ impl<T> KeptRxRing<T> {
         let mut pages = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let phys = host.pages.alloc()?;
-            let (dma, t2) = host.dma_map(t, cpu, phys, 1)?;
+            let (dma, _, t2) = host.dma_map_dir(t, cpu, phys, 0, crate::hw::PAGE_SIZE, MapDir::FromDevice)?;
             t = t2;
             pages.push(dma);
         }

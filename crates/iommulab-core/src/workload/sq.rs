@@ -6,6 +6,7 @@
 use super::desc_ring::DescRing;
 use super::Device;
 use crate::host::Host;
+use crate::scenario::MapDir;
 use crate::hw::PAGE_SIZE as PAGE;
 use crate::sim::{Path, Time};
 use std::collections::VecDeque;
@@ -88,7 +89,7 @@ impl HeadSlab {
     pub fn map(&mut self, host: &mut Host, cpu: usize, t: Time, bytes: u64) -> Option<(Seg, Time)> {
         let phys = self.base + (self.used / HEADS_PER_PAGE) % HEAD_SLAB_PAGES;
         let offset = (self.used % HEADS_PER_PAGE) * (PAGE / HEADS_PER_PAGE);
-        let (dma, pages, t) = host.dma_map_buf(t, cpu, phys, offset, bytes)?;
+        let (dma, pages, t) = host.dma_map_dir(t, cpu, phys, offset, bytes, MapDir::ToDevice)?;
         self.used += 1;
         let seg = Seg {
             dma,
@@ -150,7 +151,7 @@ impl FragStream {
             let chunk = self.chunks[(pos / self.chunk_bytes) as usize];
             let offset = in_chunk % PAGE;
             let Some((dma, pages, t2)) =
-                host.dma_map_buf(t, cpu, chunk + in_chunk / PAGE, offset, n)
+                host.dma_map_dir(t, cpu, chunk + in_chunk / PAGE, offset, n, MapDir::ToDevice)
             else {
                 for s in segs.drain(first..) {
                     t = host.dma_unmap(t, cpu, s.dma, s.pages);

@@ -40,8 +40,8 @@ use super::vring::{Vring, DESC_BYTES};
 use super::{event, Workload, WorkloadStats};
 use crate::host::Host;
 use crate::hw::emul::ExitCause;
-use crate::hw::{pages_spanned, PAGE_SIZE as PAGE};
-use crate::scenario::{Direction, KvmProfile, VirtioNet};
+use crate::hw::PAGE_SIZE as PAGE;
+use crate::scenario::{Direction, KvmProfile, MapDir, VirtioNet};
 use crate::sim::{Ctx, Time};
 use std::collections::VecDeque;
 
@@ -75,6 +75,7 @@ const EV_TX_DONE: u16 = 4;
 const EV_READ: u16 = 5;
 const EV_PEER_ACK: u16 = 6;
 const EV_TSQ: u16 = 7;
+const EV_RETX: u16 = 8;
 
 /// A mapped guest buffer: (DMA pfn, pages).
 type Map = (u64, u64);
@@ -85,16 +86,6 @@ struct Frag {
     chunk: u64,
     off: u64,
     len: u64,
-}
-
-impl Frag {
-    /// The frag's pages: (first physical page, pages spanned).
-    fn pages(&self) -> (u64, u64) {
-        (
-            self.chunk + self.off / PAGE,
-            pages_spanned(self.off, self.len),
-        )
-    }
 }
 
 /// A page_frag (struct page_frag): chunks of FRAG_BYTES taken in turn, the current one and the offset
@@ -255,6 +246,8 @@ pub struct VirtioNetWorkload {
     unacked: u64,
     /// TX: the guest socket's bytes below TCP (TSQ) and whether the sender waits for completions.
     tsq_in_flight: u64,
+    /// Bytes of skbs the driver dropped (their mapping failed), sent again one RTT later.
+    retx: u64,
     /// TX: bytes sent and not yet acknowledged by the peer (at most the peer's receive window).
     tx_unacked: u64,
     sender_throttled: bool,
@@ -311,6 +304,7 @@ impl VirtioNetWorkload {
             read_scheduled: false,
             unacked: 0,
             tsq_in_flight: 0,
+            retx: 0,
             tx_unacked: 0,
             sender_throttled: false,
             corked: 0,
@@ -371,19 +365,22 @@ impl VirtioNetWorkload {
         (0..pages).fold(t, |t, p| self.translate(host, t, dma + p))
     }
 
-    /// virtqueue_add_split() of `pieces` (first page, pages): each mapped (vring_map_one_sg), and with more
-    /// than one an indirect table (a kmalloc'd page) mapped too. None when the IOVA space is exhausted.
+    /// virtqueue_add_split() of `pieces` (the buffers, in bytes) for `dir`: each mapped
+    /// (vring_map_one_sg), and with more than one an indirect table (a kmalloc'd page) mapped too, for the
+    /// device to read. None when the IOVA space or the bounce pool is exhausted.
     fn add_chain(
         &mut self,
         host: &mut Host,
         now: Time,
         cpu: usize,
-        pieces: &[(u64, u64)],
+        pieces: &[Frag],
+        dir: MapDir,
     ) -> Option<(Chain, Time)> {
         let mut t = now;
         let mut maps = Vec::with_capacity(pieces.len());
-        for &(phys, pages) in pieces {
-            let Some((dma, t2)) = host.dma_map(t, cpu, phys, pages) else {
+        for f in pieces {
+            let (phys, off) = (f.chunk + f.off / PAGE, f.off % PAGE);
+            let Some((dma, pages, t2)) = host.dma_map_dir(t, cpu, phys, off, f.len, dir) else {
                 break;
             };
             t = t2;
@@ -395,8 +392,10 @@ impl VirtioNetWorkload {
         let mut indirect = None;
         if maps.len() > 1 {
             let table = self.send_page();
-            let pages = pages_spanned(0, maps.len() as u64 * DESC_BYTES);
-            if let Some((dma, t2)) = host.dma_map(t, cpu, table, pages) {
+            let bytes = maps.len() as u64 * DESC_BYTES;
+            if let Some((dma, pages, t2)) =
+                host.dma_map_dir(t, cpu, table, 0, bytes, MapDir::ToDevice)
+            {
                 t = t2;
                 indirect = Some((dma, pages));
             }
@@ -770,11 +769,23 @@ impl VirtioNetWorkload {
             let first = self.rx_big_next;
             self.rx_big_next = (self.rx_big_next + BIG_PAGES) % self.rx_big_pages.len();
             let pages = &self.rx_big_pages[first..first + BIG_PAGES];
-            let pieces: Vec<(u64, u64)> = std::iter::once((pages[0], 1))
-                .chain(pages.iter().map(|&p| (p, 1)))
-                .collect();
+            // The header, then the data from the padded header's end of the first page on.
+            let piece = |p: u64, off: u64| Frag {
+                chunk: p,
+                off,
+                len: PAGE - off,
+            };
+            let pieces: Vec<Frag> = std::iter::once(Frag {
+                chunk: pages[0],
+                off: 0,
+                len: VNET_HDR_BYTES,
+            })
+            .chain(std::iter::once(piece(pages[0], PADDED_VNET_HDR_BYTES)))
+            .chain(pages[1..].iter().map(|&p| piece(p, 0)))
+            .collect();
             t += BIG_PAGES as u64 * host.platform.cpu.page_alloc_ns;
-            let Some((chain, t2)) = self.add_chain(host, t, cpu, &pieces) else {
+            let Some((chain, t2)) = self.add_chain(host, t, cpu, &pieces, MapDir::FromDevice)
+            else {
                 break;
             };
             t = t2;
@@ -799,7 +810,7 @@ impl VirtioNetWorkload {
                 len = self.rx_frag.room();
             }
             let f = self.rx_frag.take(len);
-            let Some((chain, t2)) = self.add_chain(host, t, cpu, &[f.pages()]) else {
+            let Some((chain, t2)) = self.add_chain(host, t, cpu, &[f], MapDir::FromDevice) else {
                 break;
             };
             t = t2;
@@ -822,12 +833,27 @@ impl VirtioNetWorkload {
     ) -> Time {
         let mut t = now + host.platform.cpu.tx_packet_ns;
         t = self.reap_tx(host, t, cpu);
-        // The head (headers, linear part): one page; then each frag.
-        let head = (self.send_page(), 1);
-        let pieces: Vec<(u64, u64)> = std::iter::once(head)
-            .chain(frags.iter().map(Frag::pages))
-            .collect();
-        let Some((chain, t2)) = self.add_chain(host, t, cpu, &pieces) else {
+        // The head (the virtio-net header pushed before the frame's headers, in the linear part); then
+        // each frag.
+        let head = Frag {
+            chunk: self.send_page(),
+            off: 0,
+            len: VNET_HDR_BYTES + super::net::ETH_HLEN + super::net::TCPIP_HLEN,
+        };
+        let pieces: Vec<Frag> = std::iter::once(head).chain(frags.iter().cloned()).collect();
+        let Some((chain, t2)) = self.add_chain(host, t, cpu, &pieces, MapDir::ToDevice) else {
+            // start_xmit: xmit_skb failed, so tx_dropped and the skb freed (its TSQ budget back). The peer's
+            // duplicate ACKs for what follows bring it back by fast retransmit, a round trip later.
+            self.stats.drops_map += 1;
+            if !ack {
+                self.tsq_in_flight -= bytes;
+                self.tx_unacked -= bytes.min(self.tx_unacked);
+                if self.retx == 0 {
+                    let rtt = (self.cfg.rtt_us * 1000.0).round() as u64;
+                    host.schedule(t + rtt.max(1), event(EV_RETX, 0));
+                }
+                self.retx += bytes;
+            }
             return t;
         };
         t = t2;
@@ -1058,7 +1084,7 @@ impl Workload for VirtioNetWorkload {
             let Some(phys) = host.pages.alloc_contiguous(pages) else {
                 return now;
             };
-            let Some((dma, t2)) = host.dma_map(t, self.irq_cpu, phys, pages) else {
+            let Some((dma, t2)) = host.dma_alloc_coherent(t, self.irq_cpu, phys, pages) else {
                 return now;
             };
             t = t2;
@@ -1109,6 +1135,11 @@ impl Workload for VirtioNetWorkload {
             EV_SEND => self.send(host, now),
             EV_TX_DONE => self.tx_done(host, now),
             EV_TSQ => self.tsq_handler(host, now, id as usize),
+            EV_RETX => {
+                // tcp_retransmit_skb: the dropped bytes queued again for the sender to push.
+                self.corked += std::mem::take(&mut self.retx);
+                self.resume_sender(host, now);
+            }
             EV_READ => self.read(host, now),
             EV_PEER_ACK => {
                 // The peer has received ack_bytes more of the stream: goodput counts there.
