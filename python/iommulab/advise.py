@@ -309,6 +309,11 @@ def _reach(r: RunResult) -> str:
     s = r.safety
     if not s["protected"]:
         return "all memory, at any time"
+    if getattr(r, "swiotlb", None):
+        w = s.get("window") or {}
+        return ("only swiotlb's shared slots: a copy of each buffer while it is mapped, and the stale copy after "
+                f"the unmap until the slot is reused (up to {duration(w.get('max_us', 0.0))} here); never the "
+                "buffers themselves, in private memory")
     sub = s["sub_page"]["mean_reachable_bytes"] / 1024
     mine = "the buffers mapped for it" + (f" (and {sub:.1f} KiB of other data sharing their pages)" if sub else "")
     w = s.get("window")
@@ -346,13 +351,18 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
     res, _ = hostinfo.inspect(root)
     hw = res["hardware"]
     base, keys, took, assumed, swapped = plan(res, hw, workload, sets)
+    coco = _coco(sets, hw, took)
     keys = {k: toml_value(v) for k, v in keys.items()} | sets
+    if coco:
+        keys |= {"os.policy": toml_value("passthrough"), "os.coco": toml_value(coco)}
     sc = json.loads(load(base, keys, raw_strings=True)[0].scenario_json())
     kernel = sc["os"]["kernel"]
     if sc["run"]["duration_ms"] < MIN_WINDOW_MS and "run.duration_ms" not in sets:
         keys["run.duration_ms"] = str(MIN_WINDOW_MS)
         took.append(f"a {MIN_WINDOW_MS} ms window (the scenario's {sc['run']['duration_ms']:g} ms is too short to "
                     "time a lazy flush queue)")
+    if coco:
+        return _advise_bounce(res, hw, base, keys, sc, took, assumed, swapped, coco, jobs)
     hz = sc["os"]["hz"]
     bound = _core.fq_timer_bound_us(hz) if given is None else given
     options, variants = _option_runs(res, kernel, base, keys, sc["run"]["seed"])
@@ -385,6 +395,92 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
                            "rule": rule, "why": why, "flags": flags, "swapped": swapped,
                            "validation": checks, **sure},
         "caveats": _caveats(res, hw, options, sc),
+    }
+
+
+# What the kernel reports of a confidential guest ("Memory Encryption Features active: AMD SEV SEV-ES SEV-SNP",
+# TDX's "tdx_guest" flag) as os.coco: SEV and SEV-ES guests bounce as SEV-SNP ones do (force_dma_unencrypted).
+COCO_OF = [("SEV-SNP", "sev-snp"), ("TDX", "tdx"), ("SEV", "sev-snp")]
+
+
+def _coco(sets: dict[str, str], hw: dict[str, Any], took: list[str]) -> str | None:
+    """The confidential-computing type advise models: --set os.coco's, else the guest's own; None when not
+    confidential."""
+    if "os.coco" in sets:
+        v = sets["os.coco"].strip().strip('"')
+        return None if v == "none" else v
+    seen = hw.get("confidential")
+    coco = next((c for k, c in COCO_OF if seen and k in seen), None)
+    if coco:
+        took.append(f"a confidential guest ({seen}): every streaming DMA bounces through swiotlb (os.coco = {coco})")
+    return coco
+
+
+def _advise_bounce(res: dict[str, Any], hw: dict[str, Any], base: str, keys: dict[str, str], sc: dict[str, Any],
+                   took: list[str], assumed: list[tuple[str, str]], swapped: str | None, coco: str,
+                   jobs: int | None) -> dict[str, Any]:
+    """A confidential guest's verdict: no IOMMU option applies (every streaming mapping bounces whatever the
+    command line), so what bouncing costs against the same guest not confidential, the pool's high-water mark
+    for this workload, and the smallest `swiotlb=` the workload never finds full (the kernel rounds the pool to a
+    power of two of 2 KiB slots), each from SEEDS seeds."""
+    seed = sc["run"]["seed"]
+
+    def runs(extra: dict[str, str]) -> list[RunResult]:
+        vs = [v for i in range(SEEDS) for v in load(base, {**keys, **extra, "run.seed": str(seed + i)},
+                                                      raw_strings=True)]
+        return run_variants(vs, None, jobs)
+
+    plain, bounced = runs({"os.coco": toml_value("none")}), runs({})
+    kind = _measure(base, plain[0])
+    key, _, value, higher = MEASURES[kind]
+    sw = [r.swiotlb for r in bounced]
+    pool, high = sw[0]["pool_slots"], max(s["high_water_slots"] for s in sw)
+    opts = [{"option": "not confidential", "cmdline": "(the same guest, not confidential)"},
+            {"option": coco, "cmdline": f"swiotlb={pool} (the kernel's pool, {pool * 2 / 1024:g} MiB)"}]
+    _fill(opts[0], plain, key, kind, value)
+    _fill(opts[1], bounced, key, kind, value)
+    full = sum(s["full_events"] for s in sw)
+    # The smallest power of two of slots at or above the high-water mark that no seed finds full.
+    slabs = 1 << max(7, (high - 1).bit_length())
+    while slabs < 4 * max(pool, high):
+        if all(r.swiotlb["full_events"] == 0 for r in runs({"os.swiotlb.slabs": str(slabs)})):
+            break
+        slabs *= 2
+    cost = (opts[1][key] / opts[0][key] - 1) * 100 if opts[0][key] else None
+    cpu = (opts[1]["cpu_busy"] - opts[0]["cpu_busy"]) * 100
+    bounce = {"coco": coco, "pool_slots": pool, "high_water_slots": high, "full_events": full,
+              "slabs": slabs, "cmdline": f"swiotlb={slabs}", "measure_pct": cost, "cpu_busy_points": cpu}
+    fits = (f"the kernel's pool ({pool} slots) holds the workload's high water ({high}) with room to spare; "
+            f"swiotlb={slabs} ({slabs * 2 / 1024:g} MiB) is the smallest that never filled over {SEEDS} seeds")
+    if full:
+        fits = (f"the kernel's pool ({pool} slots) filled {full} times over {SEEDS} seeds (dropped or requeued "
+                f"I/O); swiotlb={slabs} ({slabs * 2 / 1024:g} MiB) never filled")
+    unit = {"iops": "IOPS", "latency_p99_us": "latency p99", "throughput_gbps": "throughput"}[key]
+    why = (f"bouncing costs {_signed(cost)} % {unit} and {cpu:+.1f} points of CPU busy against the same guest "
+           f"not confidential; {fits}" if cost is not None else fits)
+    return {
+        "host": {"kernel": res["kernel"], "arch": res["arch"], "cmdline": res["cmdline"],
+                 "iommus": res["iommus"], **hw, "guest": bool(hw.get("guest")),
+                 "current": current(res, sc["os"]["kernel"])},
+        "scenario": base, "set": {k: v for k, v in keys.items() if k != "compare"},
+        "from_host": took, "assumed": [_assumed_text(w, k, sc) for w, k in assumed] + [
+            "the bounce copy at the profile's cpu.copy_ns_per_byte times kvm.coco_copy_factor, and swiotlb's "
+            "own costs (cpu.swiotlb_op_ns, cpu.swiotlb_slot_ns): estimates (docs/swiotlb.md)"],
+        "measure": key,
+        "noise": {"seeds": SEEDS},
+        "options": opts,
+        "bounce": bounce,
+        "recommendation": {"option": coco, "cmdline": bounce["cmdline"],
+                           "rule": ("a confidential guest's devices reach only swiotlb's shared slots whatever the "
+                                    "IOMMU options say: size the pool to the workload's high-water mark, rounded "
+                                    "up to a power of two as the kernel rounds it"),
+                           "why": why + (f"; {swapped}" if swapped else ""), "flags": [], "swapped": swapped,
+                           "validation": [], "robust": None},
+        # A confidential guest's devices never reach its private memory, IOMMU or not.
+        "caveats": [c for c in _caveats(res, hw, [], sc)
+                    if not c.startswith(("a confidential guest", "No IOMMU is visible"))] + [
+            f"advise does not range a confidential guest's verdict (--ranges): {SEEDS} seeds at the profile's "
+            "values"],
     }
 
 
@@ -627,8 +723,8 @@ def _caveats(res: dict[str, Any], hw: dict[str, Any], options: list[dict[str, An
         caveats.append(f"devices assigned to user space or a VM (VFIO) are not affected: {', '.join(vfio)}")
     if hw.get("confidential"):
         caveats.append(f"a confidential guest ({hw['confidential']}): DMA bounces through swiotlb's shared "
-                       "buffers, so a device never reaches private memory whatever the option; the bounce copy is "
-                       "not modelled")
+                       "buffers, so a device never reaches private memory whatever the option; --set "
+                       "os.coco=none compares the options as if it were not")
     if not res["iommus"] and not res["groups"]:
         caveats.insert(0, _no_iommu(res, hw, sc["platform"]["profile"]))
     return caveats + [n for n in res["notes"] if not n.startswith("No IOMMU")]

@@ -275,6 +275,21 @@ impl Host {
         r
     }
 
+    /// A page_pool page (DMA_FROM_DEVICE, DMA_ATTR_SKIP_CPU_SYNC: page_pool_dma_map) of the first domain's
+    /// device: (DMA pfn, release time). The driver syncs each frame it reads (`dma_sync_for_cpu`).
+    pub fn dma_map_rx_page(&mut self, now: Time, cpu: usize, phys_pfn: u64) -> Option<(u64, Time)> {
+        let dir = crate::scenario::MapDir::FromDevice;
+        let r = self.lend(0).map_attrs(now, cpu, phys_pfn, 0, crate::hw::PAGE_SIZE, dir, true);
+        self.take_timer_request();
+        r.map(|(dma, _, t)| (dma, t))
+    }
+
+    /// dma_sync_single_range_for_cpu() of `bytes` a device of the first domain wrote (a received frame):
+    /// the release time (a bounced page's copy back; nothing otherwise).
+    pub fn dma_sync_for_cpu(&mut self, now: Time, bytes: u64) -> Time {
+        self.lend(0).sync_for_cpu(now, bytes)
+    }
+
     /// [`Host::dma_map_dir_in`] for the first domain's device.
     pub fn dma_map_dir(
         &mut self,

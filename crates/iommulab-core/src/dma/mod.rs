@@ -469,10 +469,37 @@ impl DmaLayer {
         bytes: u64,
         dir: crate::scenario::MapDir,
     ) -> Option<(u64, u64, Time)> {
+        self.map_attrs(now, cpu, phys_pfn, offset, bytes, dir, false)
+    }
+    /// [`DmaLayer::map_dir`] with DMA_ATTR_SKIP_CPU_SYNC when `skip_cpu_sync` (page_pool_dma_map, mlx5e's
+    /// RX pages): the driver syncs what it reads (`sync_for_cpu`), and the unmap copies nothing back.
+    #[allow(clippy::too_many_arguments)]
+    pub fn map_attrs(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        offset: u64,
+        bytes: u64,
+        dir: crate::scenario::MapDir,
+        skip_cpu_sync: bool,
+    ) -> Option<(u64, u64, Time)> {
         if !self.bounces() {
             return self.map_buf(now, cpu, phys_pfn, offset, bytes);
         }
-        self.bounce(now, cpu, offset, bytes, dir)
+        self.bounce(now, cpu, offset, bytes, dir, skip_cpu_sync)
+    }
+    /// dma_sync_single_for_cpu() of `bytes` the device wrote: a bounced mapping's copy back (nothing to do
+    /// for a coherent device otherwise). Returns the release time.
+    pub fn sync_for_cpu(&mut self, now: Time, bytes: u64) -> Time {
+        match self.swiotlb.as_mut().filter(|_| !self.policy.translated()) {
+            Some(sw) => {
+                let t = sw.sync_for_cpu(now, bytes);
+                self.core.stats.cpu_ns += t - now;
+                t
+            }
+            None => now,
+        }
     }
     /// swiotlb_map(): a copy of the buffer in the pool's slots.
     fn bounce(
@@ -482,10 +509,11 @@ impl DmaLayer {
         offset: u64,
         bytes: u64,
         dir: crate::scenario::MapDir,
+        skip_cpu_sync: bool,
     ) -> Option<(u64, u64, Time)> {
         let sw = self.swiotlb.as_mut().expect("bounces");
         let t0 = now + self.core.costs.dma_direct_op_ns;
-        match sw.map(t0, cpu, offset, bytes, dir) {
+        match sw.map(t0, cpu, offset, bytes, dir, skip_cpu_sync) {
             Ok((dma, slots, t)) => {
                 let st = &mut self.core.stats;
                 st.maps += 1;
@@ -536,7 +564,7 @@ impl DmaLayer {
     pub fn map(&mut self, now: Time, cpu: usize, phys_pfn: u64, pages: u64) -> Option<(u64, Time)> {
         if self.bounces() {
             let bytes = pages * crate::hw::PAGE_SIZE;
-            let r = self.bounce(now, cpu, 0, bytes, crate::scenario::MapDir::Bidirectional);
+            let r = self.bounce(now, cpu, 0, bytes, crate::scenario::MapDir::Bidirectional, false);
             return r.map(|(dma, _, t)| (dma, t));
         }
         self.map_policy(now, cpu, phys_pfn, pages)
@@ -562,7 +590,8 @@ impl DmaLayer {
         bytes: u64,
     ) -> Option<(u64, u64, Time)> {
         if self.bounces() {
-            return self.bounce(now, cpu, offset, bytes, crate::scenario::MapDir::Bidirectional);
+            let dir = crate::scenario::MapDir::Bidirectional;
+            return self.bounce(now, cpu, offset, bytes, dir, false);
         }
         let pages = crate::hw::pages_spanned(offset, bytes);
         let (iova, t) = self.map_policy(now, cpu, phys_pfn, pages)?;

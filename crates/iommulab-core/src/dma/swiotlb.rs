@@ -195,6 +195,8 @@ struct Mapping {
     nslots: u64,
     bytes: u64,
     dir: MapDir,
+    /// Mapped with DMA_ATTR_SKIP_CPU_SYNC: its unmap copies nothing back (the driver synced what it read).
+    skip_cpu_sync: bool,
 }
 
 /// The swiotlb of one device's DMA layer (its `io_tlb_mem`).
@@ -263,7 +265,8 @@ impl Swiotlb {
 
     /// swiotlb_map() of `bytes` at byte `offset` of a page, `dir`, by `cpu` at `now`: the DMA page number of
     /// the first bounce slot, the slots, and the release time; or why it failed and when the CPU gave up.
-    /// Whatever the slots held before is overwritten by the copy in (or, before 5.19, by the device).
+    /// Whatever the slots held before is overwritten by the copy in. `skip_cpu_sync`: mapped with
+    /// DMA_ATTR_SKIP_CPU_SYNC, so the unmap copies nothing back (the map's copy is made regardless).
     pub fn map(
         &mut self,
         now: Time,
@@ -271,6 +274,7 @@ impl Swiotlb {
         offset: u64,
         bytes: u64,
         dir: MapDir,
+        skip_cpu_sync: bool,
     ) -> Result<(u64, u64, Time), (Full, Time)> {
         self.stats.bounces += 1;
         let c = self.cfg.costs;
@@ -310,6 +314,7 @@ impl Swiotlb {
                 nslots,
                 bytes,
                 dir,
+                skip_cpu_sync,
             },
         );
         Ok((SWIOTLB_DMA_BASE + first, nslots, t))
@@ -324,7 +329,7 @@ impl Swiotlb {
         let m = self.maps.remove(&first)?;
         let c = self.cfg.costs;
         let mut t = now + c.op_ns;
-        if m.dir.from_device() {
+        if m.dir.from_device() && !m.skip_cpu_sync {
             t = self.copy(t, m.bytes);
         }
         match m.pool {
@@ -343,6 +348,12 @@ impl Swiotlb {
         }
         t = self.used(t, cpu, -(m.nslots as i64));
         Some((t, m.nslots))
+    }
+
+    /// swiotlb_sync_single_for_cpu() of `bytes` the device wrote (dma_sync_single_range_for_cpu of a received
+    /// frame): copied back from the slots.
+    pub fn sync_for_cpu(&mut self, now: Time, bytes: u64) -> Time {
+        self.copy(now, bytes)
     }
 
     /// Whether `dma_pfn` is a bounce slot's DMA page number.
@@ -604,16 +615,16 @@ mod tests {
     fn a_mapping_larger_than_a_segment_fails_as_the_kernels_does() {
         let mut s = tlb(32768, 4, KernelVersion(6, 12));
         assert_eq!(s.max_mapping_bytes(), 256 << 10);
-        assert!(s.map(0, 0, 0, 256 << 10, MapDir::ToDevice).is_ok());
-        let e = s.map(0, 0, 0, (256 << 10) + 1, MapDir::ToDevice).unwrap_err();
+        assert!(s.map(0, 0, 0, 256 << 10, MapDir::ToDevice, false).is_ok());
+        let e = s.map(0, 0, 0, (256 << 10) + 1, MapDir::ToDevice, false).unwrap_err();
         assert_eq!(e.0, Full::TooLarge);
         assert_eq!((s.stats.bounces, s.stats.full_events, s.stats.too_large), (2, 1, 1));
         // NVMe's min_align_mask keeps the page offset: a full segment less its padding.
         let mut n = tlb(32768, 4, KernelVersion(6, 12));
         n.cfg.min_align_mask = 4095;
         assert_eq!(n.max_mapping_bytes(), (256 << 10) - 4096);
-        assert!(n.map(0, 0, 512, (256 << 10) - 512, MapDir::FromDevice).is_ok());
-        let e = n.map(0, 0, 2560, (256 << 10) - 2048, MapDir::FromDevice).unwrap_err();
+        assert!(n.map(0, 0, 512, (256 << 10) - 512, MapDir::FromDevice, false).is_ok());
+        let e = n.map(0, 0, 2560, (256 << 10) - 2048, MapDir::FromDevice, false).unwrap_err();
         assert_eq!(e.0, Full::TooLarge);
     }
 
@@ -622,7 +633,7 @@ mod tests {
         let mut s = tlb(1024, 2, KernelVersion(6, 12));
         let mut live = Vec::new();
         for (i, bytes) in [1500u64, 4096, 9000, 64 << 10, 100, 2048, 2049].iter().enumerate() {
-            let (d, _, _) = s.map(i as u64 * 10, i % 2, 0, *bytes, MapDir::FromDevice).unwrap();
+            let (d, _, _) = s.map(i as u64 * 10, i % 2, 0, *bytes, MapDir::FromDevice, false).unwrap();
             live.push(d);
             check_list(&s.pools[0]);
         }
@@ -647,27 +658,33 @@ mod tests {
     #[test]
     fn every_map_copies_in_and_a_device_written_buffer_copies_back() {
         let mut s = tlb(1024, 1, KernelVersion(6, 12));
-        let (d, _, _) = s.map(0, 0, 0, 1500, MapDir::FromDevice).unwrap();
+        let (d, _, _) = s.map(0, 0, 0, 1500, MapDir::FromDevice, false).unwrap();
         s.unmap(10, 0, d).unwrap();
-        let (d, _, _) = s.map(20, 0, 0, 1000, MapDir::ToDevice).unwrap();
+        let (d, _, _) = s.map(20, 0, 0, 1000, MapDir::ToDevice, false).unwrap();
         s.unmap(30, 0, d).unwrap();
-        let (d, _, _) = s.map(40, 0, 0, 700, MapDir::Bidirectional).unwrap();
+        let (d, _, _) = s.map(40, 0, 0, 700, MapDir::Bidirectional, false).unwrap();
         s.unmap(50, 0, d).unwrap();
         assert_eq!((s.stats.copies, s.stats.bounced_bytes), (5, 1500 * 2 + 1000 + 700 * 2));
+        // A page_pool page (DMA_ATTR_SKIP_CPU_SYNC): copied in at map, each frame synced for the CPU, nothing
+        // copied back at unmap.
+        let (d, _, _) = s.map(60, 0, 0, 4096, MapDir::FromDevice, true).unwrap();
+        s.sync_for_cpu(70, 1514);
+        s.unmap(80, 0, d).unwrap();
+        assert_eq!((s.stats.copies, s.stats.bounced_bytes), (7, 4400 + 4096 + 1514));
     }
 
     #[test]
     fn a_filled_pool_fails_until_slots_come_back() {
         let mut s = tlb(256, 2, KernelVersion(6, 12));
         let mut live = Vec::new();
-        while let Ok((d, _, _)) = s.map(0, 0, 0, 4096, MapDir::FromDevice) {
+        while let Ok((d, _, _)) = s.map(0, 0, 0, 4096, MapDir::FromDevice, false) {
             live.push(d);
         }
         // The CPU's own area, then the next: the whole pool.
         assert_eq!(live.len(), 128);
         assert_eq!(s.stats.full_events, 1);
         s.unmap(10, 1, live[0]).unwrap();
-        assert!(s.map(20, 1, 0, 4096, MapDir::FromDevice).is_ok());
+        assert!(s.map(20, 1, 0, 4096, MapDir::FromDevice, false).is_ok());
     }
 
     #[test]
@@ -675,16 +692,16 @@ mod tests {
         let mut s = tlb(256, 1, KernelVersion(6, 12));
         s.cfg.dynamic = true;
         for _ in 0..128 {
-            s.map(0, 0, 0, 4096, MapDir::ToDevice).unwrap();
+            s.map(0, 0, 0, 4096, MapDir::ToDevice, false).unwrap();
         }
         // Full: a transient pool for this one mapping, and a new pool asked for in the background.
-        let (d, _, _) = s.map(10, 0, 0, 4096, MapDir::ToDevice).unwrap();
+        let (d, _, _) = s.map(10, 0, 0, 4096, MapDir::ToDevice, false).unwrap();
         assert_eq!((s.stats.transient_pools, s.stats.pools_added), (1, 0));
         assert_eq!(s.stats.pool_slots, 256 + 2);
         s.unmap(20, 0, d).unwrap();
         assert_eq!(s.stats.pool_slots, 256);
         // Once the worker's pool is in, maps land there.
-        assert!(s.map(2 * DYN_ALLOC_NS, 0, 0, 4096, MapDir::ToDevice).is_ok());
+        assert!(s.map(2 * DYN_ALLOC_NS, 0, 0, 4096, MapDir::ToDevice, false).is_ok());
         assert_eq!((s.stats.transient_pools, s.stats.pools_added), (1, 1));
         assert_eq!(s.stats.pool_slots, 256 + IO_TLB_MIN_SLABS);
     }
@@ -697,7 +714,7 @@ mod tests {
             let mut s = tlb(1 << 15, areas, kernel);
             for round in 0..50u64 {
                 for cpu in 0..cpus {
-                    let (d, _, _) = s.map(round * 10_000, cpu, 0, 1500, MapDir::FromDevice).unwrap();
+                    let (d, _, _) = s.map(round * 10_000, cpu, 0, 1500, MapDir::FromDevice, false).unwrap();
                     s.unmap(round * 10_000 + 5_000, cpu, d).unwrap();
                 }
             }

@@ -749,13 +749,17 @@ impl RunResult {
                 limited_by = "swiotlb.full".into();
             }
         }
-        let warnings = limits::warnings(
+        let mut warnings = limits::warnings(
             wl(|w| w.packets_delivered),
             b.cpus.len() as u64,
             dt,
             info.timer_period_ns,
             info.window_key,
         );
+        // A full bounce pool, not the window, is why little got through: a longer run would not help.
+        if limited_by == "swiotlb.full" {
+            warnings.retain(|w| !w.starts_with("short window: ") || w.contains("flush-queue timer"));
+        }
         RunResult {
             scenario: info.scenario.to_string(),
             label: info.label.to_string(),

@@ -223,8 +223,11 @@ impl NicTxWorkload {
         let stack_ns = host.platform.cpu.rx_lone_packet_ns();
         let mut acks = 0;
         if let Some(rx) = self.queues[q].rx.as_mut() {
-            while acks < self.cfg.napi_budget && rx.pop_ready(t).is_some() {
-                t += stack_ns; // tcp_v4_rcv → tcp_ack
+            while acks < self.cfg.napi_budget {
+                let Some((_, synced)) = rx.pop_ready(host, t) else {
+                    break;
+                };
+                t = synced + stack_ns; // tcp_v4_rcv → tcp_ack
                 acks += 1;
             }
         }

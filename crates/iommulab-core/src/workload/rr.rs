@@ -156,10 +156,10 @@ impl RrWorkload {
         let queue = &mut self.queues[q];
         if let Some(rx) = queue.rx.as_mut() {
             while got < self.cfg.napi_budget {
-                let Some(req) = rx.pop_ready(t) else {
+                let Some((req, synced)) = rx.pop_ready(host, t) else {
                     break;
                 };
-                t += stack_ns; // tcp_v4_rcv → the socket's receive queue
+                t = synced + stack_ns; // tcp_v4_rcv → the socket's receive queue
                 got += 1;
                 queue.backlog.push_back(req);
             }

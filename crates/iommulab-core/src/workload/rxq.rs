@@ -6,7 +6,6 @@ use super::desc_ring::DescRing;
 use super::sq::{CQE_BYTES, DS_BYTES};
 use super::Device;
 use crate::host::Host;
-use crate::scenario::MapDir;
 use crate::sim::{Path, Time};
 use std::collections::VecDeque;
 
@@ -16,7 +15,7 @@ pub struct KeptRxRing<T> {
     desc: DescRing,
     cq: DescRing,
     /// Frames written, in order: when each completion entry is visible, and what the frame carries.
-    pub pending: VecDeque<(Time, T)>,
+    pub pending: VecDeque<(Time, u64, T)>,
 }
 
 impl<T> KeptRxRing<T> {
@@ -26,7 +25,7 @@ impl<T> KeptRxRing<T> {
         let mut pages = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let phys = host.pages.alloc()?;
-            let (dma, _, t2) = host.dma_map_dir(t, cpu, phys, 0, crate::hw::PAGE_SIZE, MapDir::FromDevice)?;
+            let (dma, t2) = host.dma_map_rx_page(t, cpu, phys)?;
             t = t2;
             pages.push(dma);
         }
@@ -56,7 +55,7 @@ impl<T> KeptRxRing<T> {
         dev.ring_access(host, Path::Receive, now, &mut self.desc);
         let written = dev.access(host, Path::Receive, now, page, bytes);
         let done = written.max(dev.ring_access(host, Path::Receive, now, &mut self.cq));
-        self.pending.push_back((done, what));
+        self.pending.push_back((done, bytes, what));
         done
     }
 
@@ -65,10 +64,14 @@ impl<T> KeptRxRing<T> {
         self.pending.iter().map(|p| p.0)
     }
 
-    /// The oldest frame, if its completion is visible by `t`.
-    pub fn pop_ready(&mut self, t: Time) -> Option<T> {
+    /// The oldest frame, if its completion is visible by `t`, and when the CPU has synced it for reading
+    /// (dma_sync_single_for_cpu: a bounced page's copy back).
+    pub fn pop_ready(&mut self, host: &mut Host, t: Time) -> Option<(T, Time)> {
         match self.pending.front() {
-            Some(&(at, _)) if at <= t => self.pending.pop_front().map(|(_, w)| w),
+            Some(&(at, _, _)) if at <= t => {
+                let (_, bytes, w) = self.pending.pop_front().expect("front checked");
+                Some((w, host.dma_sync_for_cpu(t, bytes)))
+            }
             _ => None,
         }
     }

@@ -421,7 +421,8 @@ impl NicRxWorkload {
                 _ => break,
             }
             let c = self.queues[q].cq.pop_front().expect("front checked");
-            t += stack_ns;
+            // mlx5e_skb_from_cqe_mpwrq_linear: dma_sync_single_range_for_cpu of the frame.
+            t = host.dma_sync_for_cpu(t, self.frame_bytes) + stack_ns;
             done += 1;
             let f = c.flow as usize;
             let flow = &mut self.flows[f];

@@ -15,7 +15,6 @@
 //!   no longer holds it.
 
 use crate::host::Host;
-use crate::scenario::MapDir;
 use crate::sim::hist::Histogram;
 use crate::sim::Time;
 use crate::workload::RxPageCache;
@@ -127,8 +126,8 @@ impl Pages {
 
     fn map(&mut self, host: &mut Host, cpu: usize, id: PageId, t: Time) -> Option<Time> {
         let phys = self.pages[id as usize].phys;
-        // page_pool_dma_map / mlx5e_page_alloc: DMA_FROM_DEVICE.
-        let (dma, _, t) = host.dma_map_dir(t, cpu, phys, 0, crate::hw::PAGE_SIZE, MapDir::FromDevice)?;
+        // page_pool_dma_map / mlx5e_page_alloc: DMA_FROM_DEVICE, DMA_ATTR_SKIP_CPU_SYNC.
+        let (dma, t) = host.dma_map_rx_page(t, cpu, phys)?;
         self.pages[id as usize].dma = Some(dma);
         self.counters.mapped += 1;
         Some(t)
