@@ -670,7 +670,7 @@ mod tests {
         let (d, _, _) = s.map(60, 0, 0, 4096, MapDir::FromDevice, true).unwrap();
         s.sync_for_cpu(70, 1514);
         s.unmap(80, 0, d).unwrap();
-        assert_eq!((s.stats.copies, s.stats.bounced_bytes), (7, 4400 + 4096 + 1514));
+        assert_eq!((s.stats.copies, s.stats.bounced_bytes), (7, 5400 + 4096 + 1514));
     }
 
     #[test]
