@@ -126,8 +126,22 @@ for e in dma_map_page dma_unmap_page dma_map_phys dma_unmap_phys dma_map_resourc
          dma_unmap_sg dma_alloc dma_free dma_alloc_pages dma_free_pages dma_alloc_sgt dma_free_sgt; do
   [ -d "$T/events/dma/$e" ] && dma_events="$dma_events dma/$e"
 done
+# kallsyms is read once for every function looked up below (the -L ones among them): a regular expression tried
+# on each of its lines takes seconds on a slow or emulated CPU (5-10 s for a TCG guest's 150,000 symbols, where
+# one fixed-string pass takes 1-2 s), and a capture looks up to a dozen functions. A name left out of the list is
+# still found, by a read of its own.
+ksym_names=" __iommu_map iommu_map_nosync dma_iova_unlink fq_flush_timeout"
+ksym_names="$ksym_names intel_flush_iotlb_all arm_smmu_flush_iotlb_all amd_iommu_flush_iotlb_all viommu_flush_iotlb_all"
+while IFS= read -r l; do [ -z "$l" ] || ksym_names="$ksym_names ${l%% *}"; done <<EOF
+$latfns
+EOF
+ksym_names="$ksym_names "
+ksym_lines=$(grep -F -e "$(for f in $ksym_names; do echo " $f"; done)" "$KALLSYMS" 2>/dev/null)
 ksym() {  # a kernel function in kallsyms, built in or in a loaded module ("NAME\t[module]")
-  grep -qE " $1([[:space:]]|\$)" "$KALLSYMS" 2>/dev/null
+  case "$ksym_names" in
+    *" $1 "*) printf '%s\n' "$ksym_lines" | grep -qE " $1([[:space:]]|\$)" ;;
+    *) grep -qE " $1([[:space:]]|\$)" "$KALLSYMS" 2>/dev/null ;;
+  esac
 }
 # The function every IOMMU map goes through, with the domain, IOVA and size as its 1st, 2nd and 4th arguments:
 # __iommu_map(), renamed iommu_map_nosync() in newer kernels.

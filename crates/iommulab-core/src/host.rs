@@ -279,9 +279,25 @@ impl Host {
     /// device: (DMA pfn, release time). The driver syncs each frame it reads (`dma_sync_for_cpu`).
     pub fn dma_map_rx_page(&mut self, now: Time, cpu: usize, phys_pfn: u64) -> Option<(u64, Time)> {
         let dir = crate::scenario::MapDir::FromDevice;
-        let r = self.lend(0).map_attrs(now, cpu, phys_pfn, 0, crate::hw::PAGE_SIZE, dir, true);
-        self.take_timer_request();
+        let r = self.dma_map_attrs(now, cpu, phys_pfn, 0, crate::hw::PAGE_SIZE, dir, true);
         r.map(|(dma, _, t)| (dma, t))
+    }
+
+    /// [`Host::dma_map_dir`] with DMA_ATTR_SKIP_CPU_SYNC when `skip_cpu_sync`: (DMA pfn, pages, release).
+    #[allow(clippy::too_many_arguments)]
+    pub fn dma_map_attrs(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        offset: u64,
+        bytes: u64,
+        dir: crate::scenario::MapDir,
+        skip_cpu_sync: bool,
+    ) -> Option<(u64, u64, Time)> {
+        let r = self.lend(0).map_attrs(now, cpu, phys_pfn, offset, bytes, dir, skip_cpu_sync);
+        self.take_timer_request();
+        r
     }
 
     /// dma_sync_single_range_for_cpu() of `bytes` a device of the first domain wrote (a received frame):

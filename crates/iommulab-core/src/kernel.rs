@@ -96,6 +96,28 @@ impl KernelVersion {
         self >= KernelVersion(6, 6)
     }
 
+    /// virtio-net's `napi_tx` module parameter defaults on from "virtio_net: enable napi_tx by default"
+    /// (commit 31c03aef9bc2, applied to net-next 2019-06-14, so 5.3). Before, the parameter ("virtio-net:
+    /// transmit napi", 4.12) defaulted off: start_xmit() orphans each skb once it is on the ring
+    /// (`if (!use_napi) skb_orphan(skb)`), so the socket's memory comes back at once and neither TCP Small
+    /// Queues nor autocorking ever holds a write back; TX interrupts stay off (skb_xmit_done() disables the
+    /// callback; start_xmit() arms virtqueue_enable_cb_delayed() only when the ring is nearly full) and
+    /// used skbs are freed by the next start_xmit() (free_old_xmit_skbs).
+    pub fn virtio_net_napi_tx(self) -> bool {
+        self >= KernelVersion(5, 3)
+    }
+
+    /// virtio-net's premapped RX buffers, 6.6 to 6.10: "virtio_net: merge dma operations when filling
+    /// mergeable buffers" (commit 295525e29a5b, 6.6) maps each page_frag chunk once (virtnet_rq_alloc, on its
+    /// first buffer) and carves the mergeable buffers from that mapping; the chunk is unmapped when its last
+    /// buffer is used and a newer chunk has been taken (virtnet_rq_unmap, `dma->ref`). Big-packets buffers
+    /// stay mapped one by one (virtnet_rq_set_premapped: "disable for big mode"). "virtio_net: disable
+    /// premapped mode by default" (commit 111fc9f517cb, 6.11-rc7) turned it off; 6.12's source never sets
+    /// `rq->do_dma`. Later kernels are not checked.
+    pub fn virtio_net_rx_premapped(self) -> bool {
+        self >= KernelVersion(6, 6) && self < KernelVersion(6, 11)
+    }
+
     /// "iommu/arm-smmu-v3: Reduce contention during command-queue insertion" (5.4): commands go in as batches
     /// (arm_smmu_cmdq_issue_cmdlist), lock-free, one PROD write per batch. Before, arm_smmu_cmdq_issue_cmd()
     /// inserted each command under `cmdq.lock` and wrote PROD for it (queue_inc_prod), and a CMD_SYNC

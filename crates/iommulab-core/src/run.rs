@@ -285,6 +285,9 @@ impl Simulation {
                 vn,
                 p.host_kvm(),
                 p.cpu.cores as usize,
+                crate::scenario::parse_kernel(&sc.os.kernel)
+                    .expect("validated")
+                    .into(),
             ))
         } else if let (Some(l2), Some(_)) = (&w.l2fwd, &p.hypervisor) {
             Box::new(L2fwdWorkload::new(l2, p.host_kvm(), p.cpu.cores as usize))

@@ -74,7 +74,16 @@ pub struct VirtioNet {
     /// (add_recvbuf_big): 18 pages in 19 scatterlist entries, each mapped, and their indirect table.
     #[serde(default = "default_true")]
     pub mergeable: bool,
-    /// TCP Small Queues budget of the guest's sending socket (direction tx), as `workload.nic_tx`.
+    /// virtio-net's `napi_tx` module parameter (virtio_net.napi_tx=): TX completions reaped by a NAPI of
+    /// their own on a TX interrupt, the skbs holding their socket's memory until then. Off, start_xmit
+    /// orphans each skb (skb_orphan), so TCP Small Queues and autocorking never hold a write back and each
+    /// write leaves as skbs of its own; used skbs are reaped by the next start_xmit, with no TX interrupt
+    /// unless the ring is nearly full. Default: the guest kernel's (on from 5.3,
+    /// `KernelVersion::virtio_net_napi_tx`).
+    #[serde(default)]
+    pub napi_tx: Option<bool>,
+    /// TCP Small Queues budget of the guest's sending socket (direction tx), as `workload.nic_tx` (binds only
+    /// with `napi_tx`).
     #[serde(default = "default_tsq_bytes")]
     pub tsq_bytes: u64,
     /// The receiver ACKs once per this many bytes (about once per GRO skb).
