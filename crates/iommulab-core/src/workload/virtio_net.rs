@@ -1054,7 +1054,9 @@ impl VirtioNetWorkload {
             // duplicate ACKs for what follows bring it back by fast retransmit, a round trip later.
             self.stats.drops_map += 1;
             if !ack {
-                self.tsq_in_flight -= bytes;
+                if self.napi_tx {
+                    self.tsq_in_flight -= bytes;
+                }
                 self.tx_unacked -= bytes.min(self.tx_unacked);
                 if self.retx == 0 {
                     let rtt = (self.cfg.rtt_us * 1000.0).round() as u64;
