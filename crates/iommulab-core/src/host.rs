@@ -270,9 +270,7 @@ impl Host {
         bytes: u64,
         dir: crate::scenario::MapDir,
     ) -> Option<(u64, u64, Time)> {
-        let r = self.lend(d).map_dir(now, cpu, phys_pfn, offset, bytes, dir);
-        self.take_timer_request();
-        r
+        self.dma_map_attrs_in(d, now, cpu, phys_pfn, offset, bytes, dir, false)
     }
 
     /// A page_pool page (DMA_FROM_DEVICE, DMA_ATTR_SKIP_CPU_SYNC: page_pool_dma_map) of the first domain's
@@ -295,7 +293,23 @@ impl Host {
         dir: crate::scenario::MapDir,
         skip_cpu_sync: bool,
     ) -> Option<(u64, u64, Time)> {
-        let r = self.lend(0).map_attrs(now, cpu, phys_pfn, offset, bytes, dir, skip_cpu_sync);
+        self.dma_map_attrs_in(0, now, cpu, phys_pfn, offset, bytes, dir, skip_cpu_sync)
+    }
+
+    /// [`Host::dma_map_attrs`] for a device of domain `d`.
+    #[allow(clippy::too_many_arguments)]
+    fn dma_map_attrs_in(
+        &mut self,
+        d: usize,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        offset: u64,
+        bytes: u64,
+        dir: crate::scenario::MapDir,
+        skip_cpu_sync: bool,
+    ) -> Option<(u64, u64, Time)> {
+        let r = self.lend(d).map_attrs(now, cpu, phys_pfn, offset, bytes, dir, skip_cpu_sync);
         self.take_timer_request();
         r
     }

@@ -457,22 +457,11 @@ impl DmaLayer {
     fn bounces(&self) -> bool {
         self.swiotlb.is_some() && !self.policy.translated()
     }
-    /// dma_map_page() of `bytes` at byte `offset` of page `phys_pfn` for direction `dir`: (DMA pfn, pages,
-    /// release time). Through the policy, or bounced through swiotlb (swiotlb_map) where dma-direct
-    /// bounces; None when it failed (no IOVA space; "swiotlb buffer is full").
-    pub fn map_dir(
-        &mut self,
-        now: Time,
-        cpu: usize,
-        phys_pfn: u64,
-        offset: u64,
-        bytes: u64,
-        dir: crate::scenario::MapDir,
-    ) -> Option<(u64, u64, Time)> {
-        self.map_attrs(now, cpu, phys_pfn, offset, bytes, dir, false)
-    }
-    /// [`DmaLayer::map_dir`] with DMA_ATTR_SKIP_CPU_SYNC when `skip_cpu_sync` (page_pool_dma_map, mlx5e's
-    /// RX pages): the driver syncs what it reads (`sync_for_cpu`), and the unmap copies nothing back.
+    /// dma_map_page_attrs() of `bytes` at byte `offset` of page `phys_pfn` for direction `dir`: (DMA pfn,
+    /// pages, release time). Through the policy, or bounced through swiotlb (swiotlb_map) where dma-direct
+    /// bounces; None when it failed (no IOVA space; "swiotlb buffer is full"). `skip_cpu_sync`:
+    /// DMA_ATTR_SKIP_CPU_SYNC (page_pool_dma_map, mlx5e's RX pages): the driver syncs what it reads
+    /// (`sync_for_cpu`), and the unmap copies nothing back.
     #[allow(clippy::too_many_arguments)]
     pub fn map_attrs(
         &mut self,
