@@ -13,9 +13,15 @@ from iommulab.validate import Target, Targets, load_targets
 ROOT = pathlib.Path(__file__).parent.parent
 
 
-def test_validate_json_lists_every_target_with_model_and_error():
-    doc = json.loads(cli("validate", "--json", check_rc=0).stdout)
-    rows = {r["id"]: r for r in doc["targets"]}
+@pytest.fixture(scope="module")
+def all_targets():
+    """`validate --json`'s rows by target id: every target's full run, made once for the tests below (the model
+    is deterministic)."""
+    return {r["id"]: r for r in json.loads(cli("validate", "--json", check_rc=0).stdout)["targets"]}
+
+
+def test_validate_json_lists_every_target_with_model_and_error(all_targets):
+    rows = all_targets
     assert {t.id for t in load_targets().targets} == set(rows)
     for r in rows.values():
         assert set(r) >= {"id", "published", "model", "error", "ok"}
@@ -200,11 +206,6 @@ KNOWN_MISSES = {
     "M6.snapdragon_eight_threads_4k_unmap_us": "how much of a CMD_SYNC holds the queue is not published (2.6 to 11.9)",
     "M6.snapdragon_eight_threads_1m_map_us": "maps do not slow with threads in the model",
 }
-
-
-@pytest.fixture(scope="module")
-def all_targets():
-    return {r["id"]: r for r in json.loads(cli("validate", "--json", check_rc=0).stdout)["targets"]}
 
 
 @pytest.mark.parametrize("target", [t.id for t in load_targets().targets])
