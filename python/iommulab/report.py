@@ -167,6 +167,10 @@ def exposure_legend(which: str = "p99", what: str = "99th percentile") -> tuple[
             f"back, {what} over the run's pages (none: no page was; {ALL})")
 
 
+BOUNCE_LEGEND = ("exposure where DMA bounces", "how long the stale copy of an unmapped buffer stayed readable in "
+                 "swiotlb's shared slots until a later mapping reused them, per 2 KiB slot (copies still there "
+                 "when the run ended count until then); the buffers themselves are never reachable "
+                 "(docs/swiotlb.md)")
 EXPOSED_LEGEND = ("exposed", "share of unmapped pages given back to their owner before an invalidation covering "
                   f"them completed ({ALL})")
 LIMITED_BY_LEGEND = ("limited by", "the resource that bound the run (line, link, emulator, device_thread, bql, "
@@ -483,4 +487,6 @@ def format_table(scenario: dict[str, Any], results: list, sets: list[tuple[str, 
     if kind == "mpps":
         terms = WORKLOAD_LEGEND["mpps"] + RUN_LEGEND[:1] + [
             ("CPU busy", "the forwarding lcore's work, its polling aside")] + RUN_LEGEND[2:]
+    if any(getattr(r, "swiotlb", None) for r in results):
+        terms.append(BOUNCE_LEGEND)
     return "\n".join(lines + [""] + legend(terms)) + "\n"
