@@ -1384,6 +1384,8 @@ mod tests {
         assert!(e.contains("os.swiotlb.force") && e.contains("dev_use_swiotlb"), "{e}");
         let e = err("nvme", &[("os.swiotlb.force", "true"), ("os.policy", "passthrough"), ("workload.nvme.bs_kb", "1024")]);
         assert!(e.contains("workload.nvme.bs_kb") && e.contains("252"), "{e}");
+        let e = err("coco-net", &[("attack.replay_per_sec", "1000")]);
+        assert!(e.contains("attack.replay_per_sec") && e.contains("swiotlb"), "{e}");
         let e = err("coco-net", &[("os.kernel", "6.1"), ("os.swiotlb.dynamic", "true")]);
         assert!(e.contains("os.swiotlb.dynamic") && e.contains("6.6"), "{e}");
     }

@@ -694,6 +694,12 @@ impl Scenario {
         )?;
         if coco != Coco::None || sw.force {
             check(
+                self.attack.replay_per_sec == 0.0,
+                "attack.replay_per_sec",
+                "expected 0 where DMA bounces: the replaying device would reach swiotlb's shared slots, which \
+                 dma::attack does not model",
+            )?;
+            check(
                 w.l2fwd.is_none(),
                 "workload.l2fwd",
                 "expected a kernel driver's workload where DMA bounces: DPDK's l2fwd maps its mempool \
