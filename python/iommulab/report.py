@@ -174,8 +174,9 @@ BOUNCE_LEGEND = ("exposure where DMA bounces", "how long the stale copy of an un
 EXPOSED_LEGEND = ("exposed", "share of unmapped pages given back to their owner before an invalidation covering "
                   f"them completed ({ALL})")
 LIMITED_BY_LEGEND = ("limited by", "the resource that bound the run (line, link, emulator, device_thread, bql, "
-                     "iommu.queue, lock:NAME, iommu.translation, cpu.WHERE, swiotlb.full; else the workload's own: "
-                     "senders, offered_load, queue_depth; docs/model.md \"What binds a run\")")
+                     "iommu.queue, lock:NAME, iommu.translation, cpu.WHERE with WHERE the CPU block's largest share: dma_api, "
+                     "cmdq_insert, inv_wait, lock_spin or stack; swiotlb.full; else the workload's own: senders, "
+                     "offered_load, queue_depth; docs/model.md \"What binds a run\")")
 BY_TYPE_LEGEND = ("inv/s by type", "the IOMMU's own invalidation commands per second")
 
 
@@ -445,7 +446,8 @@ RUN_LEGEND = [
     ("CPU busy", "mean over the workload's CPUs"),
     exposure_legend(),
     LIMITED_BY_LEGEND,
-    ("inv wait", "share of CPU busy time spent waiting for invalidation completion"),
+    ("inv wait", "share of CPU busy time spent invalidating, from the request to its completion (on SMMUv3 the "
+                 "shared queue's insertion included; the CPU block below splits it out as cmdq insert)"),
     ("unmapped pg/s", "IOVA pages unmapped per second"),
     ("inv/page", "IOMMU TLB invalidation descriptors/commands per page unmapped"),
     ("IOTLB miss/pg", "IOTLB misses per 4 KiB of data delivered"),
