@@ -258,21 +258,6 @@ impl Host {
         r
     }
 
-    /// dma_map_page() of `bytes` at byte `offset` of page `phys_pfn`, direction `dir`, for a device of
-    /// domain `d`: (DMA pfn, pages, release time). Where dma-direct bounces (swiotlb), a copy in its pool.
-    pub fn dma_map_dir_in(
-        &mut self,
-        d: usize,
-        now: Time,
-        cpu: usize,
-        phys_pfn: u64,
-        offset: u64,
-        bytes: u64,
-        dir: crate::scenario::MapDir,
-    ) -> Option<(u64, u64, Time)> {
-        self.dma_map_attrs_in(d, now, cpu, phys_pfn, offset, bytes, dir, false)
-    }
-
     /// A page_pool page (DMA_FROM_DEVICE, DMA_ATTR_SKIP_CPU_SYNC: page_pool_dma_map) of the first domain's
     /// device: (DMA pfn, release time). The driver syncs each frame it reads (`dma_sync_for_cpu`).
     pub fn dma_map_rx_page(&mut self, now: Time, cpu: usize, phys_pfn: u64) -> Option<(u64, Time)> {
@@ -296,9 +281,11 @@ impl Host {
         self.dma_map_attrs_in(0, now, cpu, phys_pfn, offset, bytes, dir, skip_cpu_sync)
     }
 
-    /// [`Host::dma_map_attrs`] for a device of domain `d`.
+    /// dma_map_page_attrs() of `bytes` at byte `offset` of page `phys_pfn`, direction `dir`, for a device of
+    /// domain `d`: (DMA pfn, pages, release time); where dma-direct bounces (swiotlb), a copy in its pool.
+    /// `skip_cpu_sync`: DMA_ATTR_SKIP_CPU_SYNC.
     #[allow(clippy::too_many_arguments)]
-    fn dma_map_attrs_in(
+    pub fn dma_map_attrs_in(
         &mut self,
         d: usize,
         now: Time,
@@ -320,7 +307,7 @@ impl Host {
         self.lend(0).sync_for_cpu(now, bytes)
     }
 
-    /// [`Host::dma_map_dir_in`] for the first domain's device.
+    /// dma_map_page() for the first domain's device ([`Host::dma_map_attrs_in`] without attributes).
     pub fn dma_map_dir(
         &mut self,
         now: Time,
@@ -330,7 +317,7 @@ impl Host {
         bytes: u64,
         dir: crate::scenario::MapDir,
     ) -> Option<(u64, u64, Time)> {
-        self.dma_map_dir_in(0, now, cpu, phys_pfn, offset, bytes, dir)
+        self.dma_map_attrs_in(0, now, cpu, phys_pfn, offset, bytes, dir, false)
     }
 
     /// dma_alloc_coherent()'s mapping of `pages` at `phys_pfn` (a ring, a descriptor table): (DMA pfn,
@@ -397,21 +384,6 @@ impl Host {
     /// dma_unmap_page() on `cpu` at `now`: the release time.
     pub fn dma_unmap(&mut self, now: Time, cpu: usize, dma_pfn: u64, pages: u64) -> Time {
         self.dma_unmap_desc(now, cpu, &[(dma_pfn, pages)])
-    }
-
-    /// Map a buffer of `bytes` at byte `offset` of page `phys` (dma_map_single): (dma pfn, pages, release
-    /// time). What else shares its pages is logged as sub-page exposure.
-    pub fn dma_map_buf(
-        &mut self,
-        now: Time,
-        cpu: usize,
-        phys: u64,
-        offset: u64,
-        bytes: u64,
-    ) -> Option<(u64, u64, Time)> {
-        let r = self.lend(0).map_buf(now, cpu, phys, offset, bytes);
-        self.take_timer_request();
-        r
     }
 
     /// Unmap the segments `(dma pfn, pages)` of one completed descriptor.

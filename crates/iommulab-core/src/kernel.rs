@@ -183,6 +183,18 @@ impl KernelVersion {
     pub fn riscv_iommu(self) -> bool {
         self >= KernelVersion(6, 13)
     }
+
+    /// "swiotlb: split up the global swiotlb lock" (6.0): areas, each with its own lock, one per possible
+    /// CPU rounded up to a power of two; before, one `io_tlb_lock` for the whole pool.
+    pub fn swiotlb_areas(self) -> bool {
+        self >= KernelVersion(6, 0)
+    }
+
+    /// "swiotlb: add a flag whether SWIOTLB is allowed to grow" / CONFIG_SWIOTLB_DYNAMIC (6.6): transient
+    /// pools and pools added in the background when the default pool is full.
+    pub fn swiotlb_dynamic(self) -> bool {
+        self >= KernelVersion(6, 6)
+    }
 }
 
 impl From<(u32, u32)> for KernelVersion {

@@ -202,7 +202,6 @@ fn swiotlb_of(
             lock_ns: p.cpu.lock_ns,
             coh: p.cpu.coherence(),
         },
-        kernel: k,
     })
 }
 

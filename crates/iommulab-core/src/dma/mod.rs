@@ -473,22 +473,26 @@ impl DmaLayer {
         dir: crate::scenario::MapDir,
         skip_cpu_sync: bool,
     ) -> Option<(u64, u64, Time)> {
-        if !self.bounces() {
-            return self.map_buf(now, cpu, phys_pfn, offset, bytes);
+        if self.bounces() {
+            return self.bounce(now, cpu, offset, bytes, dir, skip_cpu_sync);
         }
-        self.bounce(now, cpu, offset, bytes, dir, skip_cpu_sync)
+        // dma_map_single(): the pages the buffer spans, what else they hold logged as sub-page exposure.
+        let pages = crate::hw::pages_spanned(offset, bytes);
+        let (iova, t) = self.map_policy(now, cpu, phys_pfn, pages)?;
+        if self.policy.translated() {
+            self.core.shared_buffer(iova, pages, bytes, t);
+        }
+        Some((iova, pages, t))
     }
     /// dma_sync_single_for_cpu() of `bytes` the device wrote: a bounced mapping's copy back (nothing to do
     /// for a coherent device otherwise). Returns the release time.
     pub fn sync_for_cpu(&mut self, now: Time, bytes: u64) -> Time {
-        match self.swiotlb.as_mut().filter(|_| !self.policy.translated()) {
-            Some(sw) => {
-                let t = sw.sync_for_cpu(now, bytes);
-                self.core.stats.cpu_ns += t - now;
-                t
-            }
-            None => now,
+        if !self.bounces() {
+            return now;
         }
+        let t = self.swiotlb.as_mut().expect("bounces").sync_for_cpu(now, bytes);
+        self.core.stats.cpu_ns += t - now;
+        t
     }
     /// swiotlb_map(): a copy of the buffer in the pool's slots.
     fn bounce(
@@ -504,13 +508,14 @@ impl DmaLayer {
         let t0 = now + self.core.costs.dma_direct_op_ns;
         match sw.map(t0, cpu, offset, bytes, dir, skip_cpu_sync) {
             Ok((dma, slots, t)) => {
+                let pages = crate::hw::pages_spanned(offset, bytes);
                 let st = &mut self.core.stats;
                 st.maps += 1;
-                st.pages_mapped += crate::hw::pages_spanned(offset, bytes);
+                st.pages_mapped += pages;
                 st.cpu_ns += t - now;
                 // The copy in overwrites what earlier mappings left in these slots.
                 self.core.safety.invalidated(Some((dma, dma + slots - 1)), t);
-                Some((dma, crate::hw::pages_spanned(offset, bytes), t))
+                Some((dma, pages, t))
             }
             Err((_, t)) => {
                 self.core.stats.map_failures += 1;
@@ -567,27 +572,6 @@ impl DmaLayer {
             }
         }
         r
-    }
-    /// dma_map_single() of a buffer of `bytes` starting `offset` bytes into page `phys_pfn`: the pages it
-    /// spans are mapped, and what else they hold is logged as sub-page exposure.
-    pub fn map_buf(
-        &mut self,
-        now: Time,
-        cpu: usize,
-        phys_pfn: u64,
-        offset: u64,
-        bytes: u64,
-    ) -> Option<(u64, u64, Time)> {
-        if self.bounces() {
-            let dir = crate::scenario::MapDir::Bidirectional;
-            return self.bounce(now, cpu, offset, bytes, dir, false);
-        }
-        let pages = crate::hw::pages_spanned(offset, bytes);
-        let (iova, t) = self.map_policy(now, cpu, phys_pfn, pages)?;
-        if self.policy.translated() {
-            self.core.shared_buffer(iova, pages, bytes, t);
-        }
-        Some((iova, pages, t))
     }
     /// FANDS' block mapping of `phys` into one IOVA range.
     pub fn map_block(&mut self, now: Time, cpu: usize, phys: &[u64]) -> Option<(u64, Time)> {

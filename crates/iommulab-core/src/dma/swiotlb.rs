@@ -28,20 +28,6 @@ const PAGE_SIZE: u64 = crate::hw::PAGE_SIZE;
 /// any physical page a profile has.
 pub const SWIOTLB_DMA_BASE: u64 = 1 << 44;
 
-/// What changed in kernel/dma/swiotlb.c across the kernels the model runs (docs/swiotlb.md).
-impl KernelVersion {
-    /// "swiotlb: split up the global swiotlb lock" (6.0): areas, each with its own lock, one per possible
-    /// CPU rounded up to a power of two; before, one `io_tlb_lock` for the whole pool.
-    pub fn swiotlb_areas(self) -> bool {
-        self >= KernelVersion(6, 0)
-    }
-    /// "swiotlb: add a flag whether SWIOTLB is allowed to grow" / CONFIG_SWIOTLB_DYNAMIC (6.6): transient
-    /// pools and pools added in the background when the default pool is full.
-    pub fn swiotlb_dynamic(self) -> bool {
-        self >= KernelVersion(6, 6)
-    }
-}
-
 /// The pool as the kernel sets it up (swiotlb_init_remap, swiotlb_adjust_size, swiotlb_adjust_nareas).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SwiotlbConfig {
@@ -60,7 +46,6 @@ pub struct SwiotlbConfig {
     /// (inc_used_and_hiwater), atomics on a line every CPU writes.
     pub debugfs: bool,
     pub costs: SwiotlbCosts,
-    pub kernel: KernelVersion,
 }
 
 /// What a bounce costs the CPU.
@@ -249,10 +234,6 @@ impl Swiotlb {
         }
     }
 
-    pub fn config(&self) -> &SwiotlbConfig {
-        &self.cfg
-    }
-
     /// swiotlb_max_mapping_size(): the largest mapping that fits a segment, less the alignment padding.
     pub fn max_mapping_bytes(&self) -> u64 {
         let pad = if self.cfg.min_align_mask > 0 {
@@ -354,11 +335,6 @@ impl Swiotlb {
     /// frame): copied back from the slots.
     pub fn sync_for_cpu(&mut self, now: Time, bytes: u64) -> Time {
         self.copy(now, bytes)
-    }
-
-    /// Whether `dma_pfn` is a bounce slot's DMA page number.
-    pub fn owns(dma_pfn: u64) -> bool {
-        dma_pfn >= SWIOTLB_DMA_BASE
     }
 
     /// swiotlb_bounce(): a memcpy of `bytes`.
@@ -584,7 +560,7 @@ mod tests {
         }
     }
 
-    fn tlb(slots: u64, areas: u32, kernel: KernelVersion) -> Swiotlb {
+    fn tlb(slots: u64, areas: u32) -> Swiotlb {
         Swiotlb::new(SwiotlbConfig {
             slots,
             areas,
@@ -593,7 +569,6 @@ mod tests {
             min_align_mask: 0,
             debugfs: true,
             costs: costs(),
-            kernel,
         })
     }
 
@@ -613,14 +588,14 @@ mod tests {
 
     #[test]
     fn a_mapping_larger_than_a_segment_fails_as_the_kernels_does() {
-        let mut s = tlb(32768, 4, KernelVersion(6, 12));
+        let mut s = tlb(32768, 4);
         assert_eq!(s.max_mapping_bytes(), 256 << 10);
         assert!(s.map(0, 0, 0, 256 << 10, MapDir::ToDevice, false).is_ok());
         let e = s.map(0, 0, 0, (256 << 10) + 1, MapDir::ToDevice, false).unwrap_err();
         assert_eq!(e.0, Full::TooLarge);
         assert_eq!((s.stats.bounces, s.stats.full_events, s.stats.too_large), (2, 1, 1));
         // NVMe's min_align_mask keeps the page offset: a full segment less its padding.
-        let mut n = tlb(32768, 4, KernelVersion(6, 12));
+        let mut n = tlb(32768, 4);
         n.cfg.min_align_mask = 4095;
         assert_eq!(n.max_mapping_bytes(), (256 << 10) - 4096);
         assert!(n.map(0, 0, 512, (256 << 10) - 512, MapDir::FromDevice, false).is_ok());
@@ -630,7 +605,7 @@ mod tests {
 
     #[test]
     fn slots_are_used_and_freed_as_the_kernels_free_lists_say() {
-        let mut s = tlb(1024, 2, KernelVersion(6, 12));
+        let mut s = tlb(1024, 2);
         let mut live = Vec::new();
         for (i, bytes) in [1500u64, 4096, 9000, 64 << 10, 100, 2048, 2049].iter().enumerate() {
             let (d, _, _) = s.map(i as u64 * 10, i % 2, 0, *bytes, MapDir::FromDevice, false).unwrap();
@@ -657,7 +632,7 @@ mod tests {
 
     #[test]
     fn every_map_copies_in_and_a_device_written_buffer_copies_back() {
-        let mut s = tlb(1024, 1, KernelVersion(6, 12));
+        let mut s = tlb(1024, 1);
         let (d, _, _) = s.map(0, 0, 0, 1500, MapDir::FromDevice, false).unwrap();
         s.unmap(10, 0, d).unwrap();
         let (d, _, _) = s.map(20, 0, 0, 1000, MapDir::ToDevice, false).unwrap();
@@ -675,7 +650,7 @@ mod tests {
 
     #[test]
     fn a_filled_pool_fails_until_slots_come_back() {
-        let mut s = tlb(256, 2, KernelVersion(6, 12));
+        let mut s = tlb(256, 2);
         let mut live = Vec::new();
         while let Ok((d, _, _)) = s.map(0, 0, 0, 4096, MapDir::FromDevice, false) {
             live.push(d);
@@ -689,7 +664,7 @@ mod tests {
 
     #[test]
     fn dynamic_swiotlb_grows_where_the_kernel_has_it() {
-        let mut s = tlb(256, 1, KernelVersion(6, 12));
+        let mut s = tlb(256, 1);
         s.cfg.dynamic = true;
         for _ in 0..128 {
             s.map(0, 0, 0, 4096, MapDir::ToDevice, false).unwrap();
@@ -710,8 +685,8 @@ mod tests {
     fn an_areas_lock_contends_as_cpus_grow() {
         // CPUs mapping at the same instants: with one area every CPU waits on one lock; with one area
         // per CPU (6.0+) none does.
-        let spin = |areas: u32, kernel: KernelVersion, cpus: usize| {
-            let mut s = tlb(1 << 15, areas, kernel);
+        let spin = |areas: u32, cpus: usize| {
+            let mut s = tlb(1 << 15, areas);
             for round in 0..50u64 {
                 for cpu in 0..cpus {
                     let (d, _, _) = s.map(round * 10_000, cpu, 0, 1500, MapDir::FromDevice, false).unwrap();
@@ -720,9 +695,9 @@ mod tests {
             }
             s.lock_stats()[0].1.wait_ns
         };
-        let one = [1usize, 2, 4, 8].map(|n| spin(1, KernelVersion(5, 15), n));
+        let one = [1usize, 2, 4, 8].map(|n| spin(1, n));
         assert!(one.windows(2).all(|w| w[0] < w[1]), "{one:?}");
-        assert_eq!(spin(8, KernelVersion(6, 12), 8), 0);
+        assert_eq!(spin(8, 8), 0);
     }
 
     #[test]

@@ -736,7 +736,7 @@ impl Scenario {
             "expected 0 (one per CPU) to 1024 areas",
         )?;
         check(
-            !sw.dynamic || kernel >= (6, 6),
+            !sw.dynamic || crate::kernel::KernelVersion::from(kernel).swiotlb_dynamic(),
             "os.swiotlb.dynamic",
             format!(
                 "expected kernel 6.6 or later: CONFIG_SWIOTLB_DYNAMIC came in 6.6 (os.kernel is {}.{})",

@@ -81,7 +81,7 @@ impl NvmeWorkload {
             MapDir::ToDevice
         };
         let bytes = self.pages * PAGE;
-        let mapped = host.dma_map_dir_in(self.dom(s), t, cpu, phys, 0, bytes, dir);
+        let mapped = host.dma_map_attrs_in(self.dom(s), t, cpu, phys, 0, bytes, dir, false);
         let Some((dma, _, t)) = mapped else {
             // IOVA space exhausted or the bounce pool full: nvme_queue_rq returns BLK_STS_RESOURCE and
             // blk-mq requeues the request after the I/Os in flight complete.
