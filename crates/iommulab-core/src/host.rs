@@ -296,7 +296,9 @@ impl Host {
         dir: crate::scenario::MapDir,
         skip_cpu_sync: bool,
     ) -> Option<(u64, u64, Time)> {
-        let r = self.lend(d).map_attrs(now, cpu, phys_pfn, offset, bytes, dir, skip_cpu_sync);
+        let r = self
+            .lend(d)
+            .map_attrs(now, cpu, phys_pfn, offset, bytes, dir, skip_cpu_sync);
         self.take_timer_request();
         r
     }

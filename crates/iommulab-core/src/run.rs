@@ -1296,7 +1296,10 @@ mod tests {
     fn coco(ov: &[(&str, &str)]) -> Vec<RunResult> {
         let mut o = vec![("run.duration_ms", "10"), ("run.warmup_ms", "5")];
         o.extend_from_slice(ov);
-        builtin_with("coco-net", &o).iter().map(run_variant).collect()
+        builtin_with("coco-net", &o)
+            .iter()
+            .map(run_variant)
+            .collect()
     }
 
     /// Issue 68: a confidential guest's virtio-net bounces every buffer through swiotlb, copied in on map
@@ -1309,10 +1312,22 @@ mod tests {
         let sw = snp.swiotlb.as_ref().expect("bounces");
         // Each received buffer copied twice, each ACK once; nothing failed in a 1 GiB pool.
         assert!(sw.bounces > 1000 && sw.full_events == 0, "{sw:?}");
-        assert!(sw.copies > sw.bounces && sw.copies < 2 * sw.bounces, "{sw:?}");
-        assert_eq!(sw.pool_slots, 1 << 19, "16 GiB of memory: 6 %, rounded up to 1 GiB");
+        assert!(
+            sw.copies > sw.bounces && sw.copies < 2 * sw.bounces,
+            "{sw:?}"
+        );
+        assert_eq!(
+            sw.pool_slots,
+            1 << 19,
+            "16 GiB of memory: 6 %, rounded up to 1 GiB"
+        );
         // The copy costs the receiving vCPU: lower goodput than the ordinary guest, bound at the DMA API.
-        assert!(snp.throughput_gbps < 0.9 * guest.throughput_gbps, "{} {}", snp.throughput_gbps, guest.throughput_gbps);
+        assert!(
+            snp.throughput_gbps < 0.9 * guest.throughput_gbps,
+            "{} {}",
+            snp.throughput_gbps,
+            guest.throughput_gbps
+        );
         assert_eq!(snp.limited_by, "cpu.dma_api");
         // What stays readable: every bounced buffer's copy until its slots are reused; a small pool reuses
         // them sooner.
@@ -1331,7 +1346,11 @@ mod tests {
         assert_eq!(snp.drops.dma_map, 0);
         let sw = small.swiotlb.as_ref().expect("bounces");
         assert_eq!(sw.pool_slots, 512);
-        assert!(sw.full_events > 0 && small.drops.dma_map == sw.full_events, "{sw:?} {:?}", small.drops);
+        assert!(
+            sw.full_events > 0 && small.drops.dma_map == sw.full_events,
+            "{sw:?} {:?}",
+            small.drops
+        );
         assert_eq!(small.limited_by, "swiotlb.full");
         assert!(small.throughput_gbps < 0.1 * snp.throughput_gbps);
     }
@@ -1350,7 +1369,11 @@ mod tests {
         let v = &builtin_with("nvme", &ov)[0];
         let r = run_variant(v);
         let sw = r.swiotlb.as_ref().expect("swiotlb=force bounces");
-        assert!(sw.full_events > 0 && r.drops.requeued == sw.full_events, "{sw:?} {:?}", r.drops);
+        assert!(
+            sw.full_events > 0 && r.drops.requeued == sw.full_events,
+            "{sw:?} {:?}",
+            r.drops
+        );
         assert!(r.drops.dma_map == 0 && r.throughput_gbps > 0.0);
         // A pool large enough for every I/O in flight: nothing requeued.
         let mut big = ov.to_vec();
@@ -1364,8 +1387,10 @@ mod tests {
     #[test]
     fn bouncing_is_refused_where_the_kernel_does_not_bounce() {
         let err = |name: &str, ov: &[(&str, &str)]| {
-            let ov: Vec<(String, String)> =
-                ov.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+            let ov: Vec<(String, String)> = ov
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
             crate::scenario::load(crate::scenario::Source::Builtin(name), &ov)
                 .map(|_| ())
                 .unwrap_err()
@@ -1373,19 +1398,44 @@ mod tests {
         };
         let e = err("coco-net", &[("os.policy", "strict")]);
         assert!(e.contains("os.coco") && e.contains("passthrough"), "{e}");
-        let e = err("default", &[("os.coco", "sev-snp"), ("os.policy", "passthrough")]);
+        let e = err(
+            "default",
+            &[("os.coco", "sev-snp"), ("os.policy", "passthrough")],
+        );
         assert!(e.contains("os.coco") && e.contains("guest"), "{e}");
         let e = err("coco-net", &[("os.coco", "cca")]);
         assert!(e.contains("os.coco") && e.contains("arm64"), "{e}");
         let e = err("coco-net", &[("os.kernel", "5.15")]);
         assert!(e.contains("os.coco") && e.contains("5.19"), "{e}");
-        let e = err("default", &[("os.swiotlb.force", "true"), ("os.policy", "strict")]);
-        assert!(e.contains("os.swiotlb.force") && e.contains("dev_use_swiotlb"), "{e}");
-        let e = err("nvme", &[("os.swiotlb.force", "true"), ("os.policy", "passthrough"), ("workload.nvme.bs_kb", "1024")]);
-        assert!(e.contains("workload.nvme.bs_kb") && e.contains("252"), "{e}");
+        let e = err(
+            "default",
+            &[("os.swiotlb.force", "true"), ("os.policy", "strict")],
+        );
+        assert!(
+            e.contains("os.swiotlb.force") && e.contains("dev_use_swiotlb"),
+            "{e}"
+        );
+        let e = err(
+            "nvme",
+            &[
+                ("os.swiotlb.force", "true"),
+                ("os.policy", "passthrough"),
+                ("workload.nvme.bs_kb", "1024"),
+            ],
+        );
+        assert!(
+            e.contains("workload.nvme.bs_kb") && e.contains("252"),
+            "{e}"
+        );
         let e = err("coco-net", &[("attack.replay_per_sec", "1000")]);
-        assert!(e.contains("attack.replay_per_sec") && e.contains("swiotlb"), "{e}");
-        let e = err("coco-net", &[("os.kernel", "6.1"), ("os.swiotlb.dynamic", "true")]);
+        assert!(
+            e.contains("attack.replay_per_sec") && e.contains("swiotlb"),
+            "{e}"
+        );
+        let e = err(
+            "coco-net",
+            &[("os.kernel", "6.1"), ("os.swiotlb.dynamic", "true")],
+        );
         assert!(e.contains("os.swiotlb.dynamic") && e.contains("6.6"), "{e}");
     }
 

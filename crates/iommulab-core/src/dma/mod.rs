@@ -490,7 +490,11 @@ impl DmaLayer {
         if !self.bounces() {
             return now;
         }
-        let t = self.swiotlb.as_mut().expect("bounces").sync_for_cpu(now, bytes);
+        let t = self
+            .swiotlb
+            .as_mut()
+            .expect("bounces")
+            .sync_for_cpu(now, bytes);
         self.core.stats.cpu_ns += t - now;
         t
     }
@@ -514,7 +518,9 @@ impl DmaLayer {
                 st.pages_mapped += pages;
                 st.cpu_ns += t - now;
                 // The copy in overwrites what earlier mappings left in these slots.
-                self.core.safety.invalidated(Some((dma, dma + slots - 1)), t);
+                self.core
+                    .safety
+                    .invalidated(Some((dma, dma + slots - 1)), t);
                 Some((dma, pages, t))
             }
             Err((_, t)) => {
@@ -558,12 +564,25 @@ impl DmaLayer {
     pub fn map(&mut self, now: Time, cpu: usize, phys_pfn: u64, pages: u64) -> Option<(u64, Time)> {
         if self.bounces() {
             let bytes = pages * crate::hw::PAGE_SIZE;
-            let r = self.bounce(now, cpu, 0, bytes, crate::scenario::MapDir::Bidirectional, false);
+            let r = self.bounce(
+                now,
+                cpu,
+                0,
+                bytes,
+                crate::scenario::MapDir::Bidirectional,
+                false,
+            );
             return r.map(|(dma, _, t)| (dma, t));
         }
         self.map_policy(now, cpu, phys_pfn, pages)
     }
-    fn map_policy(&mut self, now: Time, cpu: usize, phys_pfn: u64, pages: u64) -> Option<(u64, Time)> {
+    fn map_policy(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        phys_pfn: u64,
+        pages: u64,
+    ) -> Option<(u64, Time)> {
         let r = self.policy.map(&mut self.core, now, cpu, phys_pfn, pages);
         if let Some((iova, t)) = r {
             self.core.stats.cpu_ns += t - now;
@@ -590,10 +609,12 @@ impl DmaLayer {
     /// The segments `(iova, pages)` of one completed descriptor (one segment: a plain dma_unmap).
     pub fn unmap_desc(&mut self, now: Time, cpu: usize, segs: &[(u64, u64)]) -> Time {
         if self.bounces() {
-            let t = segs.iter().fold(now, |t, &(dma, pages)| match self.unbounce(t, cpu, dma) {
-                Some(t) => t,
-                None => self.policy.unmap(&mut self.core, t, cpu, dma, pages),
-            });
+            let t = segs
+                .iter()
+                .fold(now, |t, &(dma, pages)| match self.unbounce(t, cpu, dma) {
+                    Some(t) => t,
+                    None => self.policy.unmap(&mut self.core, t, cpu, dma, pages),
+                });
             self.core.stats.cpu_ns += t - now;
             return t;
         }

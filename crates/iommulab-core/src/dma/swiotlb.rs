@@ -9,8 +9,8 @@
 //! address is its first slot: page number `SWIOTLB_DMA_BASE + slot` (the model's DMA addresses are page
 //! numbers, and two 2 KiB slots share a page).
 
-use crate::scenario::MapDir;
 use crate::kernel::KernelVersion;
+use crate::scenario::MapDir;
 use crate::sim::{Coherence, LockStats, SpinLock, Time};
 use std::collections::HashMap;
 
@@ -92,7 +92,9 @@ impl SwiotlbConfig {
         }
         // swiotlb_adjust_nareas(num_possible_cpus()): a power of two, and round_up_default_nslabs: at
         // least a segment per area, and a power of two.
-        let nareas = (if areas == 0 { cpus } else { areas }).max(1).next_power_of_two();
+        let nareas = (if areas == 0 { cpus } else { areas })
+            .max(1)
+            .next_power_of_two();
         if nslabs < IO_TLB_SEGSIZE * nareas as u64 {
             nslabs = IO_TLB_SEGSIZE * nareas as u64;
         }
@@ -591,15 +593,24 @@ mod tests {
         let mut s = tlb(32768, 4);
         assert_eq!(s.max_mapping_bytes(), 256 << 10);
         assert!(s.map(0, 0, 0, 256 << 10, MapDir::ToDevice, false).is_ok());
-        let e = s.map(0, 0, 0, (256 << 10) + 1, MapDir::ToDevice, false).unwrap_err();
+        let e = s
+            .map(0, 0, 0, (256 << 10) + 1, MapDir::ToDevice, false)
+            .unwrap_err();
         assert_eq!(e.0, Full::TooLarge);
-        assert_eq!((s.stats.bounces, s.stats.full_events, s.stats.too_large), (2, 1, 1));
+        assert_eq!(
+            (s.stats.bounces, s.stats.full_events, s.stats.too_large),
+            (2, 1, 1)
+        );
         // NVMe's min_align_mask keeps the page offset: a full segment less its padding.
         let mut n = tlb(32768, 4);
         n.cfg.min_align_mask = 4095;
         assert_eq!(n.max_mapping_bytes(), (256 << 10) - 4096);
-        assert!(n.map(0, 0, 512, (256 << 10) - 512, MapDir::FromDevice, false).is_ok());
-        let e = n.map(0, 0, 2560, (256 << 10) - 2048, MapDir::FromDevice, false).unwrap_err();
+        assert!(n
+            .map(0, 0, 512, (256 << 10) - 512, MapDir::FromDevice, false)
+            .is_ok());
+        let e = n
+            .map(0, 0, 2560, (256 << 10) - 2048, MapDir::FromDevice, false)
+            .unwrap_err();
         assert_eq!(e.0, Full::TooLarge);
     }
 
@@ -607,8 +618,13 @@ mod tests {
     fn slots_are_used_and_freed_as_the_kernels_free_lists_say() {
         let mut s = tlb(1024, 2);
         let mut live = Vec::new();
-        for (i, bytes) in [1500u64, 4096, 9000, 64 << 10, 100, 2048, 2049].iter().enumerate() {
-            let (d, _, _) = s.map(i as u64 * 10, i % 2, 0, *bytes, MapDir::FromDevice, false).unwrap();
+        for (i, bytes) in [1500u64, 4096, 9000, 64 << 10, 100, 2048, 2049]
+            .iter()
+            .enumerate()
+        {
+            let (d, _, _) = s
+                .map(i as u64 * 10, i % 2, 0, *bytes, MapDir::FromDevice, false)
+                .unwrap();
             live.push(d);
             check_list(&s.pools[0]);
         }
@@ -626,7 +642,11 @@ mod tests {
         }
         assert_eq!(s.stats.used_slots, 0);
         assert_eq!(s.stats.high_water_slots, used);
-        assert!(s.pools[0].list.iter().enumerate().all(|(i, &l)| l as u64 == IO_TLB_SEGSIZE - i as u64 % IO_TLB_SEGSIZE));
+        assert!(s.pools[0]
+            .list
+            .iter()
+            .enumerate()
+            .all(|(i, &l)| l as u64 == IO_TLB_SEGSIZE - i as u64 % IO_TLB_SEGSIZE));
         assert!(s.unmap(1000, 0, SWIOTLB_DMA_BASE + 5).is_none());
     }
 
@@ -639,13 +659,19 @@ mod tests {
         s.unmap(30, 0, d).unwrap();
         let (d, _, _) = s.map(40, 0, 0, 700, MapDir::Bidirectional, false).unwrap();
         s.unmap(50, 0, d).unwrap();
-        assert_eq!((s.stats.copies, s.stats.bounced_bytes), (5, 1500 * 2 + 1000 + 700 * 2));
+        assert_eq!(
+            (s.stats.copies, s.stats.bounced_bytes),
+            (5, 1500 * 2 + 1000 + 700 * 2)
+        );
         // A page_pool page (DMA_ATTR_SKIP_CPU_SYNC): copied in at map, each frame synced for the CPU, nothing
         // copied back at unmap.
         let (d, _, _) = s.map(60, 0, 0, 4096, MapDir::FromDevice, true).unwrap();
         s.sync_for_cpu(70, 1514);
         s.unmap(80, 0, d).unwrap();
-        assert_eq!((s.stats.copies, s.stats.bounced_bytes), (7, 5400 + 4096 + 1514));
+        assert_eq!(
+            (s.stats.copies, s.stats.bounced_bytes),
+            (7, 5400 + 4096 + 1514)
+        );
     }
 
     #[test]
@@ -676,7 +702,9 @@ mod tests {
         s.unmap(20, 0, d).unwrap();
         assert_eq!(s.stats.pool_slots, 256);
         // Once the worker's pool is in, maps land there.
-        assert!(s.map(2 * DYN_ALLOC_NS, 0, 0, 4096, MapDir::ToDevice, false).is_ok());
+        assert!(s
+            .map(2 * DYN_ALLOC_NS, 0, 0, 4096, MapDir::ToDevice, false)
+            .is_ok());
         assert_eq!((s.stats.transient_pools, s.stats.pools_added), (1, 1));
         assert_eq!(s.stats.pool_slots, 256 + IO_TLB_MIN_SLABS);
     }
@@ -689,7 +717,9 @@ mod tests {
             let mut s = tlb(1 << 15, areas);
             for round in 0..50u64 {
                 for cpu in 0..cpus {
-                    let (d, _, _) = s.map(round * 10_000, cpu, 0, 1500, MapDir::FromDevice, false).unwrap();
+                    let (d, _, _) = s
+                        .map(round * 10_000, cpu, 0, 1500, MapDir::FromDevice, false)
+                        .unwrap();
                     s.unmap(round * 10_000 + 5_000, cpu, d).unwrap();
                 }
             }
@@ -704,15 +734,33 @@ mod tests {
     fn the_pool_is_sized_as_the_kernel_sizes_it() {
         let k = KernelVersion(6, 12);
         // 64 MiB and one area per CPU.
-        assert_eq!(SwiotlbConfig::pool(k, None, 0, 4, false, 16 << 30), (32768, 4));
+        assert_eq!(
+            SwiotlbConfig::pool(k, None, 0, 4, false, 16 << 30),
+            (32768, 4)
+        );
         // A confidential guest of 16 GiB: 6 % is 983 MiB, rounded up to a power of two of slots (1 GiB).
-        assert_eq!(SwiotlbConfig::pool(k, None, 0, 4, true, 16 << 30), (1 << 19, 4));
+        assert_eq!(
+            SwiotlbConfig::pool(k, None, 0, 4, true, 16 << 30),
+            (1 << 19, 4)
+        );
         // Capped at 1 GiB, at least 64 MiB.
-        assert_eq!(SwiotlbConfig::pool(k, None, 0, 4, true, 64 << 30).0, 1 << 19);
+        assert_eq!(
+            SwiotlbConfig::pool(k, None, 0, 4, true, 64 << 30).0,
+            1 << 19
+        );
         assert_eq!(SwiotlbConfig::pool(k, None, 0, 4, true, 512 << 20).0, 32768);
         // swiotlb=: 8 MiB, areas limited to a segment each; before 6.0 one lock.
-        assert_eq!(SwiotlbConfig::pool(k, Some(256 << 10), 0, 8, false, 1 << 30), (1024, 8));
-        assert_eq!(SwiotlbConfig::pool(k, Some(128 << 10), 0, 8, false, 1 << 30), (1024, 8));
-        assert_eq!(SwiotlbConfig::pool(KernelVersion(5, 15), Some(128 << 10), 0, 8, false, 1 << 30), (128, 1));
+        assert_eq!(
+            SwiotlbConfig::pool(k, Some(256 << 10), 0, 8, false, 1 << 30),
+            (1024, 8)
+        );
+        assert_eq!(
+            SwiotlbConfig::pool(k, Some(128 << 10), 0, 8, false, 1 << 30),
+            (1024, 8)
+        );
+        assert_eq!(
+            SwiotlbConfig::pool(KernelVersion(5, 15), Some(128 << 10), 0, 8, false, 1 << 30),
+            (128, 1)
+        );
     }
 }

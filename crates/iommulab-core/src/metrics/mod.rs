@@ -758,7 +758,8 @@ impl RunResult {
         );
         // A full bounce pool, not the window, is why little got through: a longer run would not help.
         if limited_by == "swiotlb.full" {
-            warnings.retain(|w| !w.starts_with("short window: ") || w.contains("flush-queue timer"));
+            warnings
+                .retain(|w| !w.starts_with("short window: ") || w.contains("flush-queue timer"));
         }
         RunResult {
             scenario: info.scenario.to_string(),

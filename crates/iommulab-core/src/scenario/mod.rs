@@ -58,7 +58,10 @@ pub const BUILTIN_SCENARIOS: &[(&str, &str)] = &[
         include_str!("../../data/scenarios/guest-dpdk.toml"),
     ),
     ("nested", include_str!("../../data/scenarios/nested.toml")),
-    ("coco-net", include_str!("../../data/scenarios/coco-net.toml")),
+    (
+        "coco-net",
+        include_str!("../../data/scenarios/coco-net.toml"),
+    ),
     ("tx", include_str!("../../data/scenarios/tx.toml")),
     ("rr", include_str!("../../data/scenarios/rr.toml")),
 ];
@@ -643,7 +646,11 @@ impl Scenario {
 
     /// `os.coco` and `[os.swiotlb]`: a confidential guest is a guest of its architecture and kernels, with no
     /// vIOMMU; the pool's options are the kernel's.
-    fn validate_swiotlb(&self, guest: bool, kernel: (u32, u32)) -> Result<(), (Vec<String>, String)> {
+    fn validate_swiotlb(
+        &self,
+        guest: bool,
+        kernel: (u32, u32),
+    ) -> Result<(), (Vec<String>, String)> {
         let coco = self.os.coco;
         if let Some(arch) = coco.arch() {
             let name = coco.as_str();
@@ -659,7 +666,10 @@ impl Scenario {
             check(
                 self.os.arch == arch,
                 "os.coco",
-                format!("expected os.arch = \"{}\" for a {name} guest", arch.as_str()),
+                format!(
+                    "expected os.arch = \"{}\" for a {name} guest",
+                    arch.as_str()
+                ),
             )?;
             let f = coco.first_kernel();
             check(

@@ -11,8 +11,8 @@
 
 use super::{event, Device, Workload, WorkloadStats};
 use crate::host::Host;
-use crate::scenario::MapDir;
 use crate::hw::PAGE_SIZE as PAGE;
+use crate::scenario::MapDir;
 use crate::scenario::{Nvme, NvmeRw};
 use crate::sim::{Ctx, Path, Time};
 

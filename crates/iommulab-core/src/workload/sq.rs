@@ -6,8 +6,8 @@
 use super::desc_ring::DescRing;
 use super::Device;
 use crate::host::Host;
-use crate::scenario::MapDir;
 use crate::hw::PAGE_SIZE as PAGE;
+use crate::scenario::MapDir;
 use crate::sim::{Path, Time};
 use std::collections::VecDeque;
 

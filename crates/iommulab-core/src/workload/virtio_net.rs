@@ -951,7 +951,8 @@ impl VirtioNetWorkload {
             let (chain, chunk) = if self.rx_premapped {
                 (self.carve(f), Some(self.rx_frag.at))
             } else {
-                let Some((chain, t2)) = self.add_chain(host, t, cpu, &[f], MapDir::FromDevice) else {
+                let Some((chain, t2)) = self.add_chain(host, t, cpu, &[f], MapDir::FromDevice)
+                else {
                     break;
                 };
                 t = t2;
