@@ -384,8 +384,7 @@ def advise(root: str | os.PathLike = "/", workload: str = "nic-rx", max_exposure
     if swapped:
         why += f"; {swapped}"
     return {
-        "host": {"kernel": res["kernel"], "arch": res["arch"], "cmdline": res["cmdline"],
-                 "iommus": res["iommus"], **hw, "guest": bool(hw.get("guest")), "current": now},
+        "host": _host_doc(res, hw, now),
         "scenario": base, "set": {k: v for k, v in keys.items() if k != "compare"},
         "from_host": took, "assumed": [_assumed_text(w, k, sc) for w, k in assumed],
         "measure": key,
@@ -426,9 +425,7 @@ def _advise_bounce(res: dict[str, Any], hw: dict[str, Any], base: str, keys: dic
     seed = sc["run"]["seed"]
 
     def runs(extra: dict[str, str]) -> list[RunResult]:
-        vs = [v for i in range(SEEDS) for v in load(base, {**keys, **extra, "run.seed": str(seed + i)},
-                                                      raw_strings=True)]
-        return run_variants(vs, None, jobs)
+        return run_variants(_seeded(base, {**keys, **extra}, seed), None, jobs)
 
     plain, bounced = runs({"os.coco": toml_value("none")}), runs({})
     kind = _measure(base, plain[0])
@@ -459,9 +456,7 @@ def _advise_bounce(res: dict[str, Any], hw: dict[str, Any], base: str, keys: dic
     why = (f"bouncing costs {_signed(cost)} % {unit} and {cpu:+.1f} points of CPU busy against the same guest "
            f"not confidential; {fits}" if cost is not None else fits)
     return {
-        "host": {"kernel": res["kernel"], "arch": res["arch"], "cmdline": res["cmdline"],
-                 "iommus": res["iommus"], **hw, "guest": bool(hw.get("guest")),
-                 "current": current(res, sc["os"]["kernel"])},
+        "host": _host_doc(res, hw, current(res, sc["os"]["kernel"])),
         "scenario": base, "set": {k: v for k, v in keys.items() if k != "compare"},
         "from_host": took, "assumed": [_assumed_text(w, k, sc) for w, k in assumed] + [
             "the bounce copy at the profile's cpu.copy_ns_per_byte times kvm.coco_copy_factor, and swiotlb's "
@@ -503,9 +498,19 @@ def _option_runs(res: dict[str, Any], kernel: str, base: str, keys: dict[str, st
             opt["untrusted"] = untrusted["policy"]
         options.append(opt)
         own = {**keys, "os.policy": toml_value(opt["policy"]), "os.cmdline": toml_value(cmd)}
-        for i in range(SEEDS):
-            variants += load(base, {**own, "run.seed": str(seed + i)}, raw_strings=True)
+        variants += _seeded(base, own, seed)
     return options, variants
+
+
+def _seeded(base: str, keys: dict[str, str], seed: int) -> list[Any]:
+    """`base` with `keys` at SEEDS seeds from `seed`, seed by seed."""
+    return [v for i in range(SEEDS) for v in load(base, {**keys, "run.seed": str(seed + i)}, raw_strings=True)]
+
+
+def _host_doc(res: dict[str, Any], hw: dict[str, Any], now: dict[str, str]) -> dict[str, Any]:
+    """What advise read of the host, and what it runs now, as its JSON's `host`."""
+    return {"kernel": res["kernel"], "arch": res["arch"], "cmdline": res["cmdline"], "iommus": res["iommus"], **hw,
+            "guest": bool(hw.get("guest")), "current": now}
 
 
 def _fill(opt: dict[str, Any], runs: list[RunResult], key: str, kind: str, value: Any) -> None:
