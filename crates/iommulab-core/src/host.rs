@@ -306,7 +306,8 @@ impl Host {
     /// dma_sync_single_range_for_cpu() of `bytes` a device of the first domain wrote (a received frame):
     /// the release time (a bounced page's copy back; nothing otherwise).
     pub fn dma_sync_for_cpu(&mut self, now: Time, bytes: u64) -> Time {
-        self.lend(0).sync_for_cpu(now, bytes)
+        // No IOMMU work: the layer need not hold the IOMMU (bouncing has one domain, validated).
+        self.dma.sync_for_cpu(now, bytes)
     }
 
     /// dma_map_page() for the first domain's device ([`Host::dma_map_attrs_in`] without attributes).
