@@ -210,8 +210,9 @@ pub enum Full {
 }
 
 /// The background worker's allocation of a new pool (swiotlb_dyn_alloc: alloc_pages, set_memory_decrypted
-/// in a confidential guest): when the pool is ready after it is asked for. Estimate: a workqueue wake-up
-/// and a 64 MiB contiguous allocation, about a millisecond.
+/// in a confidential guest): when the pool is ready after it is asked for. Estimate, 0.1-10 ms: a workqueue
+/// wake-up and a contiguous allocation of up to 4 MiB (its page-state change too in a confidential guest);
+/// no figure is published. Only when the pool grows does it matter (the transient pool serves meanwhile).
 const DYN_ALLOC_NS: u64 = 1_000_000;
 /// The largest pool swiotlb_dyn_alloc adds: SLABS_PER_PAGE << MAX_PAGE_ORDER, 4 MiB with x86's 4 KiB pages
 /// (swiotlb_alloc_pool).
