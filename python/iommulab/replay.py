@@ -149,10 +149,41 @@ def format_replay(res: dict[str, Any]) -> str:
     fits = [f"{ph} {d['tick_fit']['tick_phase_us']:g} µs ({d['tick_fit']['early_reuses']} early reuses)"
             for ph, d in res["phases"].items() if "tick_fit" in d]
     lines += _timer_lines(rt, fits)
+    lines += _bounce_lines(res)
     lines.append("")
     terms = ["map_syncs: iotlb_sync_map calls (one per map_sg)"] + vendors.legend(res["iommu"]).split(" · ")
     lines += [x for t in terms if t for x in wrap(t)]
     return "\n".join(lines) + "\n"
+
+
+def _bounce_lines(res: dict[str, Any]) -> list[str]:
+    """Where the trace bounces: the model's swiotlb pool beside what the kernel recorded, per phase."""
+    s = res.get("swiotlb")
+    if not s:
+        return []
+    k = s.get("kernel_pool_slots")
+    out = [""] + wrap(f"swiotlb: a pool of {s['pool_slots']} slots in {s['areas']} area"
+                      f"{'s' if s['areas'] != 1 else ''}{', dynamic' if s['dynamic'] else ''}"
+                      f"{f' (the kernel reported {k})' if k is not None else ''}; {s['from']}")
+    phases = [(ph, d["swiotlb"]) for ph, d in res["phases"].items() if d.get("swiotlb")]
+    if not phases:
+        return out
+    opt = lambda v: "-" if v is None else str(v)  # noqa: E731
+    rows = {
+        "bounces": [str(b["model"]["bounces"]) for _, b in phases],
+        "kernel": [str(b["guest"]["swiotlb_bounced"]) for _, b in phases],
+        "full": [str(b["model"]["full_events"]) for _, b in phases],
+        "kernel_full": [str(b["guest"]["map_errors"]) for _, b in phases],
+        "same_slot": [f"{b['slots_same']}/{b['slots_compared']}" for _, b in phases],
+        "high_water": [opt(b["model"].get("high_water_slots")) for _, b in phases],
+        "kernel_hw": [opt(b["guest"].get("high_water_slots")) for _, b in phases],
+    }
+    cols = [[x.rjust(9) for x in right(name, v)] for name, v in rows.items()]
+    out += fit(["phase".ljust(10)] + [ph for ph, _ in phases], cols)
+    out += wrap("bounces: the model's swiotlb_map calls · kernel: swiotlb_bounced events · full: found no slots · "
+                "kernel_full: maps that returned DMA_MAPPING_ERROR · same_slot: bounces put in the slot the kernel "
+                "chose · high_water, kernel_hw: most slots in use in the capture (io_tlb_used_hiwater)")
+    return out
 
 
 def _timer_lines(rt: dict[str, Any], fits: list[str]) -> list[str]:

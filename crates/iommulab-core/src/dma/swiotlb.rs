@@ -263,8 +263,9 @@ impl Swiotlb {
         self.stats.bounces += 1;
         let c = self.cfg.costs;
         let mut t = now + c.op_ns;
-        // swiotlb_align_offset(dev, 0, orig_addr): the original's low bits the slot keeps.
-        let pad = offset & self.cfg.min_align_mask & (IO_TLB_SIZE - 1 | self.cfg.min_align_mask);
+        // swiotlb_align_offset(dev, 0, orig_addr): the original's low bits within a slot; a higher bit of
+        // min_align_mask (NVMe's bit 11) is kept by the slot the search picks, not by padding.
+        let pad = offset & self.cfg.min_align_mask & (IO_TLB_SIZE - 1);
         let alloc = bytes.max(1) + pad;
         if alloc > IO_TLB_SEGSIZE * IO_TLB_SIZE {
             self.stats.full_events += 1;
@@ -523,7 +524,7 @@ fn allocate_slots(list: &mut [u16], slot: u64, nslots: u64) -> u64 {
 fn release_slots(list: &mut [u16], slot: u64, nslots: u64) -> u64 {
     let (s, n) = (slot as usize, nslots as usize);
     let end = s + n;
-    let mut count = if (end as u64) % IO_TLB_SEGSIZE != 0 && end < list.len() {
+    let mut count = if !(end as u64).is_multiple_of(IO_TLB_SEGSIZE) && end < list.len() {
         list[end]
     } else {
         0
@@ -606,11 +607,15 @@ mod tests {
         let mut n = tlb(32768, 4);
         n.cfg.min_align_mask = 4095;
         assert_eq!(n.max_mapping_bytes(), (256 << 10) - 4096);
-        assert!(n
-            .map(0, 0, 512, (256 << 10) - 512, MapDir::FromDevice, false)
-            .is_ok());
+        // The padding is the offset within a slot (swiotlb_align_offset: & (IO_TLB_SIZE - 1)); the offset's
+        // bit 11 is kept by an odd slot, so the largest mapping the kernel advertises fits at any offset.
+        let (d, slots, _) = n
+            .map(0, 0, 2560, (256 << 10) - 4096, MapDir::FromDevice, false)
+            .unwrap();
+        assert_eq!((d - SWIOTLB_DMA_BASE) % 2, 1);
+        assert_eq!(slots, 127);
         let e = n
-            .map(0, 0, 2560, (256 << 10) - 2048, MapDir::FromDevice, false)
+            .map(0, 0, 2560, (256 << 10) - 511, MapDir::FromDevice, false)
             .unwrap_err();
         assert_eq!(e.0, Full::TooLarge);
     }

@@ -53,7 +53,7 @@ pub fn check(profile: &toml::Table) -> Result<(), (Vec<String>, String)> {
         let r: ConstRange = v
             .clone()
             .try_into()
-            .map_err(|e: toml::de::Error| (at.clone(), format!("{}", e.message())))?;
+            .map_err(|e: toml::de::Error| (at.clone(), e.message().to_string()))?;
         let Some(vals) = input::split_key(key)
             .ok()
             .filter(|path| path[0] != "ranges")

@@ -92,10 +92,32 @@ pub enum Record {
     /// which syncs the IOTLB at once even in a lazy domain (dma-iommu.c __iommu_dma_iova_unlink(), free_iova
     /// false: not queued).
     IovaUnlink { ev: EventHead },
+    /// `swiotlb:swiotlb_bounced` (kernel/dma/swiotlb.c swiotlb_map(), before the slots are searched): a
+    /// bounce the kernel attempted for device `dev`.
+    Bounced { ev: EventHead, dev: String },
+    /// The capture's note on the swiotlb pool when it started or stopped recording (debugfs
+    /// `/sys/kernel/debug/swiotlb`).
+    SwiotlbNote(SwiotlbNote),
     /// Another event, a header or comment line, or an empty line.
     Other,
     /// A line that could not be read (cut by a buffer overrun, garbled): its number and why.
     Bad { line: u64, why: &'static str },
+}
+
+/// `# iommulab capture: swiotlb at start: nslabs=N used=N hiwater=N possible=CPULIST start=0xHEX transient=N`
+/// (`at end:` when recording stopped): debugfs's io_tlb_nslabs, io_tlb_used, io_tlb_used_hiwater (6.4+),
+/// io_tlb_transient_nslabs (CONFIG_SWIOTLB_DYNAMIC only), the possible CPUs and the pool's start from the
+/// kernel log; each key only where the capture found it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SwiotlbNote {
+    pub end: bool,
+    pub nslabs: Option<u64>,
+    pub used: Option<u64>,
+    pub hiwater: Option<u64>,
+    /// The possible CPUs, counted from the list (`0-3,8`).
+    pub possible_cpus: Option<u32>,
+    pub start: Option<u64>,
+    pub transient: Option<u64>,
 }
 
 /// The context an event ran in, from the irq-info flags column (its third character: `h`/`H` hardirq,
@@ -301,6 +323,9 @@ fn parse_general(s: &str, line: u64) -> Record {
     if t.starts_with(TIMER_DOMAINS_NOTE) {
         return Record::TimerDomains;
     }
+    if let Some(n) = t.strip_prefix(SWIOTLB_NOTE) {
+        return parse_swiotlb_note(n);
+    }
     if t.is_empty() || t.starts_with('#') {
         return Record::Other;
     }
@@ -354,6 +379,23 @@ fn parse_general(s: &str, line: u64) -> Record {
                 None => Record::Bad {
                     line,
                     why: "a flush_iotlb_all kprobe line without dom=",
+                },
+            }
+        }
+        "swiotlb_bounced" | "swiotlb:swiotlb_bounced" => {
+            // "dev_name: DEVICE dma_mask=… dev_addr=… size=N FORCE"
+            match body
+                .trim_start()
+                .strip_prefix("dev_name:")
+                .and_then(|r| r.split_whitespace().next())
+            {
+                Some(dev) => Record::Bounced {
+                    ev: head,
+                    dev: dev.to_string(),
+                },
+                None => Record::Bad {
+                    line,
+                    why: "a swiotlb_bounced event without dev_name:",
                 },
             }
         }
@@ -477,6 +519,144 @@ fn num(s: &str) -> Option<u64> {
 const GROUP_NOTE: &str = "# iommulab capture: iommu group ";
 /// The capture's note that the flush timer's firings name their domain.
 const TIMER_DOMAINS_NOTE: &str = "# iommulab capture: flush queue timer's domain recorded";
+/// The capture's notes on the swiotlb pool.
+const SWIOTLB_NOTE: &str = "# iommulab capture: swiotlb at ";
+
+fn parse_swiotlb_note(n: &str) -> Record {
+    let (end, rest) = match n.split_once(':') {
+        Some(("start", r)) => (false, r),
+        Some(("end", r)) => (true, r),
+        _ => return Record::Other,
+    };
+    let [nslabs, used, hiwater, possible, start, transient] = fields(
+        rest,
+        [
+            "nslabs",
+            "used",
+            "hiwater",
+            "possible",
+            "start",
+            "transient",
+        ],
+    );
+    Record::SwiotlbNote(SwiotlbNote {
+        end,
+        nslabs: nslabs.and_then(num),
+        used: used.and_then(num),
+        hiwater: hiwater.and_then(num),
+        possible_cpus: possible.and_then(cpu_list_count),
+        start: start.and_then(num),
+        transient: transient.and_then(num),
+    })
+}
+
+/// CPUs in a kernel CPU list (`0`, `0-3`, `0-3,8-11`): None if it is not one.
+fn cpu_list_count(s: &str) -> Option<u32> {
+    s.split(',').try_fold(0u32, |n, r| {
+        let (a, b) = r.split_once('-').unwrap_or((r, r));
+        let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+        (b >= a && b < MAX_CPUS).then(|| n + b - a + 1)
+    })
+}
+
+/// A DMA API call as its event prints it (include/trace/events/dma.h, 6.12+), with what a bounce replay needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DmaCall {
+    pub kind: DmaKind,
+    pub dir: crate::scenario::MapDir,
+    /// Mapped segments: (DMA address, bytes, physical address). An unmap_page: its one (address, bytes, 0); an
+    /// unmap_sg: (0, 0, physical address) per entry.
+    pub segs: Vec<(u64, u64, u64)>,
+    /// DMA_ATTR_SKIP_CPU_SYNC.
+    pub skip_cpu_sync: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DmaKind {
+    MapPage,
+    MapSg,
+    UnmapPage,
+    UnmapSg,
+    /// Resources, coherent allocations and their frees: never bounced (dma_direct_map_resource,
+    /// dma_direct_alloc).
+    Other,
+}
+
+/// DMA_MAPPING_ERROR: what a failed map returns (and its event prints).
+pub const DMA_MAPPING_ERROR: u64 = u64::MAX;
+
+/// The DMA API call an event line prints, if it is one (its head and the call).
+pub fn dma_call(s: &str, line: u64) -> Option<(EventHead, String, DmaCall)> {
+    let (head, rest) = split_head(s.trim_start(), line)?;
+    let c = find2(rest.as_bytes(), b": ")?;
+    let event = rest[..c].trim().trim_start_matches("dma:");
+    let body = &rest[c + 2..];
+    let kind = match event {
+        "dma_map_page" | "dma_map_phys" => DmaKind::MapPage,
+        "dma_map_sg" => DmaKind::MapSg,
+        "dma_unmap_page" | "dma_unmap_phys" => DmaKind::UnmapPage,
+        "dma_unmap_sg" => DmaKind::UnmapSg,
+        e if e.starts_with("dma_") => DmaKind::Other,
+        _ => return None,
+    };
+    let dev = body.split_whitespace().next()?.to_string();
+    let [dir, addr, size, phys, addrs, sizes, physs, attrs] = fields(
+        body,
+        [
+            "dir",
+            "dma_addr",
+            "size",
+            "phys_addr",
+            "dma_addrs",
+            "sizes",
+            "phys_addrs",
+            "attrs",
+        ],
+    );
+    use crate::scenario::MapDir;
+    let dir = match dir {
+        Some("TO_DEVICE") => MapDir::ToDevice,
+        Some("FROM_DEVICE") => MapDir::FromDevice,
+        _ => MapDir::Bidirectional,
+    };
+    let hex = |v: &str| u64::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok();
+    let list = |v: Option<&str>| -> Option<Vec<u64>> {
+        v?.trim_matches(['{', '}'])
+            .split(',')
+            .filter(|x| !x.trim().is_empty())
+            .map(hex)
+            .collect()
+    };
+    let segs = match kind {
+        DmaKind::MapPage | DmaKind::UnmapPage => {
+            let a = addr.and_then(hex)?;
+            let n = size.and_then(num)?;
+            vec![(a, n, phys.and_then(hex).unwrap_or(0))]
+        }
+        DmaKind::MapSg => {
+            let (a, n) = (list(addrs)?, list(sizes)?);
+            let p = list(physs).unwrap_or_default();
+            a.iter()
+                .zip(&n)
+                .enumerate()
+                .map(|(i, (&a, &n))| (a, n, p.get(i).copied().unwrap_or(0)))
+                .collect()
+        }
+        DmaKind::UnmapSg => list(physs)?.into_iter().map(|p| (0, 0, p)).collect(),
+        DmaKind::Other => Vec::new(),
+    };
+    let skip_cpu_sync = attrs.is_some_and(|a| a.split('|').any(|f| f == "SKIP_CPU_SYNC"));
+    Some((
+        head,
+        dev,
+        DmaCall {
+            kind,
+            dir,
+            segs,
+            skip_cpu_sync,
+        },
+    ))
+}
 
 fn parse_group(g: &str) -> Record {
     let Some((id, devs)) = g.split_once(':') else {

@@ -28,6 +28,7 @@
 //! - Whose timer fired: a recorded firing names its domain by pointer; in a trace that names its domains by
 //!   device only, the pointer is tied to the domain whose unmaps armed its timer (tie.rs).
 
+mod bounce;
 pub mod ftrace;
 mod group;
 mod hold;
@@ -45,6 +46,7 @@ use crate::input::InputError;
 use crate::metrics::IovaLocality;
 use crate::scenario::{load, PolicyName, Source, Vendor};
 use crate::sim::{PerCpu, Time};
+pub use bounce::{BounceGuest, BounceModel, BouncePhase, BounceSummary, SwiotlbParam};
 use ftrace::{EventHead, Record};
 use group::{marked, meeting, Grouper, Marked, Op, PhaseName};
 use hold::{Held, Holdback};
@@ -165,6 +167,8 @@ pub struct ReplaySession {
     firing: PerCpu<bool>,
     /// Per CPU, whether the next unmap is an IOVA-API unlink (a `dma_iova_unlink()` kprobe line came first).
     unlinking: PerCpu<bool>,
+    /// The swiotlb pool, driven by the DMA API's events where the trace bounces.
+    bounce: bounce::BounceReplay,
 }
 
 /// Steps read before they are handed to the model together (small enough to stay in a core's cache on
@@ -507,6 +511,7 @@ impl ReplaySession {
                 .then_some(crate::scenario::KERNEL_NEWEST),
             firing: PerCpu::default(),
             unlinking: PerCpu::default(),
+            bounce: bounce::BounceReplay::new(kernel, &opts.cmdline),
         })
     }
 
@@ -574,6 +579,18 @@ impl ReplaySession {
                 why,
             };
         }
+        match &rec {
+            Record::Bounced { ev, dev } => {
+                self.lines.events += 1;
+                return self.bounce.bounced(ev, dev);
+            }
+            Record::SwiotlbNote(n) => return self.bounce.note(n),
+            Record::Device { .. } if self.bounce.active() || self.bounce.forced() => {
+                self.bounce.dma_line(text, self.lines.total)
+            }
+            Record::Marker { text, .. } => self.bounce.marker(text),
+            _ => {}
+        }
         match rec {
             Record::Other => return,
             Record::Bad { line, why } => {
@@ -622,9 +639,12 @@ impl ReplaySession {
                 *self.unlinking.get_mut(ev.cpu as usize) = true;
                 return;
             }
-            Record::Other | Record::Bad { .. } | Record::Device { .. } | Record::Group { .. } => {
-                return
-            }
+            Record::Other
+            | Record::Bad { .. }
+            | Record::Device { .. }
+            | Record::Group { .. }
+            | Record::Bounced { .. }
+            | Record::SwiotlbNote(_) => return,
         };
         self.lines.events += 1;
         if ev.ts_ns < self.last_ts {
@@ -960,11 +980,17 @@ impl ReplaySession {
                 (phase, sum)
             })
             .collect();
-        let phases = if fit {
+        let mut phases = if fit {
             pick_tick_phases(&done)
         } else {
             done.swap_remove(0).1
         };
+        let swiotlb = self.bounce.summary();
+        if swiotlb.is_some() {
+            for (name, b) in std::mem::take(&mut self.bounce.phases) {
+                phases.entry(&name).swiotlb = Some(b);
+            }
+        }
         // Every phase the trace began has an entry (the replay commits it at its end).
         if let Some(p) = ats_phases.iter().find(|p| phases.get(p).is_none()) {
             let names: Vec<&str> = phases
@@ -1002,6 +1028,7 @@ impl ReplaySession {
             iova_locality: IovaLocality::new(&self.locality.counts, self.walk_cache_entries),
             domains,
             recorded_timer,
+            swiotlb,
             phases,
             warnings: Vec::new(),
         };

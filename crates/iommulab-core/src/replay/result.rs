@@ -118,6 +118,9 @@ pub struct Phase {
     /// The same counts per DMA domain the phase saw (its replayer existed), keyed by the domain's name (see
     /// [`Domains::devices`]), in the order the domains appeared.
     pub by_domain: Named<Counts>,
+    /// Where the trace bounces: the model's swiotlb pool beside what the kernel recorded (bounce.rs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swiotlb: Option<super::bounce::BouncePhase>,
 }
 
 /// Values keyed by name, in the order they were added, serialised as a JSON object.
@@ -278,6 +281,9 @@ pub struct ReplayResult {
     /// Present when the trace recorded the flush queue's timer (lazy replays): the model's timer stood down.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recorded_timer: Option<RecordedTimer>,
+    /// Present when the trace bounces through swiotlb: the pool the replay modelled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swiotlb: Option<super::bounce::BounceSummary>,
     pub phases: Phases,
     /// What the reader should know, one line each (see `warnings.rs`).
     pub warnings: Vec<String>,

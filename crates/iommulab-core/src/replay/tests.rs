@@ -893,3 +893,131 @@ fn riscv_sends_an_iotinval_per_page_below_2_mib_and_amd_vi_one_per_aligned_block
         assert!(cols.iter().all(|k| j.get(*k).is_some()), "{vendor:?}: {j}");
     }
 }
+
+/// A bounced page map as a 6.12 guest traces it: `swiotlb_bounced`, then `dma_map_page` with the slot's
+/// address (or DMA_MAPPING_ERROR).
+fn bounce_map(ts: u64, dev: &str, addr: u64, size: u64, phys: u64) -> String {
+    line(
+        ts,
+        &format!("swiotlb_bounced: dev_name: {dev} dma_mask=ffffffffffffffff dev_addr={phys:x} size={size} FORCE"),
+    ) + &line(
+        ts,
+        &format!("dma_map_page: {dev} dir=FROM_DEVICE dma_addr={addr:x} size={size} phys_addr={phys:x} attrs="),
+    )
+}
+fn bounce_unmap(ts: u64, dev: &str, addr: u64, size: u64) -> String {
+    line(
+        ts,
+        &format!("dma_unmap_page: {dev} dir=FROM_DEVICE dma_addr={addr:x} size={size} attrs="),
+    )
+}
+
+#[test]
+fn a_forced_pool_fills_and_reuses_slots_as_the_kernels_did() {
+    // swiotlb=128,force on one CPU: one area of 128 slots at 0x1000000. Sixty-four 4 KiB maps take two
+    // page-aligned slots each and fill it; the 65th fails in the kernel and in the model. A freed pair is what
+    // the next search finds.
+    let start = 0x100_0000u64;
+    let dev = "0000:00:03.0";
+    let mut t = String::from(
+        "# iommulab capture: swiotlb at start: nslabs=128 used=0 hiwater=0 possible=0 start=0x1000000\n",
+    );
+    t += &mark(1, "TB_BEGIN blk");
+    for k in 0..64u64 {
+        t += &bounce_map(10 + k, dev, start + k * 4096, 4096, 0x5000_0000 + k * 4096);
+    }
+    t += &bounce_map(100, dev, u64::MAX, 4096, 0x6000_0000);
+    t += &bounce_unmap(110, dev, start + 10 * 4096, 4096);
+    t += &bounce_map(120, dev, start + 10 * 4096, 4096, 0x6000_0000);
+    t += &mark(130, "TB_END blk");
+    t += "# iommulab capture: swiotlb at end: nslabs=128 used=128 hiwater=128 possible=0 start=0x1000000\n";
+    let opts = ReplayOptions {
+        cmdline: "iommu.passthrough=1 swiotlb=128,force".into(),
+        ..ReplayOptions::default()
+    };
+    let r = run(&t, &opts);
+    assert_eq!(r.policy, "passthrough");
+    let s = r.swiotlb.as_ref().expect("the trace bounces");
+    assert_eq!((s.pool_slots, s.areas, s.force), (128, 1, true));
+    assert_eq!(s.kernel_pool_slots, Some(128));
+    let b = r
+        .phases
+        .get("blk")
+        .and_then(|p| p.swiotlb.as_ref())
+        .expect("blk bounced");
+    assert_eq!(b.guest.swiotlb_bounced, 66);
+    assert_eq!(b.model.bounces, 66);
+    assert_eq!((b.model.full_events, b.guest.map_errors), (1, 1));
+    assert_eq!((b.slots_compared, b.slots_same), (65, 65));
+    assert_eq!(
+        (b.model_full_kernel_mapped, b.model_mapped_kernel_full),
+        (0, 0)
+    );
+    assert_eq!(b.model.used_slots, Some(128));
+    assert_eq!(b.model.high_water_slots, Some(128));
+    assert_eq!(b.guest.high_water_slots, Some(128));
+}
+
+#[test]
+fn a_kernel_whose_slots_differ_from_the_models_is_counted_not_hidden() {
+    // The kernel put the second map two slots further than the model's search would: compared, not the same.
+    let start = 0x100_0000u64;
+    let dev = "0000:00:02.0";
+    let mut t = String::from("# iommulab capture: swiotlb at start: nslabs=256 used=0 hiwater=0 possible=0-1 start=0x1000000\n");
+    t += &mark(1, "TB_BEGIN net");
+    t += &bounce_map(10, dev, start, 1536, 0x5000_0000);
+    t += &bounce_map(11, dev, start + 2 * 2048, 1536, 0x5000_1000);
+    t += &mark(20, "TB_END net");
+    let opts = ReplayOptions {
+        cmdline: "iommu.passthrough=1 swiotlb=256,force".into(),
+        ..ReplayOptions::default()
+    };
+    let r = run(&t, &opts);
+    // Two possible CPUs: two areas of 128.
+    assert_eq!(r.swiotlb.as_ref().map(|s| s.areas), Some(2));
+    let b = r
+        .phases
+        .get("net")
+        .and_then(|p| p.swiotlb.as_ref())
+        .unwrap();
+    assert_eq!((b.slots_compared, b.slots_same), (2, 1));
+}
+
+#[test]
+fn swiotlbs_command_line_parameter_reads_as_the_kernel_reads_it() {
+    let p = |c: &str| SwiotlbParam::parse(c);
+    assert_eq!(p("quiet"), None);
+    assert_eq!(
+        p("swiotlb=1024,force"),
+        Some(SwiotlbParam {
+            slabs: Some(1024),
+            areas: None,
+            force: true
+        })
+    );
+    assert_eq!(
+        p("swiotlb=65536,4,force x"),
+        Some(SwiotlbParam {
+            slabs: Some(65536),
+            areas: Some(4),
+            force: true
+        })
+    );
+    assert_eq!(
+        p("swiotlb=force"),
+        Some(SwiotlbParam {
+            slabs: None,
+            areas: None,
+            force: true
+        })
+    );
+    assert_eq!(
+        p("swiotlb=0x800"),
+        Some(SwiotlbParam {
+            slabs: Some(2048),
+            areas: None,
+            force: false
+        })
+    );
+    assert_eq!(p("swiotlb=noforce").map(|s| s.force), Some(false));
+}

@@ -45,6 +45,47 @@ pub(super) fn warnings(
     w.extend(anomalies(r));
     w.extend(one_domain(r));
     w.extend(timer(r, why));
+    w.extend(bounce(r));
+    w
+}
+
+/// Where the bounce replay rests on less than the trace: a pool sized otherwise than the kernel's, devices
+/// taken to bounce from the trace's own events, bounces no traced map shows.
+fn bounce(r: &ReplayResult) -> Vec<String> {
+    let Some(s) = &r.swiotlb else {
+        return Vec::new();
+    };
+    let mut w = Vec::new();
+    if let Some(k) = s.kernel_pool_slots.filter(|&k| k != s.pool_slots) {
+        w.push(format!(
+            "swiotlb: the model's pool has {} slots where the kernel reported {k} ({})",
+            s.pool_slots, s.from
+        ));
+    }
+    if !s.force {
+        w.push(
+            "swiotlb: no swiotlb=force on the command line given: every map of a device the trace's swiotlb_bounced              events name is taken to bounce"
+                .to_string(),
+        );
+    }
+    let (mut kernel, mut model) = (0, 0);
+    for (_, p) in r.phases.iter() {
+        if let Some(b) = &p.swiotlb {
+            kernel += b.guest.swiotlb_bounced;
+            model += b.model.bounces;
+        }
+    }
+    if kernel > model {
+        w.push(format!(
+            "swiotlb: the kernel attempted {} bounces no traced map shows (a dma_map_sg that fails is not traced)",
+            kernel - model
+        ));
+    } else if model > kernel {
+        w.push(format!(
+            "swiotlb: {} traced maps bounced in the model that the kernel did not bounce",
+            model - kernel
+        ));
+    }
     w
 }
 

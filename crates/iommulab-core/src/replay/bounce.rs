@@ -1,0 +1,436 @@
+//! Bounce buffering replayed: the DMA API's events of a trace (include/trace/events/dma.h, 6.12+) drive the
+//! model's swiotlb pool (dma/swiotlb.rs), and what the pool did is set beside what the kernel recorded of its
+//! own: the `swiotlb:swiotlb_bounced` tracepoint (one per swiotlb_map() call, a failed one too), the maps that
+//! returned DMA_MAPPING_ERROR, the slot each bounce got (its DMA address) and the capture's notes of debugfs's
+//! io_tlb_used and io_tlb_used_hiwater.
+//!
+//! What the model decides: which maps bounce (every streaming map of a device under `swiotlb=force`: a
+//! dma_map_page, each segment of a dma_map_sg; never a resource or a coherent allocation, dma-direct), the
+//! slots each bounce takes (swiotlb_find_slots from the area's `index`, with the kernel's alignment), and
+//! whether a map fails ("swiotlb buffer is full"). What follows the trace: the driver's reaction to a map the
+//! kernel failed or made (the model releases slots the driver never had, and frees what the trace unmaps).
+
+use super::ftrace::{dma_call, DmaKind, EventHead, SwiotlbNote, DMA_MAPPING_ERROR};
+use crate::dma::swiotlb::{
+    Swiotlb, SwiotlbConfig, SwiotlbCosts, IO_TLB_SHIFT, IO_TLB_SIZE, SWIOTLB_DMA_BASE,
+};
+use crate::kernel::KernelVersion;
+use crate::sim::Coherence;
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+
+/// `swiotlb=` on a kernel command line (kernel/dma/swiotlb.c setup_io_tlb_npages):
+/// `[<slabs>][,<areas>][,force|noforce]`, the last one given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SwiotlbParam {
+    pub slabs: Option<u64>,
+    pub areas: Option<u32>,
+    pub force: bool,
+}
+
+impl SwiotlbParam {
+    pub fn parse(cmdline: &str) -> Option<Self> {
+        let v = cmdline
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix("swiotlb="))
+            .next_back()?;
+        // simple_strtoul(str, &str, 0): a leading number, decimal or 0x hex.
+        let number = |s: &str| -> (Option<u64>, usize) {
+            let (digits, radix, skip) = match s.strip_prefix("0x") {
+                Some(h) => (h, 16, 2),
+                None => (s, 10, 0),
+            };
+            let n = digits.chars().take_while(|c| c.is_digit(radix)).count();
+            if n == 0 {
+                return (None, 0);
+            }
+            (u64::from_str_radix(&digits[..n], radix).ok(), skip + n)
+        };
+        let mut rest = v;
+        let (slabs, used) = number(rest);
+        rest = &rest[used..];
+        rest = rest.strip_prefix(',').unwrap_or(rest);
+        let (areas, used) = number(rest);
+        rest = &rest[used..];
+        rest = rest.strip_prefix(',').unwrap_or(rest);
+        Some(SwiotlbParam {
+            slabs,
+            areas: areas.map(|a| a.min(u32::MAX as u64) as u32),
+            force: rest == "force",
+        })
+    }
+}
+
+/// One phase's bounces, the model's beside the kernel's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BouncePhase {
+    pub model: BounceModel,
+    pub guest: BounceGuest,
+    /// Bounces both made, whose slot the model chose as the kernel did (`same`) out of those compared.
+    pub slots_compared: u64,
+    pub slots_same: u64,
+    /// Maps one failed and the other made.
+    pub model_full_kernel_mapped: u64,
+    pub model_mapped_kernel_full: u64,
+}
+
+/// What the model's pool did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BounceModel {
+    /// swiotlb_map() calls: bounces attempted (the `swiotlb_bounced` tracepoint's count).
+    pub bounces: u64,
+    /// Of those, found no slots.
+    pub full_events: u64,
+    /// Slots in use at the capture's end note, and the most in use after any allocation since its start note
+    /// (debugfs io_tlb_used, io_tlb_used_hiwater after it was reset), where the capture noted them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used_slots: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high_water_slots: Option<u64>,
+}
+
+/// What the kernel recorded.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BounceGuest {
+    /// `swiotlb:swiotlb_bounced` events.
+    pub swiotlb_bounced: u64,
+    /// Maps of a bouncing device that returned DMA_MAPPING_ERROR ("swiotlb buffer is full"; a dma_map_sg
+    /// that fails is not traced, 6.12's __dma_map_sg_attrs).
+    pub map_errors: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used_slots: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high_water_slots: Option<u64>,
+    /// The high-water mark when the capture started (0: reset before it, so the end note's is the capture's
+    /// own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub high_water_at_start: Option<u64>,
+}
+
+/// The pool the replay modelled and where its geometry came from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct BounceSummary {
+    pub pool_slots: u64,
+    pub areas: u32,
+    pub dynamic: bool,
+    /// Every device's streaming maps bounce (`swiotlb=force`); else only those of the devices the trace's
+    /// `swiotlb_bounced` events name.
+    pub force: bool,
+    /// The pool's slots the kernel reported (the capture's note), where it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_pool_slots: Option<u64>,
+    /// How the geometry was decided, for the reader.
+    pub from: String,
+}
+
+/// The bounce replay of one trace.
+pub(super) struct BounceReplay {
+    pool: Option<Swiotlb>,
+    param: Option<SwiotlbParam>,
+    kernel: KernelVersion,
+    summary: BounceSummary,
+    /// The capture's first note (geometry), until the pool is made.
+    note: Option<SwiotlbNote>,
+    /// Devices whose maps bounce when not every device's does.
+    bouncing: HashSet<String>,
+    /// The kernel's DMA address of a live bounce (a page map) → the model's; a dma_map_sg segment's by its
+    /// physical address (dma_unmap_sg prints only those).
+    by_dma: HashMap<u64, u64>,
+    by_phys: HashMap<u64, u64>,
+    /// The kernel pool's start (bytes), from the capture's note or the first bounce both made.
+    kernel_start: Option<u64>,
+    /// The phase open, and every phase's counts in order of appearance.
+    phase: String,
+    last_begun: String,
+    pub(super) phases: Vec<(String, BouncePhase)>,
+    /// The most slots used since the capture's last start note.
+    window_high: u64,
+    /// The kernel's high-water mark at the capture's last start note.
+    start_high: Option<u64>,
+    highest_cpu: u32,
+}
+
+impl BounceReplay {
+    pub(super) fn new(kernel: (u32, u32), cmdline: &str) -> Self {
+        BounceReplay {
+            pool: None,
+            param: SwiotlbParam::parse(cmdline),
+            kernel: KernelVersion::from(kernel),
+            summary: BounceSummary::default(),
+            note: None,
+            bouncing: HashSet::new(),
+            by_dma: HashMap::new(),
+            by_phys: HashMap::new(),
+            kernel_start: None,
+            phase: super::OUTSIDE.to_string(),
+            last_begun: super::OUTSIDE.to_string(),
+            phases: Vec::new(),
+            window_high: 0,
+            start_high: None,
+            highest_cpu: 0,
+        }
+    }
+
+    /// Whether the command line forces bouncing (the replay then runs the pool from the first event).
+    pub(super) fn forced(&self) -> bool {
+        self.param.is_some_and(|p| p.force)
+    }
+
+    /// Whether anything bounced or was set up to.
+    pub(super) fn active(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    fn entry(&mut self, name: &str) -> &mut BouncePhase {
+        let i = match self.phases.iter().position(|(n, _)| n == name) {
+            Some(i) => i,
+            None => {
+                self.phases.push((name.to_string(), BouncePhase::default()));
+                self.phases.len() - 1
+            }
+        };
+        &mut self.phases[i].1
+    }
+
+    fn cur(&mut self) -> &mut BouncePhase {
+        let p = self.phase.clone();
+        self.entry(&p)
+    }
+
+    /// The pool, made at the first event that needs it: its slots and areas from `swiotlb=` as the kernel
+    /// sizes them (else the capture's note, else 64 MiB), its areas from the possible CPUs the note gives (else
+    /// the CPUs the trace showed so far), dynamic growth where the note shows io_tlb_transient_nslabs.
+    fn pool(&mut self) -> &mut Swiotlb {
+        if self.pool.is_none() {
+            let note = self.note.clone().unwrap_or_default();
+            let param = self.param.unwrap_or_default();
+            let cpus = note.possible_cpus.unwrap_or(self.highest_cpu + 1);
+            let size = param.slabs.or(note.nslabs).map(|n| n << IO_TLB_SHIFT);
+            let (slots, areas) = SwiotlbConfig::pool(
+                self.kernel,
+                size,
+                param.areas.unwrap_or(0),
+                cpus,
+                false,
+                u64::MAX,
+            );
+            let dynamic = note.transient.is_some() && self.kernel.swiotlb_dynamic();
+            let from = [
+                match (param.slabs, note.nslabs) {
+                    (Some(_), _) => "slots from swiotlb=",
+                    (None, Some(_)) => "slots from the capture's note",
+                    (None, None) => "the default 64 MiB pool",
+                },
+                match (param.areas, note.possible_cpus) {
+                    (Some(_), _) => "areas from swiotlb=",
+                    (None, Some(_)) => "areas from the possible CPUs the capture noted",
+                    (None, None) => "areas from the CPUs the trace showed",
+                },
+                if dynamic {
+                    "dynamic (the capture saw io_tlb_transient_nslabs)"
+                } else {
+                    "not dynamic"
+                },
+            ]
+            .join(", ");
+            self.summary = BounceSummary {
+                pool_slots: slots,
+                areas,
+                dynamic,
+                force: self.forced(),
+                kernel_pool_slots: note.nslabs,
+                from,
+            };
+            self.kernel_start = note.start;
+            // Counts only: the replay reports what the pool did, not what it cost.
+            let costs = SwiotlbCosts {
+                op_ns: 0,
+                slot_ns: 0,
+                copy_ns_per_byte: 0.0,
+                lock_ns: 0,
+                coh: Coherence {
+                    cluster_cores: 1,
+                    socket_cores: 1,
+                    cluster_ns: 0,
+                    socket_ns: 0,
+                    remote_ns: 0,
+                },
+            };
+            self.pool = Some(Swiotlb::new(SwiotlbConfig {
+                slots,
+                areas,
+                dynamic,
+                // A device's min_align_mask (NVMe's 4 KiB) is not in the trace.
+                min_align_mask: 0,
+                max_slots: u64::MAX >> IO_TLB_SHIFT,
+                debugfs: false,
+                costs,
+            }));
+        }
+        self.pool.as_mut().expect("made above")
+    }
+
+    pub(super) fn marker(&mut self, text: &str) {
+        if let Some(p) = text.strip_prefix("TB_BEGIN ") {
+            self.phase = p.trim().to_string();
+            self.last_begun = self.phase.clone();
+            let p = self.phase.clone();
+            self.entry(&p);
+        } else if text.starts_with("TB_END") {
+            self.phase = super::OUTSIDE.to_string();
+        }
+    }
+
+    /// The capture's note at its start (the geometry, and the high-water mark the kernel then had) or at its
+    /// end (what the kernel had used, to set beside the model's since the start note).
+    pub(super) fn note(&mut self, n: &SwiotlbNote) {
+        if !n.end {
+            if self.note.is_none() {
+                self.note = Some(n.clone());
+            }
+            self.window_high = 0;
+            self.start_high = n.hiwater;
+            return;
+        }
+        let used = self.pool.as_ref().map(|p| p.stats.used_slots);
+        let high = self.window_high;
+        let start_hw = self.start_high.take();
+        let p = self.last_begun.clone();
+        let e = self.entry(&p);
+        e.guest.used_slots = n.used;
+        e.guest.high_water_slots = n.hiwater;
+        e.guest.high_water_at_start = start_hw;
+        e.model.used_slots = used;
+        e.model.high_water_slots = used.map(|_| high);
+    }
+
+    /// A `swiotlb_bounced` event: the kernel attempted a bounce for `dev`.
+    pub(super) fn bounced(&mut self, ev: &EventHead, dev: &str) {
+        self.highest_cpu = self.highest_cpu.max(ev.cpu);
+        if !self.forced() && !self.bouncing.contains(dev) {
+            self.bouncing.insert(dev.to_string());
+        }
+        self.pool();
+        self.cur().guest.swiotlb_bounced += 1;
+    }
+
+    /// A DMA API event line (`text`), once the pool runs.
+    pub(super) fn dma_line(&mut self, text: &str, line: u64) {
+        let Some((ev, dev, call)) = dma_call(text, line) else {
+            return;
+        };
+        self.highest_cpu = self.highest_cpu.max(ev.cpu);
+        if !(self.forced() || self.bouncing.contains(&dev)) {
+            return;
+        }
+        let (now, cpu) = (ev.ts_ns, ev.cpu as usize);
+        match call.kind {
+            DmaKind::MapPage | DmaKind::MapSg => {
+                for &(addr, bytes, phys) in &call.segs {
+                    self.map(
+                        now,
+                        cpu,
+                        addr,
+                        bytes,
+                        phys,
+                        call.kind,
+                        call.dir,
+                        call.skip_cpu_sync,
+                    );
+                }
+            }
+            DmaKind::UnmapPage => {
+                for &(addr, _, _) in &call.segs {
+                    if let Some(m) = self.by_dma.remove(&addr) {
+                        self.pool().unmap(now, cpu, m);
+                    }
+                }
+            }
+            DmaKind::UnmapSg => {
+                for &(_, _, phys) in &call.segs {
+                    if let Some(m) = self.by_phys.remove(&phys) {
+                        self.pool().unmap(now, cpu, m);
+                    }
+                }
+            }
+            DmaKind::Other => {}
+        }
+    }
+
+    /// One bounce the kernel made (or failed: `addr` DMA_MAPPING_ERROR), the model's beside it.
+    #[allow(clippy::too_many_arguments)]
+    fn map(
+        &mut self,
+        now: u64,
+        cpu: usize,
+        addr: u64,
+        bytes: u64,
+        phys: u64,
+        kind: DmaKind,
+        dir: crate::scenario::MapDir,
+        skip: bool,
+    ) {
+        let pool = self.pool();
+        let got = pool.map(
+            now,
+            cpu,
+            phys & (crate::hw::PAGE_SIZE - 1),
+            bytes,
+            dir,
+            skip,
+        );
+        let used = pool.stats.used_slots;
+        let kernel_failed = addr == DMA_MAPPING_ERROR;
+        let mut e = BouncePhase::default();
+        e.model.bounces = 1;
+        match (got, kernel_failed) {
+            (Ok((dma, _, _)), false) => {
+                self.window_high = self.window_high.max(used);
+                let slot = dma - SWIOTLB_DMA_BASE;
+                // The kernel's pool start: noted, else where the first bounce both made puts it.
+                let start = *self
+                    .kernel_start
+                    .get_or_insert(addr.wrapping_sub(slot << IO_TLB_SHIFT) & !(IO_TLB_SIZE - 1));
+                e.slots_compared = 1;
+                e.slots_same = (addr.wrapping_sub(start) >> IO_TLB_SHIFT == slot) as u64;
+                if kind == DmaKind::MapSg {
+                    self.by_phys.insert(phys, dma);
+                } else {
+                    self.by_dma.insert(addr, dma);
+                }
+            }
+            (Ok((dma, _, _)), true) => {
+                // The driver never had this mapping: the model gives its slots back at once.
+                self.window_high = self.window_high.max(used);
+                e.model_mapped_kernel_full = 1;
+                e.guest.map_errors = 1;
+                self.pool().unmap(now, cpu, dma);
+            }
+            (Err(_), false) => {
+                e.model.full_events = 1;
+                e.model_full_kernel_mapped = 1;
+            }
+            (Err(_), true) => {
+                e.model.full_events = 1;
+                e.guest.map_errors = 1;
+            }
+        }
+        self.cur().add(&e);
+    }
+
+    pub(super) fn summary(&self) -> Option<BounceSummary> {
+        self.pool.as_ref().map(|_| self.summary.clone())
+    }
+}
+
+impl BouncePhase {
+    fn add(&mut self, o: &BouncePhase) {
+        self.model.bounces += o.model.bounces;
+        self.model.full_events += o.model.full_events;
+        self.guest.map_errors += o.guest.map_errors;
+        self.slots_compared += o.slots_compared;
+        self.slots_same += o.slots_same;
+        self.model_full_kernel_mapped += o.model_full_kernel_mapped;
+        self.model_mapped_kernel_full += o.model_mapped_kernel_full;
+    }
+}
