@@ -479,6 +479,72 @@ impl Swiotlb {
         Some((None, first, now + self.cfg.costs.op_ns))
     }
 
+    /// Where the next search of `cpu`'s area in the default pool starts (its `index`).
+    pub fn next_index(&self, cpu: usize) -> u64 {
+        let p = &self.pools[0];
+        p.areas[cpu & (p.areas.len() - 1)].index
+    }
+
+    /// Set where the next search of `cpu`'s area in the default pool starts.
+    pub fn set_next_index(&mut self, cpu: usize, index: u64) {
+        let p = &mut self.pools[0];
+        let n = p.areas.len();
+        p.areas[cpu & (n - 1)].index = index;
+    }
+
+    /// A replay's mapping as the kernel made it: `bytes` at slot `slot` of the default pool. Any mapping the
+    /// model holds over those slots is released first (the kernel's shows them free: their unmaps were not
+    /// traced), the slots are taken and their area's next search starts after them, as
+    /// swiotlb_search_pool_area() leaves it. Returns the mapping's DMA page number and the DMA page numbers
+    /// of the mappings released; None if the slots are not the default pool's or cross a segment.
+    pub fn occupy(
+        &mut self,
+        now: Time,
+        cpu: usize,
+        slot: u64,
+        bytes: u64,
+        dir: MapDir,
+        skip_cpu_sync: bool,
+    ) -> Option<(u64, Vec<u64>)> {
+        let nslots = bytes.max(1).div_ceil(IO_TLB_SIZE);
+        let p = &self.pools[0];
+        if slot + nslots > p.list.len() as u64
+            || slot / IO_TLB_SEGSIZE != (slot + nslots - 1) / IO_TLB_SEGSIZE
+        {
+            return None;
+        }
+        let mut over: Vec<u64> = self
+            .maps
+            .iter()
+            .filter(|(&f, m)| m.pool == Some(0) && f < slot + nslots && f + m.nslots > slot)
+            .map(|(&f, _)| f)
+            .collect();
+        over.sort_unstable();
+        for &f in &over {
+            self.unmap(now, cpu, SWIOTLB_DMA_BASE + f);
+        }
+        let p = &mut self.pools[0];
+        allocate_slots(&mut p.list, slot, nslots);
+        let area_n = p.area_nslabs;
+        let ai = ((slot / area_n) as usize).min(p.areas.len() - 1);
+        let area = &mut p.areas[ai];
+        area.index = wrap(slot % area_n + nslots, area_n);
+        area.used += nslots;
+        self.used(now, cpu, nslots as i64);
+        self.maps.insert(
+            slot,
+            Mapping {
+                pool: Some(0),
+                nslots,
+                bytes,
+                dir,
+                skip_cpu_sync,
+            },
+        );
+        let released = over.into_iter().map(|f| SWIOTLB_DMA_BASE + f).collect();
+        Some((SWIOTLB_DMA_BASE + slot, released))
+    }
+
     /// The areas' locks, summed, and the used-count line.
     pub fn lock_stats(&self) -> Vec<(&'static str, LockStats)> {
         let areas = self.pools.iter().flat_map(|p| p.areas.iter());

@@ -72,6 +72,10 @@ pub struct BouncePhase {
     /// Maps one failed and the other made.
     pub model_full_kernel_mapped: u64,
     pub model_mapped_kernel_full: u64,
+    /// Bounces the model then placed where the kernel had (its slot differed, or it found none), and the
+    /// mappings it dropped for them: over the kernel's slots, so unmapped where the trace did not show it.
+    pub followed: u64,
+    pub untraced_frees: u64,
 }
 
 /// What the model's pool did.
@@ -137,6 +141,8 @@ pub(super) struct BounceReplay {
     /// physical address (dma_unmap_sg prints only those).
     by_dma: HashMap<u64, u64>,
     by_phys: HashMap<u64, u64>,
+    /// The model's DMA page number of a live bounce → its key above (true: by physical address).
+    links: HashMap<u64, (bool, u64)>,
     /// The kernel pool's start (bytes), from the capture's note or the first bounce both made.
     kernel_start: Option<u64>,
     /// The phase open, and every phase's counts in order of appearance.
@@ -161,6 +167,7 @@ impl BounceReplay {
             bouncing: HashSet::new(),
             by_dma: HashMap::new(),
             by_phys: HashMap::new(),
+            links: HashMap::new(),
             kernel_start: None,
             phase: super::OUTSIDE.to_string(),
             last_begun: super::OUTSIDE.to_string(),
@@ -342,6 +349,7 @@ impl BounceReplay {
             DmaKind::UnmapPage => {
                 for &(addr, _, _) in &call.segs {
                     if let Some(m) = self.by_dma.remove(&addr) {
+                        self.links.remove(&m);
                         self.pool().unmap(now, cpu, m);
                     }
                 }
@@ -349,6 +357,7 @@ impl BounceReplay {
             DmaKind::UnmapSg => {
                 for &(_, _, phys) in &call.segs {
                     if let Some(m) = self.by_phys.remove(&phys) {
+                        self.links.remove(&m);
                         self.pool().unmap(now, cpu, m);
                     }
                 }
@@ -357,7 +366,11 @@ impl BounceReplay {
         }
     }
 
-    /// One bounce the kernel made (or failed: `addr` DMA_MAPPING_ERROR), the model's beside it.
+    /// One bounce the kernel made (or failed: `addr` DMA_MAPPING_ERROR), the model's beside it. Where the
+    /// kernel put it elsewhere, or made it where the model found no room, the model then follows the kernel
+    /// (its slots, and its area's next search after them): the trace shows the pool's state, and each
+    /// bounce is predicted from it, so a capture that starts with the pool in use, or misses events between
+    /// phases, does not set every later slot apart.
     #[allow(clippy::too_many_arguments)]
     fn map(
         &mut self,
@@ -371,6 +384,7 @@ impl BounceReplay {
         skip: bool,
     ) {
         let pool = self.pool();
+        let index_before = pool.next_index(cpu);
         let got = pool.map(
             now,
             cpu,
@@ -379,43 +393,92 @@ impl BounceReplay {
             dir,
             skip,
         );
-        let used = pool.stats.used_slots;
         let kernel_failed = addr == DMA_MAPPING_ERROR;
         let mut e = BouncePhase::default();
         e.model.bounces = 1;
+        let mut made = None;
         match (got, kernel_failed) {
             (Ok((dma, _, _)), false) => {
-                self.window_high = self.window_high.max(used);
                 let slot = dma - SWIOTLB_DMA_BASE;
                 // The kernel's pool start: noted, else where the first bounce both made puts it.
                 let start = *self
                     .kernel_start
                     .get_or_insert(addr.wrapping_sub(slot << IO_TLB_SHIFT) & !(IO_TLB_SIZE - 1));
+                let kslot = addr.wrapping_sub(start) >> IO_TLB_SHIFT;
                 e.slots_compared = 1;
-                e.slots_same = (addr.wrapping_sub(start) >> IO_TLB_SHIFT == slot) as u64;
-                if kind == DmaKind::MapSg {
-                    self.by_phys.insert(phys, dma);
+                made = Some(dma);
+                if kslot == slot {
+                    e.slots_same = 1;
                 } else {
-                    self.by_dma.insert(addr, dma);
+                    self.pool().unmap(now, cpu, dma);
+                    made = self.follow(now, cpu, kslot, bytes, dir, skip, &mut e);
                 }
             }
             (Ok((dma, _, _)), true) => {
-                // The driver never had this mapping: the model gives its slots back at once.
-                self.window_high = self.window_high.max(used);
+                // The driver never had this mapping: the model gives its slots back at once, and its next
+                // search starts where the kernel's failed one left it.
                 e.model_mapped_kernel_full = 1;
                 e.guest.map_errors = 1;
-                self.pool().unmap(now, cpu, dma);
+                let pool = self.pool();
+                pool.unmap(now, cpu, dma);
+                pool.set_next_index(cpu, index_before);
             }
             (Err(_), false) => {
                 e.model.full_events = 1;
                 e.model_full_kernel_mapped = 1;
+                if let Some(start) = self.kernel_start {
+                    let kslot = addr.wrapping_sub(start) >> IO_TLB_SHIFT;
+                    made = self.follow(now, cpu, kslot, bytes, dir, skip, &mut e);
+                }
             }
             (Err(_), true) => {
                 e.model.full_events = 1;
                 e.guest.map_errors = 1;
             }
         }
+        if let Some(dma) = made {
+            let key = if kind == DmaKind::MapSg {
+                (true, phys)
+            } else {
+                (false, addr)
+            };
+            if key.0 {
+                self.by_phys.insert(phys, dma);
+            } else {
+                self.by_dma.insert(addr, dma);
+            }
+            self.links.insert(dma, key);
+        }
+        let used = self.pool().stats.used_slots;
+        self.window_high = self.window_high.max(used);
         self.cur().add(&e);
+    }
+
+    /// The model takes the kernel's slot `kslot` for this bounce: the mappings it held there are dropped
+    /// (their unmaps were not traced). Returns the model's DMA page number, None where the slot is not the
+    /// default pool's.
+    #[allow(clippy::too_many_arguments)]
+    fn follow(
+        &mut self,
+        now: u64,
+        cpu: usize,
+        kslot: u64,
+        bytes: u64,
+        dir: crate::scenario::MapDir,
+        skip: bool,
+        e: &mut BouncePhase,
+    ) -> Option<u64> {
+        let (dma, released) = self.pool().occupy(now, cpu, kslot, bytes, dir, skip)?;
+        e.followed = 1;
+        e.untraced_frees = released.len() as u64;
+        for r in released {
+            match self.links.remove(&r) {
+                Some((true, k)) => self.by_phys.remove(&k),
+                Some((false, k)) => self.by_dma.remove(&k),
+                None => None,
+            };
+        }
+        Some(dma)
     }
 
     pub(super) fn summary(&self) -> Option<BounceSummary> {
@@ -432,5 +495,7 @@ impl BouncePhase {
         self.slots_same += o.slots_same;
         self.model_full_kernel_mapped += o.model_full_kernel_mapped;
         self.model_mapped_kernel_full += o.model_mapped_kernel_full;
+        self.followed += o.followed;
+        self.untraced_frees += o.untraced_frees;
     }
 }
