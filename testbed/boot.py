@@ -5,7 +5,7 @@ reached its IOMMU.
 
     python3 testbed/boot.py DIR --mode strict|lazy|pt [--iommu intel|virtio|smmuv3|none] [--cm on|off]
                             [--kernel 6.1|6.12] [--smp N] [--phases net,blk,nvme,mix] [--domains] [--devices]
-                            [--timer] [--probes SYM,SYM] [--measure]
+                            [--timer] [--probes SYM,SYM] [--measure] [--swiotlb SLABS] [--blk-max-kb KB]
 
 DIR is what prepare.sh made (`prepare.sh DIR arm64` for smmuv3). Writes DIR/runs/NAME/: results.json (per phase:
 QEMU's invalidation descriptors, requests or commands between the guest's phase markers), trace.txt (the guest's
@@ -124,7 +124,7 @@ def qemu_counts(log: str, phases: list[str]) -> dict[str, collections.Counter]:
 def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: int = 600,
          iommu: str = "intel", domains: bool = False, kernel: str | None = None, smp: int = 1,
          probes: str = "", timer: bool = False, devices: bool = False, measure: bool = False,
-         emulator_counts: bool = False) -> str:
+         emulator_counts: bool = False, swiotlb: int = 0, blk_max_kb: int = 0) -> str:
     """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel by default), virtio (virtio-iommu-pci, the
     6.12 backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU), smmuv3 (an arm64 guest on `virt,iommu=smmuv3`,
     6.12 by default) or none (an x86 machine without an IOMMU). Phases: net, blk, nvme (arm64's machine has an
@@ -133,8 +133,13 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     flush queue's timer fires; `probes`: comma-separated kernel functions whose calls the
     trace records too (diagnostics); `measure`: the capture records the latencies of the DMA map/unmap path
     instead (capture -M, for `iommulab profile measure --trace`); `emulator_counts`: QEMU also traces its
-    translations, IOTLB hits and misses, walks and register accesses (EMULATOR_TRACE). Returns the run's
-    directory."""
+    translations, IOTLB hits and misses, walks and register accesses (EMULATOR_TRACE); `swiotlb` > 0: every
+    streaming DMA mapping bounces through a swiotlb pool of that many 2 KiB slots (`swiotlb=SLABS,force`), and
+    the guest captures its drivers' probe as a phase of its own (`probe`, tb.probe=1): only where the DMA API
+    does not translate (mode pt, or iommu none), where dma-direct maps; `blk_max_kb` > 0: the data disk's
+    largest request in KiB (its max_sectors_kb). Returns the run's directory."""
+    if swiotlb > 0 and mode != "pt" and iommu != "none":
+        sys.exit("boot.py: --swiotlb needs DMA without translation: --mode pt (identity domains) or --iommu none")
     kernel = kernel or ("6.1" if iommu == "intel" else "6.12")
     arm = iommu == "smmuv3"
     name = {"intel": f"{mode}-cm{cm}", "virtio": f"{mode}-virtio", "smmuv3": f"{mode}-smmuv3-k{kernel}",
@@ -144,6 +149,8 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     name += "-" + phases.replace(",", "-") if phases != "net,blk" else ""
     name += "-measure" if measure else ""
     name += "-emul" if emulator_counts else ""
+    name += f"-swiotlb{swiotlb}" if swiotlb > 0 else ""
+    name += f"-blkmax{blk_max_kb}" if blk_max_kb > 0 else ""
     rd = os.path.join(tb, "runs", name)
     shutil.rmtree(rd, ignore_errors=True)  # the last boot of this configuration: nothing of it may linger
     os.makedirs(rd)
@@ -163,11 +170,17 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     # (io_apic.c timer_irq_works()). A TCG vCPU that waits for a busy host (other boots, other tests) fails it, and
     # behind an interrupt-remapping IOMMU the kernel then panics ("timer doesn't work through Interrupt-remapped
     # IO-APIC"): on 2026-11-29 two of three test_testbed.py runs on a loaded host lost a boot to it.
+    # swiotlb: the kernel rounds SLABS up to a power of two (and to 128 per area, an area per possible CPU).
+    # x86 logs the pool's range ("software IO TLB: mapped [mem START-END]", which the capture's notes give) only
+    # where the pool was wanted for itself (x86_swiotlb_enable: above 4 GiB of RAM, or iommu=soft), not for a
+    # 1 GiB guest's `force`; iommu=soft sets just that (the forced pool is the same, the IOMMU still attaches).
+    sw = f" swiotlb={swiotlb},force{'' if arm else ' iommu=soft'} tb.probe=1" if swiotlb > 0 else ""
     append = (f"console={'ttyAMA0' if arm else 'ttyS0'} panic=-1 quiet loglevel=4 "
               f"{'' if arm else 'no_timer_check '}{'intel_iommu=on ' if iommu == 'intel' else ''}"
               f"{MODES[mode]} tb.phases={phases} tb.port={port}{' tb.domains=1' if domains else ''}"
               f"{' tb.probes=' + probes if probes else ''}{' tb.timer=1' if timer else ''}"
-              f"{' tb.devices=1' if devices else ''}{' tb.measure=1' if measure else ''}")
+              f"{' tb.devices=1' if devices else ''}{' tb.measure=1' if measure else ''}"
+              f"{sw}{f' tb.blkmaxkb={blk_max_kb}' if blk_max_kb > 0 else ''}")
     ip = "iommu_platform=on,disable-legacy=on"
     machine = {"intel": ["-machine", "q35,kernel-irqchip=split", "-device",
                          f"intel-iommu,intremap=on,caching-mode={cm}"],
@@ -233,8 +246,13 @@ if __name__ == "__main__":
     ap.add_argument("--measure", action="store_true", help="record the map/unmap path's latencies (capture -M)")
     ap.add_argument("--emulator-counts", action="store_true", help="QEMU also counts its translations, IOTLB "
                     "hits, misses and walks, and register accesses")
+    ap.add_argument("--swiotlb", type=int, default=0, metavar="SLABS", help="bounce every streaming DMA mapping "
+                    "through a swiotlb pool of SLABS 2 KiB slots (swiotlb=SLABS,force; the kernel rounds SLABS up "
+                    "to a power of two) and capture the drivers' probe as phase probe; needs --mode pt or --iommu none")
+    ap.add_argument("--blk-max-kb", type=int, default=0, metavar="KB", help="the data disk's largest request "
+                    "(max_sectors_kb in the guest)")
     a = ap.parse_args()
     rd = boot(a.dir, a.mode, a.cm, a.phases, iommu=a.iommu, domains=a.domains, kernel=a.kernel, smp=a.smp,
               probes=a.probes, timer=a.timer, devices=a.devices, measure=a.measure,
-              emulator_counts=a.emulator_counts)
+              emulator_counts=a.emulator_counts, swiotlb=a.swiotlb, blk_max_kb=a.blk_max_kb)
     print(json.dumps(json.load(open(os.path.join(rd, "results.json"))), indent=1))

@@ -8,6 +8,7 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
+mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null   # the capture's swiotlb notes read it
 mkdir -p /tmp && mount -t tmpfs tmpfs /tmp
 arg() { v=$(tr ' ' '\n' < /proc/cmdline | sed -n "s/^tb\.$1=//p" | tail -1); echo "${v:-$2}"; }
 PHASES=$(arg phases net,blk)
@@ -31,13 +32,32 @@ for s in $(arg probes "" | tr ',' ' '); do
   echo "p:tbdiag/$s $s" >> /sys/kernel/tracing/kprobe_events || { say "no kprobe on $s"; continue; }
   DIAG="$DIAG echo 1 > \$IOMMULAB_TRACE_INSTANCE/events/tbdiag/$s/enable;"
 done
-for m in $(cat /modules.list); do insmod /lib/modules/$m 2>/dev/null || say "insmod $m failed"; done
+O=/tmp/out; mkdir -p $O
+TM='$IOMMULAB_TRACE_MARKER'
+# swiotlb's high-water mark (6.4+; only 0 may be written) is reset before each capture, so that the capture's
+# end note gives that capture's own.
+HW=/sys/kernel/debug/swiotlb/io_tlb_used_hiwater
+hiwater0() { [ -e $HW ] && echo 0 > $HW; }
+# The drivers' probe and the network's bring-up (virtio-net fills its RX ring as the link goes up).
+cat > /tmp/probe.sh <<'EOF'
+for m in $(cat /modules.list); do insmod /lib/modules/$m 2>/dev/null || echo "TB: insmod $m failed" > /dev/console; done
 sleep 1
 ip link set lo up
 NETIF=$(ls /sys/class/net | grep -v '^lo$' | head -1)
 if [ -n "$NETIF" ]; then
   ip link set "$NETIF" up; ip addr add 10.0.2.15/24 dev "$NETIF"; ip route add default via 10.0.2.2
 fi
+EOF
+# tb.probe=1: these run inside a capture phase of their own (probe: first in trace.txt, no QEMU marks), so that
+# every DMA mapping since the drivers probed is in the trace (what swiotlb's pool holds as each phase starts).
+if [ "$(arg probe 0)" = 1 ]; then
+  hiwater0
+  sh /capture.sh -o $O/trace-probe.txt $K -- sh -c "$DIAG echo 'TB_BEGIN probe' > $TM; sh /tmp/probe.sh; sleep 1; echo 'TB_END probe' > $TM"
+  say "phase probe done rc=$?"
+else
+  sh /tmp/probe.sh
+fi
+NETIF=$(ls /sys/class/net | grep -v '^lo$' | head -1)
 OUTDEV= DATADEV=
 for b in /sys/block/vd*; do
   s=$(cat $b/serial 2>/dev/null)
@@ -46,13 +66,16 @@ for b in /sys/block/vd*; do
 done
 NVMEDEV=$(ls /dev/nvme*n1 2>/dev/null | head -1)
 say "netif=$NETIF datadev=$DATADEV nvmedev=$NVMEDEV outdev=$OUTDEV"
-O=/tmp/out; mkdir -p $O
+# tb.blkmaxkb=KB: the data disk's largest request (max_sectors_kb; the phases' 1 MiB reads become several
+# requests, each mapped on its own).
+BLKMAXKB=$(arg blkmaxkb "")
+[ -n "$BLKMAXKB" ] && [ -n "$DATADEV" ] && { echo "$BLKMAXKB" > /sys/block/${DATADEV#/dev/}/queue/max_sectors_kb \
+  || say "max_sectors_kb $BLKMAXKB refused"; }
 # A 4 KiB read of the results disk (no IOMMU) that QEMU traces: the phase edges on QEMU's clock.
 declare_mark() { echo "mark() { dd if=$OUTDEV of=/dev/null bs=4096 count=1 skip=\$1 iflag=direct 2>/dev/null; };"; }
 # The trace's phase markers sit right after QEMU's start mark and right before its end mark, so the two views
 # cover the same window (a stray packet's RX refill at a phase's edge otherwise falls in one view only). They go
 # to the capture's own instance: the captured command finds its trace_marker in $IOMMULAB_TRACE_MARKER.
-TM='$IOMMULAB_TRACE_MARKER'
 # The marker reads run inside each captured command: QEMU's window lies within the trace's phase.
 i=-1
 for p in $(echo "$PHASES" | tr ',' ' '); do
@@ -69,10 +92,11 @@ for p in $(echo "$PHASES" | tr ',' ' '); do
     *) continue ;;
   esac
   # Each phase ends 1 s after its traffic, so lazy mode's flush timers fire inside it, in both views.
+  hiwater0
   sh /capture.sh -o $O/trace-$p.txt $K -- sh -c "$DIAG $(declare_mark) mark $((40000 + 2 * i)); echo 'TB_BEGIN $p' > $TM; $work; sleep 1; echo 'TB_END $p' > $TM; mark $((40001 + 2 * i))"
   say "phase $p done rc=$?"
 done
-for p in $(echo "$PHASES" | tr ',' ' '); do cat $O/trace-$p.txt; done > $O/trace.txt 2>/dev/null
+for p in probe $(echo "$PHASES" | tr ',' ' '); do cat $O/trace-$p.txt; done > $O/trace.txt 2>/dev/null
 # What `iommulab inspect` reads, as a tree (sysfs links to directories become directories).
 R=$O/root
 save() { for f in "$@"; do [ -e "$f" ] || continue; mkdir -p "$R${f%/*}"; cat "$f" > "$R$f" 2>/dev/null; done; }

@@ -274,6 +274,7 @@ class Standin:
         return dict(os.environ, IOMMULAB_TRACEFS=str(self.t), IOMMULAB_KALLSYMS=str(self.root / "kallsyms"),
                     STANDIN_INSTANCE=str(self.inst), STANDIN_PIPE=str(self.pipe.pipe),
                     STANDIN_STATS=str(self.pipe.stats), STANDIN_REFUSED=str(self.refused),
+                    IOMMULAB_DEBUGFS=str(self.root / "debug"),  # none unless a test makes one
                     PATH=f"{self.root / 'bin'}:{os.environ['PATH']}")
 
     def snapshot(self) -> dict:
@@ -388,6 +389,59 @@ def test_without_kprobes_the_dma_apis_events_name_the_devices(tmp_path):
     s.assert_untouched()
     p = s.cli("-o", str(tmp_path / "t2.txt"), "--dry-run", "--no-timer")
     assert "would: echo 1 > " + str(s.t / "instances/iommulab/events/dma/dma_map_sg/enable") in p.stdout
+
+
+@pytest.mark.skipif(not SHELLS, reason="neither dash nor busybox is installed")
+@pytest.mark.parametrize("shell", SHELLS)
+def test_swiotlbs_bounces_are_recorded_and_its_pool_noted_before_and_after_them(shell, tmp_path):
+    # A kernel with swiotlb's tracepoint and its debugfs files (6.12: no io_tlb_transient_nslabs without
+    # CONFIG_SWIOTLB_DYNAMIC): swiotlb_bounced is enabled in the instance, and the pool's state is read (only
+    # read) into a note before the events and one after them, with its start from the kernel log.
+    s = Standin(tmp_path)
+    enabled = tmp_path / "swiotlb-enable.log"
+    enabled.write_text("")
+    s.write(s.t / "events/swiotlb/swiotlb_bounced/enable", "0\n")
+    (s.inst / "events/swiotlb/swiotlb_bounced").mkdir(parents=True)
+    (s.inst / "events/swiotlb/swiotlb_bounced/enable").symlink_to(enabled)
+    sw = tmp_path / "debug/swiotlb"
+    for f, v in (("io_tlb_nslabs", 1024), ("io_tlb_used", 384), ("io_tlb_used_hiwater", 512)):
+        s.write(sw / f, f"{v}\n")
+    dmesg = tmp_path / "bin/dmesg"
+    dmesg.write_text("#!/bin/sh\necho '[    0.000000] software IO TLB: area num 1.'\n"
+                     "echo '[    0.291000] software IO TLB: mapped [mem 0x000000003bc00000-0x000000003be00000] (2MB)'\n")
+    dmesg.chmod(0o755)
+    s.before = s.snapshot()
+    debug_before = {f.name: f.read_bytes() for f in sw.iterdir()}
+    out = tmp_path / "t.txt"
+    p = s.script(shell, "-o", str(out), "-p", "blk", "--", "true")
+    assert p.returncode == 0, p.stderr
+    s.assert_untouched()
+    assert {f.name: f.read_bytes() for f in sw.iterdir()} == debug_before
+    assert enabled.read_text() == "1\n"
+    possible = pathlib.Path("/sys/devices/system/cpu/possible").read_text().strip()
+    note = f"nslabs=1024 used=384 hiwater=512 possible={possible} start=0x3bc00000"
+    lines = out.read_text().splitlines()
+    start = lines.index(f"# iommulab capture: swiotlb at start: {note}")
+    end = lines.index(f"# iommulab capture: swiotlb at end: {note}")
+    events = [i for i, l in enumerate(lines) if "IOMMU:" in l]
+    assert events and start < events[0] and events[-1] < end
+    # Without the kernel log (dmesg refused) and without io_tlb_used_hiwater (before 6.4), those keys are left
+    # out, and a pool that grows (CONFIG_SWIOTLB_DYNAMIC) says so.
+    dmesg.write_text("#!/bin/sh\necho 'dmesg: klogctl: Operation not permitted' >&2; exit 1\n")
+    (sw / "io_tlb_used_hiwater").unlink()
+    s.write(sw / "io_tlb_transient_nslabs", "0\n")
+    p = s.script(shell, "-o", str(tmp_path / "t2.txt"), "--", "true")
+    assert p.returncode == 0 and "klogctl" not in p.stderr, p.stderr
+    notes = [l for l in (tmp_path / "t2.txt").read_text().splitlines() if "swiotlb at" in l]
+    assert notes == [f"# iommulab capture: swiotlb at {w}: nslabs=1024 used=384 possible={possible} transient=0"
+                     for w in ("start", "end")]
+    # Without debugfs's swiotlb directory (not mounted, or no pool): no note; the event is still recorded.
+    shutil.rmtree(sw)
+    enabled.write_text("")
+    p = s.script(shell, "-o", str(tmp_path / "t3.txt"), "--", "true")
+    assert p.returncode == 0 and "swiotlb" not in (tmp_path / "t3.txt").read_text()
+    assert enabled.read_text() == "1\n"
+    s.assert_untouched()
 
 
 def test_nothing_is_overwritten_and_dry_run_changes_nothing(tmp_path):

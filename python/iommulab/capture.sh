@@ -1,7 +1,8 @@
 #!/bin/sh
-# iommulab capture: record the kernel's iommu:map / iommu:unmap tracepoints (and iommu:io_page_fault where the
-# kernel has it) through tracefs into a trace `iommulab replay` reads as it is. POSIX sh: runs on a minimal guest
-# or a busybox initramfs, where Python is not installed (`iommulab capture --print-script` prints this file).
+# iommulab capture: record the kernel's iommu:map / iommu:unmap tracepoints (and iommu:io_page_fault and
+# swiotlb:swiotlb_bounced where the kernel has them) through tracefs into a trace `iommulab replay` reads as it
+# is. POSIX sh: runs on a minimal guest or a busybox initramfs, where Python is not installed (`iommulab capture
+# --print-script` prints this file).
 #
 #   capture.sh -o TRACE [-d SECONDS] [-p PHASE] [-b KB] [-k] [-D] [-t] [-n] [-- COMMAND [ARG...]]
 #
@@ -37,6 +38,18 @@
 # (up to a minute) for its reader to drain the ring buffer. Events the ring buffer dropped (overruns) and events
 # left unread are counted from per_cpu/*/stats and reported, and written as comment lines into the trace.
 # A capture killed with SIGKILL cannot clean up: the next one names what was left and how to remove it.
+#
+# Where the kernel bounces DMA through swiotlb, each swiotlb_map() is recorded (swiotlb:swiotlb_bounced, fired
+# before the pool is searched, so a mapping the full pool refused counts too), and where debugfs shows the pool
+# (/sys/kernel/debug/swiotlb; debugfs is not mounted here) its state is read, and only read, into two comment
+# lines: just before recording starts (before the events) and as it stops (after them):
+#   # iommulab capture: swiotlb at start: nslabs=N used=N hiwater=N possible=CPULIST start=0xHEX transient=N
+#   # iommulab capture: swiotlb at end: nslabs=N used=N hiwater=N possible=CPULIST start=0xHEX transient=N
+# nslabs, used and hiwater are the 2 KiB slots of io_tlb_nslabs, io_tlb_used and io_tlb_used_hiwater (6.4+;
+# since boot or since someone wrote 0 to it), possible is /sys/devices/system/cpu/possible (the pool's areas
+# follow the possible CPUs), start the pool's physical start from the kernel log ("software IO TLB: mapped [mem
+# START-END]", where dmesg shows it), transient io_tlb_transient_nslabs (CONFIG_SWIOTLB_DYNAMIC: a pool that
+# grows). A key the kernel does not give is left out. IOMMULAB_DEBUGFS names another debugfs (tests).
 set -u
 
 out= dur= phase= bufkb=65536 kprobes=0 dmaev=0 timerprobe=0 dry=0 timer=0 latfns=
@@ -118,6 +131,8 @@ I=$T/instances/iommulab
 
 events="iommu/map iommu/unmap"
 [ -d "$T/events/iommu/io_page_fault" ] && events="$events iommu/io_page_fault"
+# Each swiotlb_map() (a bounce, or an attempt the full pool refused), where the kernel has swiotlb.
+[ -d "$T/events/swiotlb/swiotlb_bounced" ] && events="$events swiotlb/swiotlb_bounced"
 [ -n "$latfns" ] && events=
 # The DMA API's calls that map or unmap (kernel/dma/mapping.c), each naming its device.
 dma_events=
@@ -162,6 +177,29 @@ if [ "$dmaev" = 1 ]; then
   [ -n "$dma_events" ] || echo "capture: this kernel has no DMA API events (dma:dma_map_page, Linux 6.12+): the trace will not name devices" >&2
   events="$events$dma_events"
 fi
+
+# The swiotlb pool's state (header): read only, from debugfs where it is mounted and shows the pool.
+SWIOTLB=${IOMMULAB_DEBUGFS-/sys/kernel/debug}/swiotlb
+swiotlb_start=
+if [ -r "$SWIOTLB/io_tlb_nslabs" ]; then
+  # The pool's physical start, as the kernel logged it (a log dmesg cannot read leaves it out).
+  swiotlb_start=$( (dmesg) 2>/dev/null | sed -n 's/.*software IO TLB: mapped \[mem \(0x[0-9a-fA-F]*\)-.*/\1/p' \
+                   | tail -n 1 | sed 's/^0x0*\([0-9a-fA-F]\)/0x\1/')
+fi
+swiotlb_note() {  # start|end: one comment line, or nothing where debugfs does not show the pool
+  [ -r "$SWIOTLB/io_tlb_nslabs" ] || return 0
+  note="# iommulab capture: swiotlb at $1:"
+  for kf in nslabs=io_tlb_nslabs used=io_tlb_used hiwater=io_tlb_used_hiwater possible= start= \
+            transient=io_tlb_transient_nslabs; do
+    case "$kf" in
+      possible=) v=$(cat /sys/devices/system/cpu/possible 2>/dev/null) ;;
+      start=) v=$swiotlb_start ;;
+      *) v=$(cat "$SWIOTLB/${kf#*=}" 2>/dev/null); case "$v" in *[!0-9]*) v= ;; esac ;;
+    esac
+    [ -n "$v" ] && note="$note ${kf%%=*}=$v"
+  done
+  echo "$note"
+}
 
 # Every change to tracefs goes through put (write) or add (append): with -n they only print what they would do.
 # A write tracefs refuses (EINVAL, EBUSY) fails the call; its message is the caller's to give.
@@ -323,6 +361,8 @@ fi
       [ -d "$g/devices" ] && echo "# iommulab capture: iommu group ${g##*/}: $(ls "$g/devices" | tr '\n' ' ')"
     done
   fi
+  # The swiotlb pool as recording starts (its end state follows the events).
+  swiotlb_note start
 } >> "$tmp"
 # The reader starts before tracing does, so that no event is missed; the trace is kept (on any exit) once
 # tracing is on: until then it holds nothing recorded.
@@ -348,6 +388,7 @@ else
 fi
 [ -n "$phase" ] && add "TB_END $phase" "$I/trace_marker"
 put 0 "$I/tracing_on"
+swiotlb_end=$(swiotlb_note end)  # as recording stopped; written after the events
 # A per-CPU stats field summed over CPUs: overrun (events overwritten before they were read), entries (events
 # still in the ring buffer, not yet read).
 stat_sum() {
@@ -374,6 +415,7 @@ unread=$(stat_sum entries)
 [ -n "$latprobed" ] && while read -r name hits miss; do
   case "$name" in lat_*) [ "${miss:-0}" != 0 ] && echo "# iommulab measure: missed $name $miss" >> "$tmp" ;; esac
 done 2>/dev/null < "$T/kprobe_profile"
+[ -n "$swiotlb_end" ] && printf '%s\n' "$swiotlb_end" >> "$tmp"
 [ "$lost" -gt 0 ] && echo "# iommulab capture: $lost events lost to ring-buffer overruns (raise -b)" >> "$tmp"
 [ "$unread" -gt 0 ] && echo "# iommulab capture: $unread events lost: recorded, not read before the reader stopped" >> "$tmp"
 cleanup
