@@ -47,7 +47,9 @@ BOOTS = {
                                        timer=True, emulator_counts=True)),
     "arm64-mix": ("arm64", dict(mode="lazy", phases="mix", iommu="smmuv3", domains=True, timer=True, devices=True)),
     "mix": ("x86", dict(mode="lazy", phases="mix", domains=True, timer=True)),
-    "pt": ("x86", dict(mode="pt")),
+    # Passthrough with every streaming map bounced through a 1 MiB pool (swiotlb=512,force), the data disk's
+    # requests cut to 128 KiB so that the pool fills now and then and every phase still ends.
+    "pt": ("x86", dict(mode="pt", kernel="6.12", devices=True, swiotlb=512, blk_max_kb=128)),
     "lazy-caching-mode": ("x86", dict(mode="lazy", cm="on", emulator_counts=True)),
     "strict": ("x86", dict(mode="strict", cm="off", emulator_counts=True)),
     # The flush timer recorded (capture -t), as on every lazy boot: a TCG guest's timer runs late when its vCPU
@@ -242,13 +244,33 @@ def test_the_emulators_counts_for_the_net_phase_match_qemus(boots, name):
 def test_passthrough_guest_sends_nothing_and_inspect_says_identity(boots):
     rd = boots.run("pt")
     res = json.loads((rd / "results.json").read_text())
-    rep = iommulab.replay(rd / "trace.txt", kernel="6.1", cmdline=res["cmdline"]) if (rd / "trace.txt").stat().st_size \
-        else None
+    rep = iommulab.replay(rd / "trace.txt", kernel=res["kernel"], cmdline=res["cmdline"]) \
+        if (rd / "trace.txt").stat().st_size else None
     for phase in ("net", "blk"):
         assert not any(k.startswith("vtd_inv_desc_iotlb") for k in res["phases"][phase]["qemu"])
     assert rep is None or rep["policy"] == "passthrough"
     ins = json.loads(cli("inspect", "--root", str(rd / "root"), "--json", check_rc=0).stdout)
     assert ins["devices"] and all(d["mode"] == "passthrough" == d["predicted"] for d in ins["devices"])
+
+
+def test_a_forced_bounce_guest_replays_to_its_own_bounces_slots_and_high_water(boots):
+    # The same boot: the capture recorded the DMA API's events, the kernel's swiotlb_bounced tracepoint and
+    # debugfs's used and high-water counts (reset before each capture); replay drives the model's pool from the
+    # DMA API's events and is held to the rest (tests/test_replay_swiotlb.py holds three such captures).
+    rd = boots.run("pt")
+    res = json.loads((rd / "results.json").read_text())
+    rep = iommulab.replay(rd / "trace.txt", kernel=res["kernel"], cmdline=res["cmdline"])
+    assert rep["swiotlb"]["pool_slots"] == rep["swiotlb"]["kernel_pool_slots"] == 512
+    for phase in ("probe", "net", "blk"):
+        b = rep["phases"][phase]["swiotlb"]
+        model, guest = b["model"], b["guest"]
+        assert guest["swiotlb_bounced"] > 200, f"{phase}: {guest['swiotlb_bounced']} bounces"
+        assert abs(model["bounces"] - guest["swiotlb_bounced"]) <= 0.01 * guest["swiotlb_bounced"], (phase, b)
+        assert abs(model["full_events"] - guest["map_errors"]) <= max(1, 0.01 * guest["map_errors"]), (phase, b)
+        assert b["slots_same"] >= 0.99 * b["slots_compared"], (phase, b)
+        assert model["used_slots"] == guest["used_slots"], (phase, b)
+        if guest["high_water_at_start"] == 0:
+            assert abs(model["high_water_slots"] - guest["high_water_slots"]) <= 2, (phase, b)
 
 
 def test_profile_measure_and_fit_on_a_guests_own_latencies(boots, tmp_path):

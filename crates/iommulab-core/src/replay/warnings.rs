@@ -64,7 +64,8 @@ fn bounce(r: &ReplayResult) -> Vec<String> {
     }
     if !s.force {
         w.push(
-            "swiotlb: no swiotlb=force on the command line given: every map of a device the trace's swiotlb_bounced              events name is taken to bounce"
+            "swiotlb: no swiotlb=force on the command line given: every map of a device the trace's \
+             swiotlb_bounced events name is taken to bounce"
                 .to_string(),
         );
     }
