@@ -222,6 +222,11 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     if emulator_counts:
         for p, c in q.items():
             res["phases"][p]["emulator"] = emulator_summary(iommu, c)
+    if swiotlb > 0:
+        # The kernel's own "swiotlb buffer is full" lines (dev_warn_ratelimited: at most 10 in 5 s, so a floor of
+        # the failed maps the capture counts exactly).
+        with open(os.path.join(rd, "dmesg.txt"), errors="replace") as f:
+            res["swiotlb_full_messages"] = sum("swiotlb buffer is full" in line for line in f)
     with open(os.path.join(rd, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     return rd
