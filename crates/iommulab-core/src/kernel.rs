@@ -58,6 +58,14 @@ impl KernelVersion {
         self >= KernelVersion(6, 12)
     }
 
+    /// "iommu/vt-d: Use iova over first level" (Lu Baolu, posted 2019-12, 5.6): with scalable mode and
+    /// ECAP.FLTS, DMA domains use first-stage tables (first_level_by_default), whose maps need no
+    /// invalidation under caching mode (__mapping_notify_one, cache_tag_flush_range_np from 6.10). Before,
+    /// DMA domains were always second-stage.
+    pub fn vtd_first_stage_dma(self) -> bool {
+        self >= KernelVersion(5, 6)
+    }
+
     /// 6.10 to 6.16: `intel_iommu_iotlb_sync_map()` walks the domain's cache tags under its cache_lock on every
     /// map even when nothing needs flushing; commit 12724ce3fe1a ("iommu/vt-d: Optimize iotlb_sync_map for
     /// non-caching/non-RWBF modes", 6.17, also in later 6.12.y stable) skips it.

@@ -46,6 +46,12 @@ pub struct VtdProfile {
     /// What a page-selective invalidation with IH=0 drops from the paging-structure caches.
     #[serde(default)]
     pub psi_nonleaf: PsiNonLeaf,
+    /// The DMA domains use first-stage tables: scalable mode with ECAP.FLTS (QEMU's
+    /// `x-scalable-mode=on,x-flts=on`), which the kernel then picks for DMA domains from 5.6
+    /// (first_level_by_default), as it does for a nested domain's guest stage (intel/nested.c). Caching mode
+    /// covers only second-stage updates (VT-d spec §6.1), so a map invalidates nothing.
+    #[serde(default)]
+    pub first_stage: bool,
 }
 
 /// The paging-structure-cache entries a PSI with IH=0 invalidates (VT-d spec §6.5.2.3, IOTLB Invalidate
@@ -143,6 +149,11 @@ pub struct Vtd {
 }
 
 impl Vtd {
+    /// The DMA domain uses first-stage tables (the profile's `first_stage`, on a kernel that uses them).
+    fn first_stage(&self) -> bool {
+        self.cfg.first_stage && self.kernel.vtd_first_stage_dma()
+    }
+
     pub fn new(
         p: &IommuProfile,
         tr: Translator,
@@ -452,15 +463,17 @@ impl Iommu for Vtd {
         iova_pfn: u64,
         n: u64,
     ) -> Time {
-        // intel_iommu_iotlb_sync_map → cache_tag_flush_range_np(): a PSI (no device-TLB) in caching mode,
-        // else iommu_flush_write_buffer(), a no-op unless CAP.RWBF. 6.10–6.16 walk the domain's cache tags
-        // under its cache_lock even then (one IOTLB tag, and a device-TLB tag with ATS).
-        if !self.cfg.caching_mode && !self.cfg.rwbf && self.kernel.vtd_sync_map_walk() {
+        // intel_iommu_iotlb_sync_map → cache_tag_flush_range_np(): a PSI (no device-TLB) in caching mode
+        // for a second-stage domain (__mapping_notify_one before 6.10), else iommu_flush_write_buffer(), a
+        // no-op unless CAP.RWBF. 6.10–6.16 walk the domain's cache tags under its cache_lock even then (one
+        // IOTLB tag, and a device-TLB tag with ATS).
+        let cm_flush = self.cfg.caching_mode && !self.first_stage();
+        if !cm_flush && !self.cfg.rwbf && self.kernel.vtd_sync_map_walk() {
             let tags = 1 + self.tr.has_atc() as u64;
             let hold = self.cfg.cache_tag_ns * tags;
             return self.cache_lock.get(dom).lock_on(now, cpu as u32, hold).1;
         }
-        if self.cfg.caching_mode {
+        if cm_flush {
             self.flush_range(now, cpu as u32, dom, (iova_pfn, n), false, false)
         } else {
             self.flush_write_buffer(now)
@@ -597,7 +610,7 @@ impl Driver for VtdDriver {
         tr: Translator,
         emu: Emulation,
     ) -> Box<dyn Iommu> {
-        let v = Vtd::new(
+        let mut v = Vtd::new(
             &p.iommu,
             tr,
             p.pcie.ats_inv_ns,
@@ -605,6 +618,8 @@ impl Driver for VtdDriver {
             p.cpu.coherence(),
             p.cpu.lock_ns,
         );
+        // A nested vIOMMU's guest stage is the first stage (intel/nested.c: use_first_level).
+        v.cfg.first_stage |= p.hypervisor.as_ref().is_some_and(|h| h.nested);
         Box::new(v.emulated(emu.trap, emu.shadow))
     }
     fn replay_profile(&self) -> (&'static str, Arch) {
@@ -648,6 +663,7 @@ pub(crate) mod tests {
                 wbf_ns: 300,
                 cache_tag_ns: 30,
                 psi_nonleaf: PsiNonLeaf::Range,
+                first_stage: false,
             }),
             smmuv3: None,
             virtio: None,
@@ -917,6 +933,31 @@ pub(crate) mod tests {
         let mut v = vtd(&cfg());
         v.iotlb_sync_map(0, 0, 1, 5, 1);
         assert_eq!(v.tr.c.get(PSI), 0);
+    }
+
+    #[test]
+    fn a_first_stage_domain_under_caching_mode_invalidates_nothing_on_map() {
+        // Scalable mode with first-stage tables (a nested vIOMMU's guest stage): caching mode covers only
+        // second-stage updates, and the kernel skips the map-time PSI from 5.6 (first-level DMA domains).
+        let mut c = cfg();
+        let v_cfg = c.vtd.as_mut().unwrap();
+        v_cfg.caching_mode = true;
+        v_cfg.first_stage = true;
+        let mut v = vtd(&c);
+        v.map_pages(1, 5, 5, 1);
+        v.iotlb_sync_map(0, 0, 1, 5, 1);
+        assert_eq!(v.tr.c.get(PSI), 0);
+        // The unmap still invalidates (a PASID-based IOTLB invalidation, counted as the range one).
+        let mut g = IotlbGather::new();
+        v.unmap_pages(0, 0, 1, 5, 1, &mut g);
+        v.iotlb_sync(0, 0, 1, &g);
+        assert_eq!(v.tr.c.get(PSI), 1);
+        // A kernel before first-level DMA domains keeps them second-stage: the map is invalidated.
+        let mut old = vtd(&c);
+        old.kernel = KernelVersion(5, 4);
+        old.map_pages(1, 5, 5, 1);
+        old.iotlb_sync_map(0, 0, 1, 5, 1);
+        assert_eq!(old.tr.c.get(PSI), 1);
     }
 
     #[test]
