@@ -4,7 +4,7 @@ arm64 guest, Arm SMMUv3) and collect, per phase, what the guest's own capture re
 reached its IOMMU.
 
     python3 testbed/boot.py DIR --mode strict|lazy|pt [--iommu intel|virtio|smmuv3|none] [--cm on|off]
-                            [--kernel 6.1|6.12] [--smp N] [--phases net,blk,nvme,mix] [--domains] [--devices]
+                            [--kernel 6.1|6.12] [--smp N] [--phases net,blk,nvme,mix,tx] [--domains] [--devices]
                             [--timer] [--probes SYM,SYM] [--measure] [--swiotlb SLABS] [--blk-max-kb KB]
 
 DIR is what prepare.sh made (`prepare.sh DIR arm64` for smmuv3). Writes DIR/runs/NAME/: results.json (per phase:
@@ -30,10 +30,33 @@ import tarfile
 import threading
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
-    """The guest's downloads, without a log line per request (and without changing the library's class)."""
+    """The guest's downloads, without a log line per request (and without changing the library's class), and
+    its uploads: a POST to /upload/PHASE (the tx phase) is read to its Content-Length in chunks and discarded,
+    answered 200 with an empty body, and the bytes received are added to the server's `uploads[PHASE]`."""
 
     def log_message(self, *args):
         pass
+
+    def do_POST(self):
+        if not self.path.startswith("/upload"):
+            self.send_error(404)
+            return
+        phase = self.path[len("/upload"):].strip("/") or "tx"
+        left = int(self.headers.get("Content-Length") or 0)
+        got = 0
+        while left > 0:
+            chunk = self.rfile.read(min(left, 1 << 16))
+            if not chunk:
+                break
+            got += len(chunk)
+            left -= len(chunk)
+        with self.server.uploads_lock:
+            self.server.uploads[phase] += got
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
 
 
 MODES = {"strict": "iommu.strict=1", "lazy": "iommu.strict=0", "pt": "iommu.passthrough=1"}
@@ -128,10 +151,11 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     """One boot: `iommu` intel (QEMU's VT-d, Debian 12's 6.1 kernel by default), virtio (virtio-iommu-pci, the
     6.12 backports kernel: 6.1 has no CONFIG_VIRTIO_IOMMU), smmuv3 (an arm64 guest on `virt,iommu=smmuv3`,
     6.12 by default) or none (an x86 machine without an IOMMU). Phases: net, blk, nvme (arm64's machine has an
-    NVMe drive) and mix (all of them at once). `domains`: the capture records each event's domain (kprobes);
-    `devices`: and the DMA API's events, which name each mapping's device (6.12); `timer`: and when the
-    flush queue's timer fires; `probes`: comma-separated kernel functions whose calls the
-    trace records too (diagnostics); `measure`: the capture records the latencies of the DMA map/unmap path
+    NVMe drive), mix (all of them at once) and tx (the guest uploads 16 MiB over virtio-net: results.json gives
+    the body bytes the host received as the phase's `bytes`). `domains`: the capture records each event's
+    domain (kprobes); `devices`: and the DMA API's events, which name each mapping's device (6.12); `timer`:
+    and when the flush queue's timer fires; `probes`: comma-separated kernel functions whose calls the trace
+    records too (diagnostics); `measure`: the capture records the latencies of the DMA map/unmap path
     instead (capture -M, for `iommulab profile measure --trace`); `emulator_counts`: QEMU also traces its
     translations, IOTLB hits and misses, walks and register accesses (EMULATOR_TRACE); `swiotlb` > 0: every
     streaming DMA mapping bounces through a swiotlb pool of that many 2 KiB slots (`swiotlb=SLABS,force`), and
@@ -165,6 +189,7 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     kern = kerns[-1]
     handler = functools.partial(QuietHandler, directory=os.path.join(tb, "www"))
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.uploads, srv.uploads_lock = collections.Counter(), threading.Lock()  # the tx phases' bytes received
     port = srv.server_address[1]
     # x86: no_timer_check skips the boot's check that the IO-APIC timer ticks within a few jiffies of TSC time
     # (io_apic.c timer_irq_works()). A TCG vCPU that waits for a busy host (other boots, other tests) fails it, and
@@ -222,6 +247,9 @@ def boot(tb: str, mode: str, cm: str = "off", phases: str = "net,blk", timeout: 
     if emulator_counts:
         for p, c in q.items():
             res["phases"][p]["emulator"] = emulator_summary(iommu, c)
+    for p in q:
+        if p == "tx":  # the body bytes the host received from the guest's upload (per-byte figures divide by it)
+            res["phases"][p]["bytes"] = srv.uploads.get(p, 0)
     if swiotlb > 0:
         # The kernel's own "swiotlb buffer is full" lines (dev_warn_ratelimited: at most 10 in 5 s, so a floor of
         # the failed maps the capture counts exactly).

@@ -13,6 +13,7 @@ mkdir -p /tmp && mount -t tmpfs tmpfs /tmp
 arg() { v=$(tr ' ' '\n' < /proc/cmdline | sed -n "s/^tb\.$1=//p" | tail -1); echo "${v:-$2}"; }
 PHASES=$(arg phases net,blk)
 NETMB=$(arg netmb 16)
+TXMB=$(arg txmb 16)
 BLKMB=$(arg blkmb 64)
 PORT=$(arg port 8080)
 # tb.domains=1: the capture also records each event's domain (kprobes: capture.sh -k).
@@ -84,6 +85,12 @@ for p in $(echo "$PHASES" | tr ',' ' '); do
     net) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB" ;;
     blk) work="dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct" ;;
     nvme) [ -n "$NVMEDEV" ] || continue; work="dd if=$NVMEDEV of=/dev/null bs=1M count=$BLKMB iflag=direct" ;;
+    # The guest sends TXMB MiB to the host (an HTTP POST boot.py's handler reads, counts and discards). The
+    # file is made here, before the capture, in tmpfs (no DMA). Not of NULs: busybox wget (1.35) sends a
+    # --post-file as a C string (Content-Length is its strlen), so /dev/zero's bytes would send nothing; they
+    # become 'x's. A failed upload says so on the console (the phase's rc is its end mark's).
+    tx) head -c $((TXMB << 20)) /dev/zero | tr '\0' x > /tmp/tx.bin
+        work="wget -q --post-file /tmp/tx.bin -O /dev/null http://10.0.2.2:$PORT/upload/tx || echo 'TB: tx upload failed' > /dev/console" ;;
     # Every device at once (and the NVMe drive where the machine has one), each in its own domain with its
     # own flush queue.
     mix) work="wget -q -O /dev/null http://10.0.2.2:$PORT/blob$NETMB & dd if=$DATADEV of=/dev/null bs=1M count=$BLKMB iflag=direct"
@@ -95,6 +102,7 @@ for p in $(echo "$PHASES" | tr ',' ' '); do
   hiwater0
   sh /capture.sh -o $O/trace-$p.txt $K -- sh -c "$DIAG $(declare_mark) mark $((40000 + 2 * i)); echo 'TB_BEGIN $p' > $TM; $work; sleep 1; echo 'TB_END $p' > $TM; mark $((40001 + 2 * i))"
   say "phase $p done rc=$?"
+  rm -f /tmp/tx.bin
 done
 for p in probe $(echo "$PHASES" | tr ',' ' '); do cat $O/trace-$p.txt; done > $O/trace.txt 2>/dev/null
 # What `iommulab inspect` reads, as a tree (sysfs links to directories become directories).
