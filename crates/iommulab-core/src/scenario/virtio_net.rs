@@ -69,6 +69,14 @@ pub struct VirtioNet {
     /// every MSS segment on its own.
     #[serde(default = "default_true")]
     pub tso: bool,
+    /// Checksum offload offered by the device (VIRTIO_NET_F_CSUM). QEMU clears it, with every other offload,
+    /// when its network backend has no virtio-net header (`-netdev user`, slirp: virtio_net_get_features,
+    /// peer_has_vnet_hdr). Off, the guest's device lacks NETIF_F_SG and NETIF_F_HW_CSUM: TCP still builds
+    /// its skbs in page frags (sk_setup_caps gives a GSO socket SG), but validate_xmit_skb() segments,
+    /// linearizes and checksums each frame in software, so a frame is one mapping (the virtio-net header
+    /// pushed before it), and there is no TSO (virtnet_probe offers it only with CSUM).
+    #[serde(default = "default_true")]
+    pub csum: bool,
     /// Mergeable RX buffers (VIRTIO_NET_F_MRG_RXBUF, QEMU's mrg_rxbuf=on by default): page-sized
     /// buffers, one mapping each. Off, the guest (with its GSO offloads on) posts big-packets buffers
     /// (add_recvbuf_big): 18 pages in 19 scatterlist entries, each mapped, and their indirect table.
@@ -125,6 +133,11 @@ impl VirtioNet {
             self.tsq_bytes >= self.gso_max_bytes as u64 && self.tsq_bytes <= 1 << 30,
             "workload.virtio_net.tsq_bytes",
             "expected at least gso_max_bytes and at most 1 GiB",
+        )?;
+        check(
+            self.csum || !self.tso,
+            "workload.virtio_net.tso",
+            "expected false with csum = false (virtio-net offers TSO only with VIRTIO_NET_F_CSUM)",
         )?;
         check(
             self.ack_bytes >= 1,

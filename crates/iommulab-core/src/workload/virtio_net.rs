@@ -1042,12 +1042,13 @@ impl VirtioNetWorkload {
     ) -> Time {
         let mut t = now + host.platform.cpu.tx_packet_ns;
         t = self.reap_tx(host, t, cpu);
-        // The head (the virtio-net header pushed before the frame's headers, in the linear part); then
-        // each frag.
+        // The head (the virtio-net header pushed before the frame's headers, in the linear part, and the
+        // payload too where the device has no SG: csum off); then each frag.
+        let linear = if self.cfg.csum || ack { 0 } else { bytes };
         let head = Frag {
             chunk: self.send_page(),
             off: 0,
-            len: VNET_HDR_BYTES + super::net::ETH_HLEN + super::net::TCPIP_HLEN,
+            len: VNET_HDR_BYTES + super::net::ETH_HLEN + super::net::TCPIP_HLEN + linear,
         };
         let pieces: Vec<Frag> = std::iter::once(head).chain(frags.iter().cloned()).collect();
         let Some((chain, t2)) = self.add_chain(host, t, cpu, &pieces, MapDir::ToDevice) else {
@@ -1231,7 +1232,16 @@ impl VirtioNetWorkload {
         let mut from = 0;
         while from < bytes {
             let n = self.mss.min(bytes - from);
-            let seg = frag_range(&frags, from, n);
+            let seg = if self.cfg.csum {
+                frag_range(&frags, from, n)
+            } else {
+                // No NETIF_F_SG / HW_CSUM: validate_xmit_skb() linearizes the segment (skb_linearize, a
+                // copy into one new head) and skb_checksum_help() reads it again, each a pass over the
+                // frame at the copy rate; the payload then rides in the head (xmit's linear frame).
+                let pass = Self::frame(n) as f64 * host.platform.cpu.copy_ns_per_byte;
+                t += (2.0 * pass).round() as u64;
+                Vec::new()
+            };
             t = self.xmit(host, t, cpu, n, &seg, false);
             from += n;
         }
