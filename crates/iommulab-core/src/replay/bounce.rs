@@ -145,10 +145,12 @@ pub(super) struct BounceReplay {
     links: HashMap<u64, (bool, u64)>,
     /// The kernel pool's start (bytes), from the capture's note or the first bounce both made.
     kernel_start: Option<u64>,
-    /// The phase open, and every phase's counts in order of appearance.
-    phase: String,
-    last_begun: String,
+    /// Every phase's counts in order of appearance, their index by name, the phase open and the one begun
+    /// last (a capture's end note follows its phase's end).
     pub(super) phases: Vec<(String, BouncePhase)>,
+    index: HashMap<String, usize>,
+    open: Option<usize>,
+    last_begun: Option<usize>,
     /// The most slots used since the capture's last start note.
     window_high: u64,
     /// The kernel's high-water mark at the capture's last start note.
@@ -169,9 +171,10 @@ impl BounceReplay {
             by_phys: HashMap::new(),
             links: HashMap::new(),
             kernel_start: None,
-            phase: super::OUTSIDE.to_string(),
-            last_begun: super::OUTSIDE.to_string(),
             phases: Vec::new(),
+            index: HashMap::new(),
+            open: None,
+            last_begun: None,
             window_high: 0,
             start_high: None,
             highest_cpu: 0,
@@ -188,20 +191,24 @@ impl BounceReplay {
         self.pool.is_some()
     }
 
-    fn entry(&mut self, name: &str) -> &mut BouncePhase {
-        let i = match self.phases.iter().position(|(n, _)| n == name) {
-            Some(i) => i,
-            None => {
-                self.phases.push((name.to_string(), BouncePhase::default()));
-                self.phases.len() - 1
-            }
-        };
-        &mut self.phases[i].1
+    /// Phase `name`'s place in `phases` (added at its first sight), looked up through an index: a trace may
+    /// hold tens of thousands of phases.
+    fn index_of(&mut self, name: &str) -> usize {
+        if let Some(&i) = self.index.get(name) {
+            return i;
+        }
+        self.phases.push((name.to_string(), BouncePhase::default()));
+        self.index.insert(name.to_string(), self.phases.len() - 1);
+        self.phases.len() - 1
     }
 
+    /// The phase open (or `_outside`).
     fn cur(&mut self) -> &mut BouncePhase {
-        let p = self.phase.clone();
-        self.entry(&p)
+        let i = match self.open {
+            Some(i) => i,
+            None => self.index_of(super::OUTSIDE),
+        };
+        &mut self.phases[i].1
     }
 
     /// The pool, made at the first event that needs it: its slots and areas from `swiotlb=` as the kernel
@@ -279,12 +286,10 @@ impl BounceReplay {
 
     pub(super) fn marker(&mut self, text: &str) {
         if let Some(p) = text.strip_prefix("TB_BEGIN ") {
-            self.phase = p.trim().to_string();
-            self.last_begun = self.phase.clone();
-            let p = self.phase.clone();
-            self.entry(&p);
+            let i = self.index_of(p.trim());
+            (self.open, self.last_begun) = (Some(i), Some(i));
         } else if text.starts_with("TB_END") {
-            self.phase = super::OUTSIDE.to_string();
+            self.open = None;
         }
     }
 
@@ -302,8 +307,11 @@ impl BounceReplay {
         let used = self.pool.as_ref().map(|p| p.stats.used_slots);
         let high = self.window_high;
         let start_hw = self.start_high.take();
-        let p = self.last_begun.clone();
-        let e = self.entry(&p);
+        let i = match self.last_begun {
+            Some(i) => i,
+            None => self.index_of(super::OUTSIDE),
+        };
+        let e = &mut self.phases[i].1;
         e.guest.used_slots = n.used;
         e.guest.high_water_slots = n.hiwater;
         e.guest.high_water_at_start = start_hw;
