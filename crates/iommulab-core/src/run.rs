@@ -714,6 +714,12 @@ mod tests {
         let mut flat = shadowed.host;
         let iova = host.dma.map(0, 0, 0x5000, 1).unwrap().0;
         let iova_flat = flat.dma.map(0, 0, 0x5000, 1).unwrap().0;
+        // Both walks cold: the nested guest's map (first-stage tables) sent no invalidation, so its walk
+        // caches may still hold the upper levels; a domain flush empties both.
+        for h in [&mut host, &mut flat] {
+            let dom = h.dma.core.dom;
+            h.dma.core.iommu.flush_iotlb_all(0, 0, dom);
+        }
         let (lat, _) = host.dma_page(crate::sim::NS_PER_SEC, iova);
         let (lat_flat, _) = flat.dma_page(crate::sim::NS_PER_SEC, iova_flat);
         let reads = (lat_flat - flat.platform.pcie.dma_base_ns) / flat.platform.memory.walk_read_ns;
