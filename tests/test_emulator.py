@@ -49,11 +49,11 @@ TIMED = {"inv_processed", "mmio_exits", "iotlb_resets"}
 
 
 def model_counts(iommu: str, kernel: str, cmdline: str, cm: bool = False, scenario=SCENARIO,
-                 measure: str = "received_gbps") -> dict[str, float]:
+                 measure: str = "received_gbps", **extra) -> dict[str, float]:
     """The model's emulator counts for the testbed's net phase (or `scenario`'s) behind `iommu`, scaled to the
-    phase's bytes (received, or sent and delivered in a transmit scenario)."""
+    phase's bytes (received, or sent and delivered in a transmit scenario); `extra`: more keys set."""
     ov = {"platform.profile": PROFILE[iommu], "os.kernel": kernel, "os.cmdline": cmdline,
-          "os.arch": "arm64" if iommu == "smmuv3" else "x86_64"}
+          "os.arch": "arm64" if iommu == "smmuv3" else "x86_64", **extra}
     if iommu == "intel":
         ov["platform.iommu.vtd.caching_mode"] = cm
     r = iommulab.run(scenario, **ov).to_dict()
@@ -120,10 +120,8 @@ def test_a_first_stage_domain_under_caching_mode_invalidates_on_unmap_only():
     # second-stage updates, so the 6.1 guest sends no PSI after a map: half the descriptors per byte, and as
     # many exits fewer.
     second = model_counts("intel", "6.1", "intel_iommu=on iommu.strict=1", cm=True)
-    ov = {"platform.profile": PROFILE["intel"], "os.kernel": "6.1", "os.cmdline": "intel_iommu=on iommu.strict=1",
-          "platform.iommu.vtd.caching_mode": True, "platform.iommu.vtd.first_stage": True}
-    r = iommulab.run(SCENARIO, **ov).to_dict()
-    first = {k: v * PHASE_BYTES / (r["received_gbps"] * 1e9 / 8 * r["sim_seconds"]) for k, v in r["emulator"].items()}
+    first = model_counts("intel", "6.1", "intel_iommu=on iommu.strict=1", cm=True,
+                         **{"platform.iommu.vtd.first_stage": True})
     assert first["inv_processed"] == pytest.approx(second["inv_processed"] / 2, rel=0.05)
     assert first["mmio_exits"] == pytest.approx(second["mmio_exits"] / 2, rel=0.05)
 
@@ -135,10 +133,8 @@ def test_without_checksum_offload_a_frame_is_one_mapping():
     # that more than one scatterlist entry takes (virtqueue_add_split), four PSIs per frame with the ACK's.
     cmd = "intel_iommu=on iommu.strict=1"
     linear = model_counts("intel", "6.1", cmd, scenario=TX_SCENARIO, measure="throughput_gbps")
-    ov = {"platform.profile": PROFILE["intel"], "os.kernel": "6.1", "os.cmdline": cmd,
-          "workload.virtio_net.csum": True}
-    r = iommulab.run(TX_SCENARIO, **ov).to_dict()
-    frags = {k: v * PHASE_BYTES / (r["throughput_gbps"] * 1e9 / 8 * r["sim_seconds"]) for k, v in r["emulator"].items()}
+    frags = model_counts("intel", "6.1", cmd, scenario=TX_SCENARIO, measure="throughput_gbps",
+                         **{"workload.virtio_net.csum": True})
     frames = PHASE_BYTES / 1448
     assert linear["mmio_exits"] == pytest.approx(2 * frames, rel=0.03)
     assert 3.95 * frames < frags["mmio_exits"] < 4.2 * frames
