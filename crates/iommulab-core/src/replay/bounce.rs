@@ -127,6 +127,23 @@ pub struct BounceSummary {
     pub from: String,
 }
 
+/// A live bounce as the kernel's events name it: a page map by the DMA address it returned, a dma_map_sg
+/// segment by its physical address (dma_unmap_sg prints only those).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Bounced {
+    Dma(u64),
+    Phys(u64),
+}
+
+impl Bounced {
+    fn of(kind: DmaKind, addr: u64, phys: u64) -> Self {
+        match kind {
+            DmaKind::MapSg | DmaKind::UnmapSg => Bounced::Phys(phys),
+            _ => Bounced::Dma(addr),
+        }
+    }
+}
+
 /// The bounce replay of one trace.
 pub(super) struct BounceReplay {
     pool: Option<Swiotlb>,
@@ -137,12 +154,9 @@ pub(super) struct BounceReplay {
     note: Option<SwiotlbNote>,
     /// Devices whose maps bounce when not every device's does.
     bouncing: HashSet<String>,
-    /// The kernel's DMA address of a live bounce (a page map) → the model's; a dma_map_sg segment's by its
-    /// physical address (dma_unmap_sg prints only those).
-    by_dma: HashMap<u64, u64>,
-    by_phys: HashMap<u64, u64>,
-    /// The model's DMA page number of a live bounce → its key above (true: by physical address).
-    links: HashMap<u64, (bool, u64)>,
+    /// A live bounce as the kernel's events name it → the model's DMA page number for it, and back.
+    live: HashMap<Bounced, u64>,
+    links: HashMap<u64, Bounced>,
     /// The kernel pool's start (bytes), from the capture's note or the first bounce both made.
     kernel_start: Option<u64>,
     /// Every phase's counts in order of appearance, their index by name, the phase open and the one begun
@@ -167,8 +181,7 @@ impl BounceReplay {
             summary: BounceSummary::default(),
             note: None,
             bouncing: HashSet::new(),
-            by_dma: HashMap::new(),
-            by_phys: HashMap::new(),
+            live: HashMap::new(),
             links: HashMap::new(),
             kernel_start: None,
             phases: Vec::new(),
@@ -354,23 +367,16 @@ impl BounceReplay {
                     );
                 }
             }
-            DmaKind::UnmapPage => {
-                for &(addr, _, _) in &call.segs {
-                    if let Some(m) = self.by_dma.remove(&addr) {
+            DmaKind::UnmapPage | DmaKind::UnmapSg => {
+                for &(addr, _, phys) in &call.segs {
+                    let key = Bounced::of(call.kind, addr, phys);
+                    if let Some(m) = self.live.remove(&key) {
                         self.links.remove(&m);
                         self.pool().unmap(now, cpu, m);
                     }
                 }
             }
-            DmaKind::UnmapSg => {
-                for &(_, _, phys) in &call.segs {
-                    if let Some(m) = self.by_phys.remove(&phys) {
-                        self.links.remove(&m);
-                        self.pool().unmap(now, cpu, m);
-                    }
-                }
-            }
-            DmaKind::Other => {}
+            DmaKind::MapOther | DmaKind::UnmapOther => {}
         }
     }
 
@@ -445,16 +451,8 @@ impl BounceReplay {
             }
         }
         if let Some(dma) = made {
-            let key = if kind == DmaKind::MapSg {
-                (true, phys)
-            } else {
-                (false, addr)
-            };
-            if key.0 {
-                self.by_phys.insert(phys, dma);
-            } else {
-                self.by_dma.insert(addr, dma);
-            }
+            let key = Bounced::of(kind, addr, phys);
+            self.live.insert(key, dma);
             self.links.insert(dma, key);
         }
         let used = self.pool().stats.used_slots;
@@ -480,11 +478,9 @@ impl BounceReplay {
         e.followed = 1;
         e.untraced_frees = released.len() as u64;
         for r in released {
-            match self.links.remove(&r) {
-                Some((true, k)) => self.by_phys.remove(&k),
-                Some((false, k)) => self.by_dma.remove(&k),
-                None => None,
-            };
+            if let Some(k) = self.links.remove(&r) {
+                self.live.remove(&k);
+            }
         }
         Some(dma)
     }

@@ -577,9 +577,44 @@ pub enum DmaKind {
     MapSg,
     UnmapPage,
     UnmapSg,
-    /// Resources, coherent allocations and their frees: never bounced (dma_direct_map_resource,
+    /// Resources and coherent allocations, and their frees: never bounced (dma_direct_map_resource,
     /// dma_direct_alloc).
-    Other,
+    MapOther,
+    UnmapOther,
+}
+
+impl DmaKind {
+    /// The call a DMA API event names (kernel/dma/mapping.c), if it maps or unmaps.
+    fn of(event: &str) -> Option<Self> {
+        Some(match event {
+            // dma_map_phys / dma_unmap_phys: newer kernels' names for the page and resource pairs, same layout.
+            "dma_map_page" | "dma_map_phys" => DmaKind::MapPage,
+            "dma_map_sg" => DmaKind::MapSg,
+            "dma_unmap_page" | "dma_unmap_phys" => DmaKind::UnmapPage,
+            "dma_unmap_sg" => DmaKind::UnmapSg,
+            "dma_map_resource" | "dma_alloc" | "dma_alloc_pages" | "dma_alloc_sgt" => {
+                DmaKind::MapOther
+            }
+            "dma_unmap_resource" | "dma_free" | "dma_free_pages" | "dma_free_sgt" => {
+                DmaKind::UnmapOther
+            }
+            _ => return None,
+        })
+    }
+
+    fn maps(self) -> bool {
+        matches!(self, DmaKind::MapPage | DmaKind::MapSg | DmaKind::MapOther)
+    }
+}
+
+/// A hex number as the DMA events print it (`3e800000`, `0x3e800000`).
+fn hex(v: &str) -> Option<u64> {
+    u64::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok()
+}
+
+/// A DMA event's `{0xA,0xB}` array; None if any entry is not a hex number.
+fn hex_list(v: Option<&str>) -> Option<Vec<u64>> {
+    v?.trim_matches(['{', '}']).split(',').map(hex).collect()
 }
 
 /// DMA_MAPPING_ERROR: what a failed map returns (and its event prints).
@@ -589,16 +624,8 @@ pub const DMA_MAPPING_ERROR: u64 = u64::MAX;
 pub fn dma_call(s: &str, line: u64) -> Option<(EventHead, String, DmaCall)> {
     let (head, rest) = split_head(s.trim_start(), line)?;
     let c = find2(rest.as_bytes(), b": ")?;
-    let event = rest[..c].trim().trim_start_matches("dma:");
+    let kind = DmaKind::of(rest[..c].trim().trim_start_matches("dma:"))?;
     let body = &rest[c + 2..];
-    let kind = match event {
-        "dma_map_page" | "dma_map_phys" => DmaKind::MapPage,
-        "dma_map_sg" => DmaKind::MapSg,
-        "dma_unmap_page" | "dma_unmap_phys" => DmaKind::UnmapPage,
-        "dma_unmap_sg" => DmaKind::UnmapSg,
-        e if e.starts_with("dma_") => DmaKind::Other,
-        _ => return None,
-    };
     let dev = body.split_whitespace().next()?.to_string();
     let [dir, addr, size, phys, addrs, sizes, physs, attrs] = fields(
         body,
@@ -619,14 +646,6 @@ pub fn dma_call(s: &str, line: u64) -> Option<(EventHead, String, DmaCall)> {
         Some("FROM_DEVICE") => MapDir::FromDevice,
         _ => MapDir::Bidirectional,
     };
-    let hex = |v: &str| u64::from_str_radix(v.trim().trim_start_matches("0x"), 16).ok();
-    let list = |v: Option<&str>| -> Option<Vec<u64>> {
-        v?.trim_matches(['{', '}'])
-            .split(',')
-            .filter(|x| !x.trim().is_empty())
-            .map(hex)
-            .collect()
-    };
     let segs = match kind {
         DmaKind::MapPage | DmaKind::UnmapPage => {
             let a = addr.and_then(hex)?;
@@ -634,16 +653,16 @@ pub fn dma_call(s: &str, line: u64) -> Option<(EventHead, String, DmaCall)> {
             vec![(a, n, phys.and_then(hex).unwrap_or(0))]
         }
         DmaKind::MapSg => {
-            let (a, n) = (list(addrs)?, list(sizes)?);
-            let p = list(physs).unwrap_or_default();
+            let (a, n) = (hex_list(addrs)?, hex_list(sizes)?);
+            let p = hex_list(physs).unwrap_or_default();
             a.iter()
                 .zip(&n)
                 .enumerate()
                 .map(|(i, (&a, &n))| (a, n, p.get(i).copied().unwrap_or(0)))
                 .collect()
         }
-        DmaKind::UnmapSg => list(physs)?.into_iter().map(|p| (0, 0, p)).collect(),
-        DmaKind::Other => Vec::new(),
+        DmaKind::UnmapSg => hex_list(physs)?.into_iter().map(|p| (0, 0, p)).collect(),
+        DmaKind::MapOther | DmaKind::UnmapOther => Vec::new(),
     };
     let skip_cpu_sync = attrs.is_some_and(|a| a.split('|').any(|f| f == "SKIP_CPU_SYNC"));
     Some((
@@ -674,13 +693,8 @@ fn parse_group(g: &str) -> Record {
 /// A DMA API event (kernel/dma/mapping.c): `DEVICE dir=… dma_addr=HEX size=N …`, or for `dma_map_sg`
 /// `… dma_addrs={0xA,0xB} sizes={0xN,0xM} …`. Events that neither map nor unmap (the syncs) are other lines.
 fn parse_dma(ev: EventHead, event: &str, body: &str) -> Record {
-    let map = match event {
-        // dma_map_phys / dma_unmap_phys: newer kernels' names for the page and resource pairs, same layout.
-        "dma_map_page" | "dma_map_phys" | "dma_map_resource" | "dma_map_sg" | "dma_alloc"
-        | "dma_alloc_pages" | "dma_alloc_sgt" => true,
-        "dma_unmap_page" | "dma_unmap_phys" | "dma_unmap_resource" | "dma_unmap_sg"
-        | "dma_free" | "dma_free_pages" | "dma_free_sgt" => false,
-        _ => return Record::Other,
+    let Some(kind) = DmaKind::of(event) else {
+        return Record::Other;
     };
     let line = ev.line;
     let Some(dev) = body.split_whitespace().next().filter(|d| !d.contains('=')) else {
@@ -689,19 +703,12 @@ fn parse_dma(ev: EventHead, event: &str, body: &str) -> Record {
             why: "a DMA API event without its device name",
         };
     };
-    let hex = |v: &str| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok();
-    let range = if event == "dma_unmap_sg" {
+    let range = if kind == DmaKind::UnmapSg {
         None
-    } else if event == "dma_map_sg" {
+    } else if kind == DmaKind::MapSg {
         // Every mapped segment: the range from the lowest address to the highest segment's end.
         let [addrs, sizes] = fields(body, ["dma_addrs", "sizes"]);
-        let list = |v: Option<&str>| -> Option<Vec<u64>> {
-            v?.trim_matches(['{', '}'])
-                .split(',')
-                .map(|x| hex(x.trim()))
-                .collect()
-        };
-        let (Some(a), Some(n)) = (list(addrs), list(sizes)) else {
+        let (Some(a), Some(n)) = (hex_list(addrs), hex_list(sizes)) else {
             return Record::Bad {
                 line,
                 why: "a dma_map_sg event without dma_addrs={…} and sizes={…}",
@@ -722,7 +729,7 @@ fn parse_dma(ev: EventHead, event: &str, body: &str) -> Record {
     };
     Record::Device {
         ev,
-        map,
+        map: kind.maps(),
         dev: dev.to_string(),
         range,
     }
