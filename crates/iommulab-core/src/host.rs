@@ -262,23 +262,8 @@ impl Host {
     /// device: (DMA pfn, release time). The driver syncs each frame it reads (`dma_sync_for_cpu`).
     pub fn dma_map_rx_page(&mut self, now: Time, cpu: usize, phys_pfn: u64) -> Option<(u64, Time)> {
         let dir = crate::scenario::MapDir::FromDevice;
-        let r = self.dma_map_attrs(now, cpu, phys_pfn, 0, crate::hw::PAGE_SIZE, dir, true);
+        let r = self.dma_map_attrs_in(0, now, cpu, phys_pfn, 0, crate::hw::PAGE_SIZE, dir, true);
         r.map(|(dma, _, t)| (dma, t))
-    }
-
-    /// [`Host::dma_map_dir`] with DMA_ATTR_SKIP_CPU_SYNC when `skip_cpu_sync`: (DMA pfn, pages, release).
-    #[allow(clippy::too_many_arguments)]
-    pub fn dma_map_attrs(
-        &mut self,
-        now: Time,
-        cpu: usize,
-        phys_pfn: u64,
-        offset: u64,
-        bytes: u64,
-        dir: crate::scenario::MapDir,
-        skip_cpu_sync: bool,
-    ) -> Option<(u64, u64, Time)> {
-        self.dma_map_attrs_in(0, now, cpu, phys_pfn, offset, bytes, dir, skip_cpu_sync)
     }
 
     /// dma_map_page_attrs() of `bytes` at byte `offset` of page `phys_pfn`, direction `dir`, for a device of

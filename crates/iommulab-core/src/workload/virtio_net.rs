@@ -993,7 +993,7 @@ impl VirtioNetWorkload {
         // synced for the CPU instead (virtnet_rq_get_buf).
         let phys = self.rx_frag.chunks[at];
         let (dma, pages, t2) =
-            host.dma_map_attrs(t, cpu, phys, 0, FRAG_BYTES, MapDir::FromDevice, true)?;
+            host.dma_map_attrs_in(0, t, cpu, phys, 0, FRAG_BYTES, MapDir::FromDevice, true)?;
         t = t2;
         self.rx_chunk_dma[at] = Some(ChunkDma {
             map: (dma, pages),
