@@ -608,6 +608,10 @@ def test_explain_on_riscv64_defaults_to_the_first_kernel_with_its_driver():
     assert cli("explain", "--arch", "riscv64", check_rc=0).stdout.startswith("Linux 6.13 on riscv64 with riscv")
     assert cli("explain", check_rc=0).stdout.startswith("Linux 6.12 on x86_64 with vtd")
     assert json.loads(cli("explain", "--arch", "riscv64", "--kernel", "6.15", "--json", check_rc=0).stdout)
+    # Asked for a kernel before the driver's first, it said what 6.12 would do with a driver 6.12 does not have.
+    r = cli("explain", "--arch", "riscv64", "--kernel", "6.12", check_rc=2)
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert "--kernel 6.12" in r.stderr and "6.13 or later" in r.stderr, r.stderr
 
 
 # --- issue 64 item 9: progress on a terminal, one line with an ETA; nothing when asked or not a terminal ---

@@ -237,6 +237,7 @@ fn explain(
             or_list(drivers.iter().map(|d| d.name()))
         )));
     };
+    let asked = kernel;
     let kernel = scenario::rules_kernel(kernel)
         .map_err(|m| ScenarioError::new_err(format!("--kernel: {m}")))?;
     // Each IOMMU driver serves its architectures.
@@ -256,6 +257,10 @@ fn explain(
     }
     if caching_mode && driver.caching_mode_cap().is_none() {
         return Err(ScenarioError::new_err(caching_mode_refusal()));
+    }
+    // A kernel without the driver has no domain to explain (the scenario check says the same).
+    if let Err(m) = driver.check_kernel(kernel.into(), arch) {
+        return Err(ScenarioError::new_err(format!("--kernel {asked}: {m}")));
     }
     let e = default_domain::explain(arch, kernel, cmdline, caching_mode, driver);
     Ok(serde_json::to_string(&e).expect("serialises"))

@@ -57,6 +57,10 @@ pub trait KernelDriver: Sync {
     fn shadow_on_flush(&self) -> Option<&'static str> {
         None
     }
+    /// The kernels the driver exists in on `arch`: Err says which.
+    fn check_kernel(&self, _k: KernelVersion, _arch: Arch) -> Result<(), &'static str> {
+        Ok(())
+    }
 }
 
 /// One column of what a replay reports per phase, in the vendor's own word.
@@ -95,10 +99,6 @@ pub trait Driver: KernelDriver {
     /// translations and gets device-TLB invalidations.
     fn enables_ats(&self, _p: &IommuProfile, _k: KernelVersion) -> bool {
         true
-    }
-    /// The kernels the driver exists in on `arch`: Err says which.
-    fn check_kernel(&self, _k: KernelVersion, _arch: Arch) -> Result<(), &'static str> {
-        Ok(())
     }
     /// The page-table format of its DMA domains, from the profile. Errors name the key under
     /// `platform.iommu`.

@@ -282,18 +282,18 @@ impl KernelDriver for RiscvDriver {
     fn deferred_flush(&self, _k: KernelVersion) -> Result<(), &'static str> {
         Err("the RISC-V IOMMU driver has no IOMMU_CAP_DEFERRED_FLUSH: a DMA-FQ domain falls back to DMA (strict)")
     }
-}
-
-impl Driver for RiscvDriver {
-    fn vendor(&self) -> Vendor {
-        Vendor::Riscv
-    }
     fn check_kernel(&self, k: KernelVersion, _arch: Arch) -> Result<(), &'static str> {
         if k.riscv_iommu() {
             Ok(())
         } else {
             Err("expected 6.13 or later for the RISC-V IOMMU (its driver's first kernel)")
         }
+    }
+}
+
+impl Driver for RiscvDriver {
+    fn vendor(&self) -> Vendor {
+        Vendor::Riscv
     }
     // riscv_iommu_alloc_paging_domain(): Sv57, Sv48 or Sv39, the largest the IOMMU has.
     fn pt_format(&self, p: &IommuProfile) -> Result<PtFormat, (&'static str, String)> {

@@ -368,6 +368,14 @@ impl KernelDriver for VirtioDriver {
             Err("virtio-iommu before 6.8 lacks IOMMU_CAP_DEFERRED_FLUSH: the DMA-FQ domain falls back to DMA (strict)")
         }
     }
+    fn check_kernel(&self, k: KernelVersion, arch: Arch) -> Result<(), &'static str> {
+        if k.virtio_iommu() && (arch != Arch::X86_64 || k.virtio_iommu_acpi()) {
+            Ok(())
+        } else {
+            Err("expected 5.3 or later for virtio-iommu (its driver's first kernel), 5.14 or later on x86 \
+                 (where the ACPI VIOT table describes it)")
+        }
+    }
 }
 
 impl Driver for VirtioDriver {
@@ -380,14 +388,6 @@ impl Driver for VirtioDriver {
     // The device looks its mappings up in a tree (virtio_iommu_translate's g_tree_lookup).
     fn walks_tables(&self) -> bool {
         false
-    }
-    fn check_kernel(&self, k: KernelVersion, arch: Arch) -> Result<(), &'static str> {
-        if k.virtio_iommu() && (arch != Arch::X86_64 || k.virtio_iommu_acpi()) {
-            Ok(())
-        } else {
-            Err("expected 5.3 or later for virtio-iommu (its driver's first kernel), 5.14 or later on x86 \
-                 (where the ACPI VIOT table describes it)")
-        }
     }
     // The host keeps the guest's mappings; a 4 KiB radix table stands for its translation state.
     fn pt_format(&self, p: &IommuProfile) -> Result<PtFormat, (&'static str, String)> {
