@@ -228,12 +228,13 @@ def test_the_caveats_explain_command_gives_the_answer_it_promises(name, flags, t
 # --- 5 and 20. The rule weighs what it says ------------------------------------------------------------------
 
 # Two CPUs (cpu.stack bound, not the line) with strict's invalidation nearly free: lazy and strict run within
-# the runs' own noise of each other (inv_desc_ns 0: 0.6 of the tie) or just outside it (60 ns: 1.17 of it). A
-# tie off by more than those ratios (one fixed number, say) gives the other verdict in one of them.
+# the runs' own noise of each other (inv_desc_ns 10: 0.75 of the tie) or just outside it (50 ns: 1.11 of it). A
+# tie off by more than those ratios (one fixed number, say) gives the other verdict in one of them. (The gap is
+# a few tenths of a percent, so any change to the model's costs moves these ratios: re-pick the two values.)
 NEAR_TIE = ["--set", "platform.cpu.cores=2", "--set", "platform.iommu.vtd.inv_wait_ns=0"]
 
 
-@pytest.mark.parametrize("desc_ns,inside,verdict", [(0, True, "strict"), (60, False, "lazy")])
+@pytest.mark.parametrize("desc_ns,inside,verdict", [(10, True, "strict"), (50, False, "lazy")])
 def test_a_tie_is_the_runs_own_noise_just_inside_and_just_outside(desc_ns, inside, verdict, tmp_path):
     # Issue 64 (items 5 and 20): a 2 % rule passed with any tie value from 0.0002 to 0.44, and broke ties the
     # runs' ±4 % windows could not.

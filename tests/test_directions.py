@@ -67,8 +67,8 @@ def test_lazy_follows_the_line_rate_and_strict_does_not_on_c1(seed):
 def test_a_larger_ring_spreads_iova_over_more_walk_cache_entries(seed):
     # F&S: more RX buffers in flight touch more page-table pages; the walk caches miss more. With C3's own
     # DCTCP senders a bigger ring spreads the device's writes over more PT-L3 entries (its 64 channels'
-    # rings interleave) and misses more there, but throughput barely moves; with senders that keep the
-    # NIC's buffer overrun (sender = "window") it falls too (docs/validation.md, "Channels and the PT-L3 working set").
+    # rings interleave) and misses more there, but throughput barely moves (docs/validation.md, "Channels and
+    # the PT-L3 working set").
     dctcp = {"os.policy": "strict"}
     small = run("c3", seed, **dctcp, **{"workload.nic_rx.ring_size": 256})
     big = run("c3", seed, **dctcp, **{"workload.nic_rx.ring_size": 1024})
@@ -77,8 +77,21 @@ def test_a_larger_ring_spreads_iova_over_more_walk_cache_entries(seed):
     window = {"os.policy": "strict", "workload.nic_rx.sender": "window"}
     small = run("c3", seed, **window, **{"workload.nic_rx.ring_size": 256})
     big = run("c3", seed, **window, **{"workload.nic_rx.ring_size": 1024})
-    assert sum(big.pwc_misses_per_page) > sum(small.pwc_misses_per_page)
-    assert big.throughput_gbps <= small.throughput_gbps
+    assert big.pwc_misses_per_page[2] > small.pwc_misses_per_page[2]
+
+
+def test_with_senders_that_overrun_the_nic_a_larger_ring_loses_throughput_on_average_over_seeds():
+    # With senders that keep the NIC's buffer overrun (sender = "window") the bigger ring's extra walk-cache
+    # misses cost throughput too. Since the page-table lines' transfers (docs/contention.md) the loss is 0.45
+    # Gbps on the mean of seeds 1-6 (2.2 before), smaller than one seed's spread: seeds 1 and 6 go the other
+    # way (+0.3, +2.0 Gbps), each with fewer PT-L1/L2 misses at 1024 than at 256 (PT-L3 misses rise at every
+    # seed, asserted above). So it is asserted on the mean over the seeds.
+    window = {"os.policy": "strict", "workload.nic_rx.sender": "window"}
+    runs = {ring: [run("c3", seed, **window, **{"workload.nic_rx.ring_size": ring}) for seed in SEEDS]
+            for ring in (256, 1024)}
+    mean = lambda ring, f: statistics.fmean(f(r) for r in runs[ring])
+    assert mean(1024, lambda r: sum(r.pwc_misses_per_page)) > mean(256, lambda r: sum(r.pwc_misses_per_page))
+    assert mean(1024, lambda r: r.throughput_gbps) < mean(256, lambda r: r.throughput_gbps)
 
 
 def ack_per_page(r):

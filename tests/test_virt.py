@@ -195,9 +195,11 @@ def test_a_trapped_vcpu_holds_q_lock_through_its_exit():
     q_lock = next(c for c in r["contention"] if c["name"] == "vt-d qi q_lock")
     exit_ns = next(c for c in r["vm_exits"]["by_cause"] if c["cause"] == "qi_tail")["mean_us"] * 1000
     assert q_lock["contended_share"] > 0.05 and q_lock["wait_p99_ns"] >= exit_ns, (q_lock, exit_ns)
-    # A sync then waits for its own exit and part of another's: longer than with one submitter (RX).
+    # A sync then waits for its own exit and part of another's: longer than with one submitter (RX), 1.09x.
+    # (1.12x before the page-table lines: each skb's entry, written by the mapping vCPU and cleared by the
+    # unmapping one, now moves between them, which spaces their submissions out a little.)
     alone = run_of("guest-x86", "strict", "rx", False)["sync_wait_mean_us"]
-    assert r["sync_wait_mean_us"] > 1.1 * alone, (r["sync_wait_mean_us"], alone)
+    assert r["sync_wait_mean_us"] > 1.05 * alone, (r["sync_wait_mean_us"], alone)
 
 
 def test_nested_vcmdq_avoids_the_trap_and_trapped_syncs_queue_in_the_vmm():

@@ -398,6 +398,7 @@ impl Simulation {
                 .into_iter()
                 .chain(l.policy.lock_stats())
                 .chain(bounce_locks)
+                .chain([("iommu pgtable lines", c.pte_lines.stats.clone())])
             {
                 match domain_locks.iter_mut().find(|(n, _)| *n == name) {
                     Some((_, acc)) => acc.add(&st),

@@ -13,6 +13,7 @@ pub mod fns;
 pub mod iova;
 pub mod locality;
 pub mod passthrough;
+pub mod pte_lines;
 pub mod safety;
 pub mod strict;
 pub mod swiotlb;
@@ -83,6 +84,8 @@ pub struct DmaCore {
     pub locality: locality::ReuseDistance,
     /// Walk-cache locality of the device's data-page accesses.
     pub dma_locality: locality::ReuseDistance,
+    /// Which core wrote each line of the leaf page tables last.
+    pub pte_lines: pte_lines::PteLines,
 }
 
 /// 4 GiB in 4 KiB pages: the first try for PCI devices (iommu_dma_alloc_iova, DMA_BIT_MASK(32)).
@@ -114,6 +117,7 @@ impl DmaCore {
             safety: safety::SafetyLog::default(),
             locality: locality::ReuseDistance::new(fmt.walk_entry_shift()),
             dma_locality: locality::ReuseDistance::new(fmt.walk_entry_shift()),
+            pte_lines: pte_lines::PteLines::new(costs.coherence()),
         }
     }
 
@@ -123,6 +127,16 @@ impl DmaCore {
         let pages = 1u128 << bits.min(64).saturating_sub(12);
         let limit = (pages / self.granule as u128).saturating_sub(1);
         self.dma_limit = self.dma_limit.min(limit.min(u64::MAX as u128) as u64);
+    }
+
+    /// The stall of `cpu` writing the leaf entries of `n` granules at `iova` (4 KiB pages): a transfer for each
+    /// of their lines another core wrote last. A call that wrote another count of entries than granules
+    /// used block entries, whose lines are not tracked.
+    fn leaf_lines(&mut self, cpu: usize, iova: u64, n: u64, entries: u64) -> u64 {
+        if entries != n {
+            return 0;
+        }
+        self.pte_lines.write(cpu, iova / self.granule, n)
     }
 
     /// The page-table walks of a map or unmap of `len` pages at `iova` that wrote or cleared `entries` leaf
@@ -213,7 +227,8 @@ impl DmaCore {
         let t = t
             + self.costs.pgtable_map_ns
             + walks * self.costs.pgtable_walk_ns
-            + written * self.costs.pte_ns;
+            + written * self.costs.pte_ns
+            + self.leaf_lines(cpu, iova, n, written);
         let t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, len);
         self.stats.maps += 1;
         self.stats.pages_mapped += len;
@@ -240,7 +255,8 @@ impl DmaCore {
             t += self.costs.dma_iommu_op_ns
                 + self.costs.pgtable_map_ns
                 + self.costs.pgtable_walk_ns
-                + written * self.costs.pte_ns;
+                + written * self.costs.pte_ns
+                + self.leaf_lines(cpu, iova + i as u64, 1, written);
             if i == 0 {
                 t = self.iommu.iotlb_sync_map(t, cpu, self.dom, iova, n);
             }
@@ -272,7 +288,10 @@ impl DmaCore {
         let ptes = self.iommu.counters().ptes_cleared - before;
         // iommu_dma_unmap_page() first looks the range up (iommu_iova_to_phys: one walk), then unmap_pages.
         let walks = 1 + self.pgtable_walks(base, n * self.granule, ptes);
-        let t = t + walks * self.costs.pgtable_walk_ns + ptes * self.costs.pte_ns;
+        let t = t
+            + walks * self.costs.pgtable_walk_ns
+            + ptes * self.costs.pte_ns
+            + self.leaf_lines(cpu, base, n, ptes);
         let ticket = self.safety.unmapped(base, n * self.granule, t);
         (g, t, ticket)
     }
@@ -788,6 +807,42 @@ pub(crate) mod tests {
         assert_eq!(t, 300 + 256 * 60 + 256 * 2);
         let (_, t, _) = c.unmap_ptes(0, 0, iova, 256);
         assert_eq!(t, (1 + 256) * 60 + 256 * 2);
+    }
+
+    #[test]
+    fn cpus_writing_neighbouring_entries_move_their_line() {
+        // Two CPUs of different clusters (transfer 70 ns); every other cost zero. The rbtree hands out IOVAs
+        // top-down, so CPU 0's page and CPU 1's next one below it share a line of leaf entries.
+        let io = crate::hw::smmuv3::tests::cfg(true, false);
+        let mut costs = costs(2);
+        (costs.dma_iommu_op_ns, costs.pte_ns) = (0, 0);
+        (costs.iova_rcache_ns, costs.iova_rbtree_ns, costs.lock_ns) = (0, 0, 0);
+        (costs.cluster_cores, costs.socket_cores) = (1, 2);
+        (
+            costs.line_cluster_ns,
+            costs.line_socket_ns,
+            costs.line_remote_ns,
+        ) = (30, 70, 150);
+        let mut c = DmaCore::new(Box::new(crate::hw::smmuv3::tests::smmu(&io, 2)), 2, &costs);
+        let lines = |c: &DmaCore| (c.pte_lines.stats.transfers, c.pte_lines.stats.transfer_ns);
+        // The first map takes its entry's line from nobody.
+        let (a, _) = c.iommu_map(0, 0, 100, 1).unwrap();
+        assert_eq!(lines(&c), (0, 0));
+        let (b, _) = c.iommu_map(1000, 1, 200, 1).unwrap();
+        assert_eq!(a / 8, b / 8, "{a} and {b} share a line of entries");
+        // CPU 1 takes the entries' line from CPU 0.
+        assert_eq!(lines(&c), (1, 70));
+        // CPU 0 clears its entry: the line comes back, and the clear's time has it.
+        let (_, t, _) = c.unmap_ptes(2000, 0, a, 1);
+        assert_eq!((lines(&c), t - 2000), ((2, 140), 70));
+        // CPU 0's next page comes from the same line, now its own: no transfer.
+        let (d, _) = c.iommu_map(3000, 0, 300, 1).unwrap();
+        assert_eq!((d / 8, lines(&c)), (a / 8, (2, 140)));
+        assert_eq!(c.pte_lines.stats.acquisitions, 4);
+        // A 1 MiB range: 32 lines, all CPU 0's, then written by CPU 1: ten at a time, four rounds.
+        let (r, _) = c.iommu_map(4000, 0, 1 << 20, 256).unwrap();
+        let (_, t, _) = c.unmap_ptes(5000, 1, r, 256);
+        assert_eq!(t - 5000, 4 * 70);
     }
 
     mod props {
