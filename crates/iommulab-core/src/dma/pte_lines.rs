@@ -4,9 +4,10 @@
 //! each other (the rbtree allocates top-down, each CPU's rcache then hands its own back), and a range the
 //! rbtree serves (above the rcache's 32 pages) goes to whichever CPU asks next once freed. So CPUs mapping
 //! and unmapping at once write each other's lines: a store to a line another core wrote last waits for the
-//! line to come over (`sim/coherence.rs`), up to `LINE_FILLS` such lines at once. Simplifications: only leaf entries are tracked (a block
-//! mapping's entry and the upper levels, read by every walk and written on a table's first use, are not);
-//! the IOMMU's own reads of an entry (a coherent walker snooping it) do not move the line.
+//! line to come over (`sim/coherence.rs`), up to `LINE_FILLS` such lines at once. Simplifications: only
+//! leaf entries are tracked (a block mapping's entry and the upper levels, read by every walk and written on
+//! a table's first use, are not); the IOMMU's own reads of an entry (a coherent walker snooping it) do not
+//! move the line.
 
 use crate::sim::{Coherence, LockStats, NO_CPU};
 use std::collections::HashMap;
