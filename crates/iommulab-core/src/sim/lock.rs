@@ -116,7 +116,6 @@ impl LockStats {
         self.stall(cpu, wait + xfer);
     }
     /// `cpu` lost `ns` spinning or waiting for a line.
-    /// `cpu` stalled `ns` on the line (a transfer).
     pub(crate) fn stall(&mut self, cpu: u32, ns: u64) {
         if cpu != NO_CPU && ns > 0 {
             let c = cpu as usize;
